@@ -1,0 +1,44 @@
+# storetopics: the PostgreSQL extension (PGXS, like pgvector) and the project's own targets.
+#   make setup   install what is missing on this Debian machine (idempotent)
+#   make demo    embedded local Postgres + real data + summaries
+#   make test    every test: SQL regression (pg_regress) and pytest, each against a real throwaway Postgres
+#   make bench   side-by-side measurements, written to bench/results/
+EXTENSION  = storetopics
+DATA       = $(wildcard sql/storetopics--*.sql)
+REGRESS    = $(patsubst test/sql/%.sql,%,$(sort $(wildcard test/sql/*.sql)))
+REGRESS_OPTS = --inputdir=test --outputdir=$(REGRESS_OUTDIR) --load-extension=vector
+REGRESS_OUTDIR ?= test/out
+PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
+ifneq ($(wildcard $(PGXS)),)
+include $(PGXS)
+endif
+
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup demo test pytest regress bench soak ext-install
+setup:
+	@bash scripts/setup.sh
+
+# Installs the extension files into the server's share directory (root needed, hence sudo when not root).
+ext-install: setup
+	@$(SUDO) $(MAKE) --no-print-directory -s install PG_CONFIG=$(PG_CONFIG)
+
+demo: ext-install
+	$(PY) -m storetopics.demo
+
+# pg_regress on a throwaway cluster, then pytest (which starts its own clusters).
+test: ext-install
+	$(PY) -m storetopics.testing regress
+	$(PY) -m pytest -q tests
+
+regress: ext-install
+	$(PY) -m storetopics.testing regress
+
+pytest: ext-install
+	$(PY) -m pytest -q tests
+
+bench: ext-install
+	$(PY) -m bench.run

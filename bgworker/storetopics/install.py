@@ -1,0 +1,95 @@
+"""Install the storetopics SQL without the extension mechanism (managed Postgres), or check an installation.
+
+The SQL is the extension's own versioned script: `sql/storetopics--<version>.sql`, then upgrade scripts
+`sql/storetopics--<a>--<b>.sql` in order, exactly as ALTER EXTENSION would run them.  The installed version is
+recorded in storetopics.meta, so `storetopics install` on an older plain install upgrades it.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import psycopg
+
+SQL_DIR = Path(__file__).resolve().parent / "sql"
+
+
+class InstallError(RuntimeError):
+    pass
+
+
+def default_version() -> str:
+    control = SQL_DIR.resolve().parent / "storetopics.control"
+    text = control.read_text() if control.exists() else ""
+    m = re.search(r"default_version\s*=\s*'([^']+)'", text)
+    return m.group(1) if m else latest_base_version()
+
+
+def latest_base_version() -> str:
+    versions = [p.name[len("storetopics--"):-4] for p in SQL_DIR.glob("storetopics--*.sql") if "--" not in p.name[13:]]
+    return sorted(versions, key=lambda v: [int(x) for x in v.split(".")])[-1]
+
+
+def script(name: str) -> str:
+    text = (SQL_DIR / name).read_text()
+    # The extension scripts start with a psql guard that makes `psql -f` stop; the plain path skips that line.
+    return "\n".join(line for line in text.splitlines() if not line.startswith("\\echo"))
+
+
+def upgrade_path(current: str, target: str) -> list[str]:
+    steps, version = [], current
+    while version != target:
+        nxt = [p for p in SQL_DIR.glob(f"storetopics--{version}--*.sql")]
+        if not nxt:
+            raise InstallError(f"no upgrade script from storetopics {version} towards {target}")
+        step = sorted(nxt)[-1]
+        steps.append(step.name)
+        version = step.name[:-4].split("--")[2]
+    return steps
+
+
+def installed(conn: psycopg.Connection) -> tuple[str | None, str | None]:
+    """(how, version): how is 'extension', 'script' or None."""
+    row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'storetopics'").fetchone()
+    if row:
+        return "extension", row[0]
+    if conn.execute("SELECT to_regclass('storetopics.meta')").fetchone()[0] is None:
+        return None, None
+    row = conn.execute("SELECT value FROM storetopics.meta WHERE key = 'version'").fetchone()
+    return "script", row[0] if row else None
+
+
+def install(dsn: str, *, extension: bool = False, version: str | None = None, log=print) -> str:
+    """Install or upgrade storetopics in the database at dsn.  Returns the installed version."""
+    target = version or default_version()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET client_min_messages = warning")
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('storetopics install'))")
+            how, current = installed(conn)
+            if extension:
+                if how == "script":
+                    raise InstallError("storetopics is installed as a plain script here; keep using `storetopics install`")
+                conn.execute("CREATE EXTENSION IF NOT EXISTS storetopics CASCADE")
+                if how == "extension" and current != target:
+                    conn.execute(f"ALTER EXTENSION storetopics UPDATE TO '{target}'")
+                return installed(conn)[1]
+            if how == "extension":
+                raise InstallError("storetopics is installed as an extension here; upgrade it with ALTER EXTENSION")
+            try:
+                with conn.transaction():
+                    conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+            except psycopg.Error as e:
+                log(f"storetopics install: pgvector not available ({e.diag.message_primary}); keyword summaries only")
+            if how is None:
+                conn.execute("CREATE SCHEMA storetopics")
+                conn.execute(script(f"storetopics--{target}.sql"))
+                log(f"storetopics install: installed {target}")
+            elif current != target:
+                for step in upgrade_path(current, target):
+                    conn.execute(script(step))
+                    log(f"storetopics install: applied {step}")
+                conn.execute("UPDATE storetopics.meta SET value = %s WHERE key = 'version'", (target,))
+            else:
+                log(f"storetopics install: {target} already installed")
+            return target
