@@ -54,7 +54,14 @@ CREATE TABLE storetopics.pending (
 );
 CREATE INDEX pending_source_store ON storetopics.pending (source_id, store_key);
 
--- Per-file term counts: one row per (file, store) with parallel arrays sorted by term.  A row whose store_key is
+-- Every lexeme storetopics has counted, numbered once.  Per-file arrays and store statistics hold these numbers
+-- instead of the strings: about half the storage, and joins on integers.
+CREATE TABLE storetopics.lexemes (
+  id     int GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  lexeme text NOT NULL UNIQUE
+);
+
+-- Per-file term counts: one row per (file, store) with parallel arrays of lexeme ids and their counts.  A row whose store_key is
 -- NULL holds chunks of the file whose store key evaluated to NULL: counted as skipped, never summarised.
 CREATE TABLE storetopics.file_terms (
   source_id int NOT NULL,
@@ -63,7 +70,7 @@ CREATE TABLE storetopics.file_terms (
   chunks    int NOT NULL,
   skipped   int NOT NULL,                    -- chunks whose text could not be used (NULL, blank, junk, too long)
   words     bigint NOT NULL,                 -- counted terms (after stopwords)
-  terms     text[] NOT NULL,
+  term_ids  int[] NOT NULL,
   counts    int[] NOT NULL,
   UNIQUE NULLS NOT DISTINCT (source_id, file_key, store_key)
 );
@@ -74,11 +81,11 @@ CREATE TABLE storetopics.file_terms (
 CREATE TABLE storetopics.store_terms (
   source_id int NOT NULL,
   store_key text NOT NULL,
-  term      text NOT NULL,
+  term_id   int NOT NULL,                    -- storetopics.lexemes
   files     int NOT NULL,
   total     bigint NOT NULL,
   total_sq  bigint NOT NULL,
-  PRIMARY KEY (source_id, store_key, term)
+  PRIMARY KEY (source_id, store_key, term_id)
 );
 
 -- One row per store: counters kept by fold(), the summary kept by render().
@@ -113,7 +120,12 @@ CREATE VIEW storetopics.stores AS
 SELECT s.chunks AS source, st.source_id, st.store_key, st.files, st.chunks, st.words, st.skipped,
        st.store_topics, st.topics, st.updated_at, st.folded_at,
        EXISTS (SELECT 1 FROM storetopics.pending p
-                WHERE p.source_id = st.source_id AND (p.store_key = st.store_key OR p.resync)) AS dirty
+                WHERE p.source_id = st.source_id AND (p.store_key = st.store_key OR p.resync
+                      -- a change whose store key was NULL when logged (e.g. a store key looked up in a parent
+                      -- row that an ON DELETE CASCADE already removed) dirties the store that holds the file
+                      OR (p.store_key IS NULL AND EXISTS (SELECT 1 FROM storetopics.file_terms f
+                                                           WHERE f.source_id = p.source_id AND f.file_key = p.file_key
+                                                             AND f.store_key = st.store_key)))) AS dirty
   FROM storetopics.store_state st
   JOIN storetopics.sources s ON s.id = st.source_id;
 
@@ -190,6 +202,10 @@ BEGIN
   RETURN format($f$
 CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
+DECLARE
+  -- NOTIFY only when the source becomes dirty: a NOTIFY serialises commits on a global lock, so a burst of
+  -- writers must not all send one.  The worker also polls, so a hint not sent is only a delay.
+  was_clean boolean := NOT EXISTS (SELECT 1 FROM storetopics.pending WHERE source_id = %2$s);
 BEGIN
   IF TG_OP = 'INSERT' THEN
     INSERT INTO storetopics.pending (source_id, store_key, file_key)
@@ -209,7 +225,9 @@ BEGIN
   ELSE -- TRUNCATE
     INSERT INTO storetopics.pending (source_id, resync) VALUES (%2$s, true);
   END IF;
-  PERFORM pg_notify('storetopics_dirty', '%2$s');
+  IF was_clean THEN
+    PERFORM pg_notify('storetopics_dirty', '%2$s');
+  END IF;
   RETURN NULL;
 END
 $body$;
@@ -221,6 +239,10 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   EXECUTE storetopics._capture_sql(src);
   EXECUTE format('REVOKE ALL ON FUNCTION %s() FROM PUBLIC', src.capture_function);
+  -- DROP EXTENSION storetopics must not leave triggers behind that would fail the application's writes.
+  IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'storetopics') THEN
+    EXECUTE format('ALTER FUNCTION %s() DEPENDS ON EXTENSION storetopics', src.capture_function);
+  END IF;
   EXECUTE format('CREATE TRIGGER storetopics_ins AFTER INSERT ON %s REFERENCING NEW TABLE AS new_rows '
                  'FOR EACH STATEMENT EXECUTE FUNCTION %s()', src.chunks, src.capture_function);
   EXECUTE format('CREATE TRIGGER storetopics_upd AFTER UPDATE ON %s REFERENCING OLD TABLE AS old_rows '
@@ -260,7 +282,7 @@ BEGIN
   -- The first fold counts every row that is already there.
   INSERT INTO storetopics.pending (source_id, resync) VALUES (src.id, true);
   EXECUTE format('GRANT USAGE ON SCHEMA storetopics TO %I', v_owner);
-  EXECUTE format('GRANT INSERT ON storetopics.pending TO %I', v_owner);
+  EXECUTE format('GRANT INSERT, SELECT (source_id) ON storetopics.pending TO %I', v_owner);
   RETURN src;
 END $$;
 
@@ -276,11 +298,33 @@ BEGIN
   IF NOT pg_has_role(session_user, v_owner, 'MEMBER') AND NOT pg_has_role(current_user, v_owner, 'MEMBER') THEN
     RAISE EXCEPTION 'storetopics: only the owner of the table can detach it' USING ERRCODE = 'insufficient_privilege';
   END IF;
+  PERFORM storetopics._forget_source(p_source);
+END $$;
+
+-- Deletes every storetopics row of a source (no checks: callers check).
+CREATE FUNCTION storetopics._forget_source(p_source int) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
   DELETE FROM storetopics.pending WHERE source_id = p_source;
   DELETE FROM storetopics.file_terms WHERE source_id = p_source;
   DELETE FROM storetopics.store_terms WHERE source_id = p_source;
   DELETE FROM storetopics.store_state WHERE source_id = p_source;
   DELETE FROM storetopics.sources WHERE id = p_source;
+END;
+
+-- DROP TABLE of an attached table also forgets its source (the table's triggers go with it).  Installed where the
+-- installing role may create event triggers (superuser); elsewhere fold() and backfill() skip such sources.
+CREATE FUNCTION storetopics._forget_dropped_tables() RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  r record;
+BEGIN
+  FOR r IN SELECT s.id, s.capture_function FROM storetopics.sources s
+             JOIN pg_event_trigger_dropped_objects() d
+               ON d.classid = 'pg_class'::regclass AND d.objid = s.chunks AND d.objsubid = 0 LOOP
+    EXECUTE format('DROP FUNCTION IF EXISTS %s()', r.capture_function);
+    PERFORM storetopics._forget_source(r.id);
+  END LOOP;
 END $$;
 
 -- Attach storetopics to an application's chunk table.  Runs as the caller, who must own the table (creating a
@@ -359,12 +403,30 @@ BEGIN
   RETURN true;
 END $$;
 
+-- Detach by source id: also works when the table is gone.
+CREATE FUNCTION storetopics.detach_source(p_source int) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  src storetopics.sources;
+BEGIN
+  SELECT * INTO src FROM storetopics.sources WHERE id = p_source;
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  IF EXISTS (SELECT 1 FROM pg_class WHERE oid = src.chunks) THEN
+    RETURN storetopics.detach(src.chunks);
+  END IF;
+  EXECUTE format('DROP FUNCTION IF EXISTS %s()', src.capture_function);
+  PERFORM storetopics._unregister_source(p_source);
+  RETURN true;
+END $$;
+
 -- Lets a role that owns chunk tables attach them without being superuser.
 CREATE FUNCTION storetopics.grant_attach(role_name name) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   EXECUTE format('GRANT USAGE, CREATE ON SCHEMA storetopics TO %I', role_name);
-  EXECUTE format('GRANT INSERT ON storetopics.pending TO %I', role_name);
+  EXECUTE format('GRANT INSERT, SELECT (source_id) ON storetopics.pending TO %I', role_name);
   EXECUTE format('GRANT SELECT ON storetopics.sources, storetopics.stores, storetopics.status TO %I', role_name);
   EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.attach(regclass, text, text, text, text, regconfig, jsonb), '
                  'storetopics.detach(regclass), storetopics._key_sql(regclass, text), '
@@ -388,18 +450,24 @@ END;
 -- Recounts at most max_files touched files of one source and applies the difference.  Returns the number of files
 -- recounted (0 = nothing was pending).  Serialised per source by a row lock on storetopics.sources; application
 -- writers never take that lock.  Safe to call at any time, from any number of sessions.
-CREATE FUNCTION storetopics.fold(p_source int, max_files int DEFAULT 20000) RETURNS int
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+CREATE FUNCTION storetopics.fold(p_source int, max_files int DEFAULT 5000) RETURNS int
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' AS $$
 DECLARE
   src storetopics.sources;
   v_files text[];
   v_null_keys boolean;
   v_filter text;
+  v_tsv text;
+  v_saved text[];
   v_n int;
 BEGIN
   SELECT * INTO src FROM storetopics.sources WHERE id = p_source FOR UPDATE;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'storetopics: no source %', p_source USING ERRCODE = 'undefined_object';
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = src.chunks) THEN
+    RAISE EXCEPTION 'storetopics: the table of source % was dropped', p_source USING ERRCODE = 'undefined_table',
+      HINT = format('Forget it with SELECT storetopics.detach_source(%s).', p_source);
   END IF;
 
   -- 1. A resync (attach, TRUNCATE): forget the state and log every live file, then fold those in batches.
@@ -418,8 +486,10 @@ BEGIN
   -- 2. Claim a batch of touched files.
   v_files := ARRAY(SELECT DISTINCT file_key FROM storetopics.pending
                     WHERE source_id = p_source AND file_key IS NOT NULL ORDER BY 1 LIMIT max_files);
-  v_null_keys := EXISTS (SELECT 1 FROM storetopics.pending WHERE source_id = p_source AND file_key IS NULL);
-  DELETE FROM storetopics.pending WHERE source_id = p_source AND (file_key = ANY (v_files) OR file_key IS NULL);
+  -- One statement: a NULL-key event committed between a check and the DELETE would be lost.
+  WITH d AS (DELETE FROM storetopics.pending WHERE source_id = p_source AND (file_key = ANY (v_files) OR file_key IS NULL)
+             RETURNING file_key)
+  SELECT coalesce(bool_or(d.file_key IS NULL), false) INTO v_null_keys FROM d;
   IF v_null_keys THEN
     EXECUTE format('SELECT count(*) FROM %s AS c WHERE (%s) IS NULL', src.chunks, src.file_sql)
       INTO src.null_key_rows;
@@ -430,57 +500,82 @@ BEGIN
     RETURN 0;
   END IF;
 
-  -- 3. Recount those files from the live rows (parallel query does the tokenising on all cores).
+  -- 3. Recount those files from the live rows, in one scan.  Per (store, file, term): the count; plus one row per
+  --    (store, file) with term NULL whose count(*) is the number of chunks and whose n is the number of skipped
+  --    chunks.  Parallel query spreads the tokenising over the cores; the planner takes to_tsvector for cheap, so
+  --    parallel plans are made free for this statement.
   v_filter := format('%s = ANY (%L::%s[])', src.file_sql, v_files, src.file_type);
   DROP TABLE IF EXISTS pg_temp.storetopics_new_terms, pg_temp.storetopics_new_files;
-  BEGIN
-    EXECUTE format($q$
-      CREATE TEMP TABLE storetopics_new_terms AS
-      SELECT (%1$s)::text AS store_key, (%2$s)::text AS file_key, l.lexeme AS term,
-             sum(cardinality(l.positions))::int AS n
-        FROM %3$s AS c,
-             unnest(CASE WHEN storetopics.usable_text(%4$s) THEN to_tsvector(%5$L::regconfig, %4$s) END) AS l
-       WHERE %6$s AND (%1$s) IS NOT NULL
-       GROUP BY 1, 2, 3$q$, src.store_sql, src.file_sql, src.chunks, src.content_sql, src.ts_config, v_filter);
-  EXCEPTION WHEN program_limit_exceeded THEN
-    -- A text whose tsvector would pass 1 MB: redo this batch row by row, skipping such rows.
-    EXECUTE format($q$
-      CREATE TEMP TABLE storetopics_new_terms AS
-      SELECT (%1$s)::text AS store_key, (%2$s)::text AS file_key, l.lexeme AS term,
-             sum(cardinality(l.positions))::int AS n
-        FROM %3$s AS c, unnest(storetopics._tsvector_or_null(%5$L::regconfig, %4$s)) AS l
-       WHERE %6$s AND (%1$s) IS NOT NULL
-       GROUP BY 1, 2, 3$q$, src.store_sql, src.file_sql, src.chunks, src.content_sql, src.ts_config, v_filter);
-  END;
-  EXECUTE format($q$
-    CREATE TEMP TABLE storetopics_new_files AS
-    SELECT (%1$s)::text AS store_key, (%2$s)::text AS file_key, count(*)::int AS chunks,
-           (count(*) FILTER (WHERE NOT storetopics.usable_text(%4$s)))::int AS skipped
-      FROM %3$s AS c WHERE %5$s GROUP BY 1, 2$q$, src.store_sql, src.file_sql, src.chunks, src.content_sql, v_filter);
-  -- Rows the fast path tokenised but whose tsvector failed in the slow path count as skipped too.
-  UPDATE pg_temp.storetopics_new_files nf SET skipped = nf.chunks
-   WHERE nf.skipped < nf.chunks AND nf.store_key IS NOT NULL
-     AND NOT EXISTS (SELECT 1 FROM pg_temp.storetopics_new_terms nt
-                      WHERE nt.store_key = nf.store_key AND nt.file_key = nf.file_key);
+  v_saved := ARRAY[current_setting('parallel_setup_cost'), current_setting('parallel_tuple_cost'),
+                   current_setting('min_parallel_table_scan_size')];
+  PERFORM set_config('parallel_setup_cost', '0', true), set_config('parallel_tuple_cost', '0', true),
+          set_config('min_parallel_table_scan_size', '0', true);
+  v_tsv := format('CASE WHEN (%s) IS NOT NULL AND storetopics.usable_text(%s) THEN to_tsvector(%L::regconfig, %s) END',
+                  src.store_sql, src.content_sql, src.ts_config, src.content_sql);
+  LOOP
+    BEGIN
+      EXECUTE format($q$
+        CREATE TEMP TABLE storetopics_new_terms AS
+        SELECT (%1$s)::text AS store_key, (%2$s)::text AS file_key, l.term, sum(l.n)::int AS n, count(*)::int AS rows
+          FROM %3$s AS c
+         CROSS JOIN LATERAL (SELECT %4$s AS tsv) t
+         CROSS JOIN LATERAL (SELECT x.lexeme, cardinality(x.positions) FROM unnest(t.tsv) AS x
+                             UNION ALL
+                             SELECT NULL, (t.tsv IS NULL AND ((%1$s) IS NOT NULL
+                                                             OR NOT storetopics.usable_text(%6$s)))::int) AS l(term, n)
+         WHERE %5$s
+         GROUP BY 1, 2, 3$q$, src.store_sql, src.file_sql, src.chunks, v_tsv, v_filter, src.content_sql);
+      EXIT;
+    EXCEPTION WHEN program_limit_exceeded THEN
+      -- A text whose tsvector would pass 1 MB: redo this batch with one subtransaction per row, skipping such rows.
+      EXIT WHEN v_tsv LIKE 'storetopics._tsvector_or_null%';
+      v_tsv := format('storetopics._tsvector_or_null(%L::regconfig, CASE WHEN (%s) IS NOT NULL THEN %s END)',
+                      src.ts_config, src.store_sql, src.content_sql);
+    END;
+  END LOOP;
+  PERFORM set_config('parallel_setup_cost', v_saved[1], true), set_config('parallel_tuple_cost', v_saved[2], true),
+          set_config('min_parallel_table_scan_size', v_saved[3], true);
+  -- Number the lexemes not seen before (in sorted order, so concurrent folds of other sources cannot deadlock;
+  -- only missing ones, so the identity is not used up by conflicts).
+  INSERT INTO storetopics.lexemes (lexeme)
+  SELECT DISTINCT nt.term FROM pg_temp.storetopics_new_terms nt
+   WHERE nt.term IS NOT NULL AND NOT EXISTS (SELECT 1 FROM storetopics.lexemes x WHERE x.lexeme = nt.term)
+   ORDER BY 1
+  ON CONFLICT (lexeme) DO NOTHING;
+  -- Per file: counters and the term/count arrays (parallel arrays: both aggregates read the rows in the same
+  -- order, so the pairs line up; no sort needed).  A NULL store key makes the file's chunks null-key rows.
+  CREATE TEMP TABLE storetopics_new_files AS
+  SELECT nt.store_key, nt.file_key,
+         max(nt.rows) FILTER (WHERE nt.term IS NULL) AS chunks,
+         max(nt.n) FILTER (WHERE nt.term IS NULL) AS skipped,
+         coalesce(sum(nt.n) FILTER (WHERE nt.term IS NOT NULL), 0) AS words,
+         coalesce(array_agg(x.id) FILTER (WHERE nt.term IS NOT NULL AND nt.store_key IS NOT NULL), '{}') AS term_ids,
+         coalesce(array_agg(nt.n) FILTER (WHERE nt.term IS NOT NULL AND nt.store_key IS NOT NULL), '{}') AS counts
+    FROM pg_temp.storetopics_new_terms nt
+    LEFT JOIN storetopics.lexemes x ON x.lexeme = nt.term
+   GROUP BY 1, 2;
+  DROP TABLE pg_temp.storetopics_new_terms;
 
   -- 4. Store-wide term statistics: subtract the files' old counts, add the new ones.
   CREATE TEMP TABLE storetopics_delta ON COMMIT DROP AS
-  SELECT d.store_key, d.term, sum(d.df)::int AS df, sum(d.tf)::bigint AS tf, sum(d.tf2)::bigint AS tf2
-    FROM (SELECT f.store_key, u.term, -1 AS df, -u.n::bigint AS tf, -(u.n::bigint * u.n) AS tf2
-            FROM storetopics.file_terms f, unnest(f.terms, f.counts) AS u(term, n)
+  SELECT d.store_key, d.term_id, sum(d.df)::int AS df, sum(d.tf)::bigint AS tf, sum(d.tf2)::bigint AS tf2
+    FROM (SELECT f.store_key, u.term_id, -1 AS df, -u.n::bigint AS tf, -(u.n::bigint * u.n) AS tf2
+            FROM storetopics.file_terms f, unnest(f.term_ids, f.counts) AS u(term_id, n)
            WHERE f.source_id = p_source AND f.file_key = ANY (v_files) AND f.store_key IS NOT NULL
           UNION ALL
-          SELECT nt.store_key, nt.term, 1, nt.n, nt.n::bigint * nt.n FROM pg_temp.storetopics_new_terms nt) d
+          SELECT nf.store_key, u.term_id, 1, u.n, u.n::bigint * u.n
+            FROM pg_temp.storetopics_new_files nf, unnest(nf.term_ids, nf.counts) AS u(term_id, n)
+           WHERE nf.store_key IS NOT NULL) d
    GROUP BY 1, 2
   HAVING sum(d.df) <> 0 OR sum(d.tf) <> 0 OR sum(d.tf2) <> 0;
 
-  INSERT INTO storetopics.store_terms AS t (source_id, store_key, term, files, total, total_sq)
-  SELECT p_source, d.store_key, d.term, d.df, d.tf, d.tf2 FROM pg_temp.storetopics_delta d
-  ORDER BY d.store_key, d.term
-  ON CONFLICT (source_id, store_key, term) DO UPDATE
+  INSERT INTO storetopics.store_terms AS t (source_id, store_key, term_id, files, total, total_sq)
+  SELECT p_source, d.store_key, d.term_id, d.df, d.tf, d.tf2 FROM pg_temp.storetopics_delta d
+  ORDER BY d.store_key, d.term_id
+  ON CONFLICT (source_id, store_key, term_id) DO UPDATE
      SET files = t.files + excluded.files, total = t.total + excluded.total, total_sq = t.total_sq + excluded.total_sq;
   DELETE FROM storetopics.store_terms t USING pg_temp.storetopics_delta d
-   WHERE t.source_id = p_source AND t.store_key = d.store_key AND t.term = d.term AND t.files <= 0;
+   WHERE t.source_id = p_source AND t.store_key = d.store_key AND t.term_id = d.term_id AND t.files <= 0;
   DROP TABLE pg_temp.storetopics_delta;
 
   -- 5. Store counters, by the same difference.
@@ -491,10 +586,8 @@ BEGIN
             FROM storetopics.file_terms f
            WHERE f.source_id = p_source AND f.file_key = ANY (v_files) AND f.store_key IS NOT NULL
           UNION ALL
-          SELECT nf.store_key, 1, nf.chunks, coalesce(w.words, 0), nf.skipped
+          SELECT nf.store_key, 1, nf.chunks, nf.words, nf.skipped
             FROM pg_temp.storetopics_new_files nf
-            LEFT JOIN (SELECT nt.store_key, nt.file_key, sum(nt.n) AS words FROM pg_temp.storetopics_new_terms nt
-                        GROUP BY 1, 2) w ON w.store_key = nf.store_key AND w.file_key = nf.file_key
            WHERE nf.store_key IS NOT NULL) x
    GROUP BY 1;
   INSERT INTO storetopics.store_state AS st (source_id, store_key, files, chunks, words, skipped, folded_at)
@@ -507,17 +600,12 @@ BEGIN
 
   -- 6. Replace the files' own rows.
   DELETE FROM storetopics.file_terms WHERE source_id = p_source AND file_key = ANY (v_files);
-  INSERT INTO storetopics.file_terms (source_id, file_key, store_key, chunks, skipped, words, terms, counts)
-  SELECT p_source, nf.file_key, nf.store_key, nf.chunks, nf.skipped, coalesce(t.words, 0),
-         coalesce(t.terms, '{}'), coalesce(t.counts, '{}')
-    FROM pg_temp.storetopics_new_files nf
-    LEFT JOIN (SELECT nt.store_key, nt.file_key, sum(nt.n) AS words,
-                      array_agg(nt.term ORDER BY nt.term) AS terms, array_agg(nt.n ORDER BY nt.term) AS counts
-                 FROM pg_temp.storetopics_new_terms nt GROUP BY 1, 2) t
-      ON t.store_key = nf.store_key AND t.file_key = nf.file_key;
+  INSERT INTO storetopics.file_terms (source_id, file_key, store_key, chunks, skipped, words, term_ids, counts)
+  SELECT p_source, nf.file_key, nf.store_key, nf.chunks, nf.skipped, nf.words, nf.term_ids, nf.counts
+    FROM pg_temp.storetopics_new_files nf;
 
   GET DIAGNOSTICS v_n = ROW_COUNT;
-  DROP TABLE pg_temp.storetopics_new_terms, pg_temp.storetopics_new_files;
+  DROP TABLE pg_temp.storetopics_new_files;
   UPDATE storetopics.sources SET folded_at = now() WHERE id = p_source;
   RETURN cardinality(v_files);
 END $$;
@@ -555,18 +643,18 @@ BEGIN ATOMIC
     SELECT greatest(s.files, 1)::float8 AS n FROM storetopics.store_state s
      WHERE s.source_id = p_source AND s.store_key = p_store
   ), terms AS (
-    SELECT t.term, t.files, t.total, t.total_sq, ln(st.n / t.files) AS idf
-      FROM storetopics.store_terms t, st
+    SELECT t.term_id, x.lexeme AS term, t.files, t.total, t.total_sq, ln(st.n / t.files) AS idf
+      FROM storetopics.store_terms t JOIN storetopics.lexemes x ON x.id = t.term_id, st
      WHERE t.source_id = p_source AND t.store_key = p_store
   ), dominant AS (
     SELECT 'dominant'::text AS kind, t.term, t.total::float8 AS score, t.files, t.total, NULL::text AS file_key
       FROM terms t WHERE storetopics.showable_term(t.term)
      ORDER BY t.total DESC, t.term LIMIT n_dominant
   ), file_words AS (
-    SELECT f.file_key, u.term, u.n, t.idf, t.files, t.total
+    SELECT f.file_key, t.term, u.n, t.idf, t.files, t.total
       FROM storetopics.file_terms f
-     CROSS JOIN LATERAL unnest(f.terms, f.counts) AS u(term, n)
-      JOIN terms t ON t.term = u.term
+     CROSS JOIN LATERAL unnest(f.term_ids, f.counts) AS u(term_id, n)
+      JOIN terms t ON t.term_id = u.term_id
      WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0
   ), novelty AS (
     SELECT w.file_key, sum(w.n * w.idf) / sum(w.n) AS nov FROM file_words w GROUP BY w.file_key
@@ -580,13 +668,15 @@ BEGIN ATOMIC
      WHERE (v.nov - m.med) / (1.4826 * m.mad + 1e-9) >= 3.5
      ORDER BY v.nov DESC, v.file_key LIMIT 3
   ), outlier_terms AS (
-    SELECT * FROM (
+    -- the top 3 terms of each outlier file; a term two outlier files share is kept once, with its best file
+    SELECT DISTINCT ON (x.term) x.term, x.score, x.files, x.total, x.file_key, x.nov FROM (
       SELECT w.term, w.n * w.idf AS score, w.files, w.total, w.file_key, o.nov,
              row_number() OVER (PARTITION BY w.file_key ORDER BY w.n * w.idf DESC, w.term) AS r
         FROM file_words w JOIN outliers o ON o.file_key = w.file_key
        WHERE storetopics.showable_term(w.term) AND w.idf > 0
          AND w.term NOT IN (SELECT d.term FROM dominant d)) x
      WHERE x.r <= 3
+     ORDER BY x.term, x.nov DESC, x.score DESC, x.file_key
   ), dense AS (
     SELECT t.term, (t.total_sq::float8 / t.total) * t.idf AS score, t.files, t.total
       FROM terms t
@@ -619,6 +709,8 @@ DECLARE
   v_n int;
 BEGIN
   SELECT * INTO src FROM storetopics.sources WHERE id = p_source;
+  -- One learner at a time: concurrent renders would insert the same words in different orders.
+  PERFORM pg_advisory_xact_lock(hashtext('storetopics.term_words'));
   v_missing := ARRAY(SELECT DISTINCT l FROM unnest(p_lexemes) l
                       WHERE NOT EXISTS (SELECT 1 FROM storetopics.term_words w
                                          WHERE w.ts_config = src.ts_config AND w.lexeme = l));
@@ -627,23 +719,31 @@ BEGIN
   END IF;
   -- One file per missing lexeme (the first by key), then those files' texts.
   v_files := ARRAY(SELECT DISTINCT x.file_key FROM (
-                     SELECT DISTINCT ON (u.term) u.term, f.file_key
-                       FROM storetopics.file_terms f CROSS JOIN LATERAL unnest(f.terms) AS u(term)
-                      WHERE f.source_id = p_source AND f.store_key = p_store AND u.term = ANY (v_missing)
-                      ORDER BY u.term, f.file_key) x);
+                     SELECT DISTINCT ON (u.term_id) u.term_id, f.file_key
+                       FROM storetopics.file_terms f CROSS JOIN LATERAL unnest(f.term_ids) AS u(term_id)
+                      WHERE f.source_id = p_source AND f.store_key = p_store
+                        AND u.term_id = ANY (ARRAY(SELECT x.id FROM storetopics.lexemes x
+                                                    WHERE x.lexeme = ANY (v_missing)))
+                      ORDER BY u.term_id, f.file_key) x);
   EXECUTE format('SELECT array_agg(%s) FROM %s AS c WHERE %s = ANY (%L::%s[]) AND (%s)::text = %L',
                  src.content_sql, src.chunks, src.file_sql, v_files, src.file_type, src.store_sql, p_store)
     INTO v_texts;
   INSERT INTO storetopics.term_words (ts_config, lexeme, word)
   SELECT DISTINCT ON (m.lexeme) src.ts_config, m.lexeme, m.word
+    -- Words are read both whole ("open-source") and split at hyphens ("open", "source").  A word speaks for a
+    -- lexeme when it gives only that lexeme, or, for a hyphenated word, for its compound lexeme only.
     FROM (SELECT w.word, w.n, l.lexeme
             FROM (SELECT x.word, count(*) AS n
                     FROM unnest(v_texts) t,
-                         LATERAL regexp_split_to_table(lower(t), '[^[:alpha:]''-]+') AS x(word)
-                   WHERE storetopics.usable_text(t) AND length(x.word) BETWEEN 3 AND 40
+                         LATERAL (SELECT regexp_split_to_table(lower(t), '[^[:alpha:]''-]+')
+                                  UNION ALL
+                                  SELECT regexp_split_to_table(lower(t), '[^[:alpha:]'']+')) AS x(word)
+                   WHERE storetopics.usable_text(t) AND length(x.word) BETWEEN 2 AND 40
                    GROUP BY x.word) w,
-                 LATERAL unnest(tsvector_to_array(to_tsvector(src.ts_config, w.word))) AS l(lexeme)
-           WHERE l.lexeme = ANY (v_missing)) m
+                 LATERAL (SELECT tsvector_to_array(to_tsvector(src.ts_config, w.word)) AS ls) v,
+                 LATERAL unnest(v.ls) AS l(lexeme)
+           WHERE l.lexeme = ANY (v_missing)
+             AND (cardinality(v.ls) = 1 OR (strpos(w.word, '-') > 0 AND strpos(l.lexeme, '-') > 0))) m
    ORDER BY m.lexeme, m.n DESC, length(m.word), m.word
   ON CONFLICT DO NOTHING;
   GET DIAGNOSTICS v_n = ROW_COUNT;
@@ -688,6 +788,10 @@ BEGIN
   SELECT * FROM storetopics.keywords(p_source, p_store);
   PERFORM storetopics._learn_words(p_source, p_store, ARRAY(SELECT k.lexeme FROM pg_temp.storetopics_kw k));
 
+  -- Two lexemes can show as one word ("run", "running" -> ...); a word is shown once, where it ranks first.
+  DELETE FROM pg_temp.storetopics_kw k USING pg_temp.storetopics_kw k2
+   WHERE storetopics._show(src.ts_config, k.lexeme) = storetopics._show(src.ts_config, k2.lexeme)
+     AND ((k2.kind = 'dominant' AND k.kind = 'distinctive') OR (k2.kind = k.kind AND k2.rank < k.rank));
   SELECT array_agg(storetopics._show(src.ts_config, k.lexeme) ORDER BY k.rank) FILTER (WHERE k.kind = 'dominant'),
          array_agg(storetopics._show(src.ts_config, k.lexeme) ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'),
          jsonb_build_object(
@@ -738,6 +842,7 @@ DECLARE
 BEGIN
   FOR s IN SELECT x.id FROM storetopics.sources x
             WHERE (backfill.source IS NULL OR x.chunks = backfill.source)
+              AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = x.chunks)
               AND (backfill.store_key IS NULL
                    OR EXISTS (SELECT 1 FROM storetopics.store_state y
                                WHERE y.source_id = x.id AND y.store_key = backfill.store_key)
@@ -745,7 +850,10 @@ BEGIN
             ORDER BY x.id LOOP
     LOOP
       v_done := storetopics.fold(s.id);
-      EXIT WHEN v_done = 0;
+      -- Up to date as of the call: changes logged after it started do not keep it folding (and holding the
+      -- source lock) for as long as writers keep writing.
+      EXIT WHEN v_done = 0 OR NOT EXISTS (SELECT 1 FROM storetopics.pending p
+                                           WHERE p.source_id = s.id AND p.logged_at < v_started);
       RAISE NOTICE 'storetopics: source %: folded % files', s.id, v_done;
     END LOOP;
     RETURN QUERY
@@ -768,9 +876,14 @@ GRANT EXECUTE ON FUNCTION storetopics.usable_text(text), storetopics.showable_te
 
 DO $$
 BEGIN
+  IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+    CREATE EVENT TRIGGER storetopics_forget_dropped_tables ON sql_drop
+      EXECUTE FUNCTION storetopics._forget_dropped_tables();
+  END IF;
   IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'storetopics') THEN
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.sources', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.pending', '');
+    PERFORM pg_catalog.pg_extension_config_dump('storetopics.lexemes', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.file_terms', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.store_terms', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.store_state', '');

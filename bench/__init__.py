@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks of storetopics (attached vs unattached chunk tables).  Run with `make bench`."""

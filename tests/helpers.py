@@ -1,0 +1,164 @@
+"""Shared test helpers: a chunk table like an application's, and an independent recount to compare with.
+
+`recount(conn, source_id)` computes what storetopics should hold for a source FROM SCRATCH, with plain SQL over the
+application's table (the same tokenisation: to_tsvector(cfg, content) for rows where storetopics.usable_text(content),
+a term's count = sum(cardinality(positions))).  `state(conn, source_id)` reads what storetopics holds, in the same
+shape.  A test brings storetopics up to date (backfill) and asserts `state(...) == recount(...)`.
+
+Both return a dict:
+  stores:   {store: (files, chunks, words, skipped)}                          from storetopics.store_state
+  terms:    {(store, term): (files, total, total_sq)}                         from storetopics.store_terms
+  files:    {(file, store): (chunks, skipped, words, ((term, count), ...))}   from storetopics.file_terms
+            (store None: chunks whose store key is NULL; never summarised, so words 0 and no terms)
+  null_key_rows:         rows whose file key is NULL                           storetopics.sources.null_key_rows
+  skipped_null_key_rows: rows with a NULL file key or a NULL store key         storetopics.status
+  skipped_text_rows:     rows of a store whose text is unusable                storetopics.status
+"""
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql as psql
+
+CHUNKS_DDL = """CREATE TABLE {name} (id serial PRIMARY KEY, store_id text, file_id int, content text,
+                                     embedding vector(8){extra})"""
+
+
+def create_chunks(conn: psycopg.Connection, name: str = "chunks", extra: str = "") -> str:
+    """The usual application table: id serial pk, store_id text, file_id int, content text, embedding vector(8)."""
+    conn.execute(CHUNKS_DDL.format(name=name, extra=f", {extra}" if extra else ""))
+    return name
+
+
+def attach_chunks(conn: psycopg.Connection, name: str = "chunks", embedding: bool = True) -> int:
+    return conn.execute(
+        "SELECT storetopics.attach(%s, store_key => 'store_id', file_key => 'file_id', content => 'content', "
+        "embedding => %s)", (name, "embedding" if embedding else None)).fetchone()[0]
+
+
+def backfill(conn: psycopg.Connection, source: str | None = None) -> list[tuple]:
+    return conn.execute("SELECT * FROM storetopics.backfill(source => %s::regclass)", (source,)).fetchall()
+
+
+def _source(conn: psycopg.Connection, source_id: int) -> dict:
+    row = conn.execute("SELECT chunks::text, store_sql, file_sql, content_sql, ts_config::text "
+                       "FROM storetopics.sources WHERE id = %s", (source_id,)).fetchone()
+    assert row is not None, f"no source {source_id}"
+    return dict(zip(("chunks", "store_sql", "file_sql", "content_sql", "ts_config"), row))
+
+
+def _rows_sql(src: dict) -> str:
+    """Every row of the application's table as (ctid, store, file, content), keys as text."""
+    return (f"SELECT c.ctid AS row_id, ({src['store_sql']})::text AS s, ({src['file_sql']})::text AS f, "
+            f"{src['content_sql']} AS t FROM {src['chunks']} AS c")
+
+
+def recount(conn: psycopg.Connection, source_id: int) -> dict:
+    """What storetopics should hold for the source, computed from scratch from the application's rows."""
+    src = _source(conn, source_id)
+    rows = _rows_sql(src)
+    cfg = src["ts_config"]
+    # Per (row, term) counts of the usable rows whose keys are both known.  A row whose tsvector would pass 1 MB
+    # cannot be tokenised at all: then do it row by row and count such rows as unusable (skipped).
+    tokenise = (f"SELECT r.row_id, r.s, r.f, l.lexeme AS term, cardinality(l.positions) AS n "
+                f"FROM ({rows}) r, unnest(to_tsvector('{cfg}'::regconfig, r.t)) l "
+                f"WHERE r.s IS NOT NULL AND r.f IS NOT NULL AND storetopics.usable_text(r.t)")
+    too_big: set[str] = set()
+    with conn.transaction():
+        conn.execute("CREATE TEMP TABLE recount_terms (row_id tid, s text, f text, term text, n int) ON COMMIT DROP")
+        try:
+            with conn.transaction():
+                conn.execute(f"INSERT INTO recount_terms {tokenise}")
+        except psycopg.errors.ProgramLimitExceeded:
+            for (row_id,) in conn.execute(f"SELECT r.row_id::text FROM ({rows}) r WHERE r.s IS NOT NULL "
+                                          f"AND r.f IS NOT NULL AND storetopics.usable_text(r.t)").fetchall():
+                try:
+                    with conn.transaction():
+                        conn.execute(f"INSERT INTO recount_terms {tokenise} AND r.row_id = %s::tid", (row_id,))
+                except psycopg.errors.ProgramLimitExceeded:
+                    too_big.add(row_id)
+        conn.execute("CREATE TEMP TABLE recount_bad (row_id tid) ON COMMIT DROP")
+        for row_id in too_big:
+            conn.execute("INSERT INTO recount_bad VALUES (%s::tid)", (row_id,))
+        unusable = "(NOT storetopics.usable_text(r.t) OR r.row_id IN (SELECT row_id FROM recount_bad))"
+
+        file_rows = conn.execute(f"""
+            SELECT r.f, r.s, count(*), count(*) FILTER (WHERE {unusable})
+              FROM ({rows}) r WHERE r.f IS NOT NULL GROUP BY 1, 2""").fetchall()
+        file_terms = conn.execute("""
+            SELECT f, s, term, sum(n) FROM recount_terms GROUP BY 1, 2, 3 ORDER BY 1, 2, 3""").fetchall()
+        null_file = conn.execute(f"SELECT count(*) FROM ({rows}) r WHERE r.f IS NULL").fetchone()[0]
+
+    files: dict = {}
+    for f, s, chunks, skipped in file_rows:
+        files[(f, s)] = [chunks, skipped, 0, []]
+    for f, s, term, n in file_terms:
+        entry = files[(f, s)]
+        entry[2] += n
+        entry[3].append((term, n))
+    for entry in files.values():
+        entry[3].sort()
+    stores: dict = {}
+    terms: dict = {}
+    for (f, s), (chunks, skipped, words, tl) in files.items():
+        if s is None:
+            continue
+        acc = stores.setdefault(s, [0, 0, 0, 0])
+        acc[0] += 1
+        acc[1] += chunks
+        acc[2] += words
+        acc[3] += skipped
+        for term, n in tl:
+            t = terms.setdefault((s, term), [0, 0, 0])
+            t[0] += 1
+            t[1] += n
+            t[2] += n * n
+    return {
+        "stores": {s: tuple(v) for s, v in stores.items()},
+        "terms": {k: tuple(v) for k, v in terms.items()},
+        "files": {k: (v[0], v[1], v[2], tuple(v[3])) for k, v in files.items()},
+        "null_key_rows": null_file,
+        "skipped_null_key_rows": null_file + sum(v[0] for (f, s), v in files.items() if s is None),
+        "skipped_text_rows": sum(v[3] for v in stores.values()),
+    }
+
+
+def state(conn: psycopg.Connection, source_id: int) -> dict:
+    """What storetopics holds for the source, in the shape of recount()."""
+    stores = {s: (files, chunks, words, skipped) for s, files, chunks, words, skipped in conn.execute(
+        "SELECT store_key, files, chunks, words, skipped FROM storetopics.store_state WHERE source_id = %s",
+        (source_id,)).fetchall()}
+    terms = {(s, t): (files, total, total_sq) for s, t, files, total, total_sq in conn.execute(
+        "SELECT t.store_key, x.lexeme, t.files, t.total, t.total_sq FROM storetopics.store_terms t "
+        "JOIN storetopics.lexemes x ON x.id = t.term_id WHERE t.source_id = %s", (source_id,)).fetchall()}
+    files = {}
+    for f, s, chunks, skipped, words, tl, cl in conn.execute(
+            "SELECT f.file_key, f.store_key, f.chunks, f.skipped, f.words, "
+            "       array(SELECT x.lexeme FROM unnest(f.term_ids) WITH ORDINALITY u(id, i) "
+            "             JOIN storetopics.lexemes x ON x.id = u.id ORDER BY u.i), f.counts "
+            "FROM storetopics.file_terms f WHERE f.source_id = %s", (source_id,)).fetchall():
+        assert (f, s) not in files
+        assert len(tl) == len(cl)
+        files[(f, s)] = (chunks, skipped, words, tuple(sorted(zip(tl, cl))))
+    null_key_rows = conn.execute("SELECT null_key_rows FROM storetopics.sources WHERE id = %s",
+                                 (source_id,)).fetchone()[0]
+    skipped_null, skipped_text = conn.execute(
+        "SELECT skipped_null_key_rows, skipped_text_rows FROM storetopics.status WHERE source_id = %s",
+        (source_id,)).fetchone()
+    return {"stores": stores, "terms": terms, "files": files, "null_key_rows": null_key_rows,
+            "skipped_null_key_rows": skipped_null, "skipped_text_rows": skipped_text}
+
+
+def pending(conn: psycopg.Connection, source_id: int | None = None) -> list[tuple]:
+    return conn.execute("SELECT source_id, store_key, file_key, resync FROM storetopics.pending "
+                        "WHERE %s::int IS NULL OR source_id = %s ORDER BY 1, 2, 3, 4",
+                        (source_id, source_id)).fetchall()
+
+
+def summary(conn: psycopg.Connection, source_id: int, store: str) -> tuple[str | None, object]:
+    row = conn.execute("SELECT store_topics, topics FROM storetopics.store_state "
+                       "WHERE source_id = %s AND store_key = %s", (source_id, store)).fetchone()
+    return (row[0], row[1]) if row else (None, None)
+
+
+def ident(name: str) -> psql.Identifier:
+    return psql.Identifier(name)

@@ -1,0 +1,238 @@
+"""Both install paths (CREATE EXTENSION, and the plain script for managed Postgres) give the same working objects,
+with no plpython3u, hardened functions and capture triggers that application roles cannot call."""
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+import helpers
+from storetopics import install as st_install
+from storetopics import testing
+
+SEARCH_PATH = "search_path=pg_catalog, pg_temp"
+# Functions without a SET search_path: SQL-standard bodies (RETURN ...), parsed and bound to their objects when
+# created, so the caller's search_path cannot change what they call; a SET clause would stop the planner from
+# inlining them (they run per row in fold()).  Any other function must set search_path.
+BOUND_AT_CREATION = {"usable_text(text)", "showable_term(text)", "_human_count(bigint)"}
+PUBLIC_EXECUTE = {"usable_text(text)", "showable_term(text)", "_human_count(bigint)"}
+
+
+@pytest.fixture
+def fresh_db(pg_admin_dsn):
+    """A database with nothing installed (not even pgvector)."""
+    name = testing.create_database(pg_admin_dsn, prefix="st_fresh")
+    yield testing.with_db(pg_admin_dsn, name)
+    testing.drop_database(pg_admin_dsn, name)
+
+
+def _connect(dsn):
+    c = psycopg.connect(dsn, autocommit=True)
+    c.execute("SET client_min_messages = warning")
+    return c
+
+
+def _no_plpython(conn):
+    assert conn.execute("SELECT count(*) FROM pg_language WHERE lanname LIKE 'plpython%'").fetchone()[0] == 0
+
+
+def _end_to_end(conn):
+    helpers.create_chunks(conn)
+    conn.execute("""INSERT INTO chunks (store_id, file_id, content)
+                    SELECT 'home', g / 3, 'kitchen renovation with new tiles and cabinets; the bathroom renovation '
+                                          'needs plumbing ' || g FROM generate_series(1, 60) g""")
+    src = helpers.attach_chunks(conn)
+    rows = helpers.backfill(conn)
+    assert [(r[1], r[2], r[3]) for r in rows] == [("home", 21, 60)]
+    text = helpers.summary(conn, src, "home")[0]
+    assert text.startswith("21 files, 60 chunks. Main terms: ")
+    for word in ("kitchen", "renovation", "tiles", "bathroom", "plumbing"):
+        assert word in text, (word, text)
+    # and it stays current through the triggers
+    conn.execute("INSERT INTO chunks (store_id, file_id, content) VALUES ('garage', 1, 'engine oil and brake pads')")
+    helpers.backfill(conn)
+    assert "engine" in helpers.summary(conn, src, "garage")[0]
+    assert helpers.state(conn, src) == helpers.recount(conn, src)
+    return src
+
+
+def test_create_extension_cascade_in_a_fresh_database(fresh_db):
+    with _connect(fresh_db) as conn:
+        conn.execute("CREATE EXTENSION storetopics CASCADE")
+        assert conn.execute("SELECT extname, extversion FROM pg_extension WHERE extname IN ('storetopics', 'vector') "
+                            "ORDER BY 1").fetchall()[0] == ("storetopics", "0.1")
+        assert st_install.installed(conn) == ("extension", "0.1")
+        _no_plpython(conn)
+        _end_to_end(conn)
+
+
+@pytest.mark.parametrize("how", ["extension", "script"])
+def test_end_to_end_without_plpython(make_db, how):
+    with _connect(make_db(how)) as conn:
+        assert st_install.installed(conn) == (how, "0.1")
+        _no_plpython(conn)
+        _end_to_end(conn)
+        _no_plpython(conn)
+
+
+def test_plain_script_into_a_fresh_database(fresh_db):
+    assert st_install.install(fresh_db, log=lambda *a: None) == "0.1"
+    with _connect(fresh_db) as conn:
+        assert st_install.installed(conn) == ("script", "0.1")
+        assert conn.execute("SELECT count(*) FROM pg_extension WHERE extname = 'storetopics'").fetchone()[0] == 0
+        _no_plpython(conn)
+        _end_to_end(conn)
+
+
+@pytest.mark.parametrize("how", ["extension", "script"])
+def test_functions_are_hardened(make_db, how):
+    with _connect(make_db(how)) as conn:
+        _end_to_end(conn)      # creates a capture function too
+        funcs = conn.execute("""
+            SELECT p.oid::regprocedure::text, p.proconfig, p.prosqlbody IS NOT NULL, p.prosecdef
+              FROM pg_proc p WHERE p.pronamespace = 'storetopics'::regnamespace ORDER BY 1""").fetchall()
+        assert len(funcs) > 20
+        without = set()
+        for name, config, sqlbody, secdef in funcs:
+            short = name.removeprefix("storetopics.")
+            if config is None or SEARCH_PATH not in config:
+                without.add(short)
+                assert sqlbody, f"{name} neither sets search_path nor has a SQL-standard body"
+        assert without == BOUND_AT_CREATION
+
+        # ... and those are indeed immune to a hostile search_path
+        conn.execute("CREATE SCHEMA evil")
+        conn.execute("CREATE FUNCTION evil.octet_length(text) RETURNS int LANGUAGE sql RETURN 0")
+        conn.execute("CREATE FUNCTION evil.length(text) RETURNS int LANGUAGE sql RETURN 5")
+        conn.execute("SET search_path = evil, pg_catalog")
+        assert conn.execute("SELECT storetopics.usable_text(repeat('x', 2000000)), storetopics.showable_term('ab'), "
+                            "storetopics._human_count(12345)").fetchone() == (False, False, "12k")
+        conn.execute("RESET search_path")
+
+        # What PUBLIC may execute: only the pure helpers (NULL proacl would mean the default: PUBLIC may).
+        public = {r[0].removeprefix("storetopics.") for r in conn.execute("""
+            SELECT p.oid::regprocedure::text FROM pg_proc p,
+                   aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+             WHERE p.pronamespace = 'storetopics'::regnamespace AND a.grantee = 0 AND a.privilege_type = 'EXECUTE'
+            """)}
+        assert public == PUBLIC_EXECUTE
+        # No table or view of storetopics is readable or writable by PUBLIC.
+        assert conn.execute("""
+            SELECT count(*) FROM pg_class c, aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a
+             WHERE c.relnamespace = 'storetopics'::regnamespace AND c.relkind IN ('r', 'v', 'p')
+               AND a.grantee = 0""").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("how", ["extension", "script"])
+def test_capture_functions_are_security_definer_and_not_public(make_db, how):
+    with _connect(make_db(how)) as conn:
+        helpers.create_chunks(conn, "a")
+        helpers.create_chunks(conn, "b")
+        sa = helpers.attach_chunks(conn, "a")
+        sb = helpers.attach_chunks(conn, "b")
+        rows = conn.execute("""
+            SELECT p.oid::regprocedure::text, p.prosecdef, p.proconfig, p.proacl IS NOT NULL,
+                   (SELECT array_agg(DISTINCT t.tgrelid::regclass::text ORDER BY t.tgrelid::regclass::text)
+                      FROM pg_trigger t WHERE t.tgfoid = p.oid),
+                   (SELECT count(*) FROM pg_trigger t WHERE t.tgfoid = p.oid),
+                   EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+                            WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE')
+              FROM pg_proc p WHERE p.pronamespace = 'storetopics'::regnamespace AND p.proname LIKE 'capture%'
+             ORDER BY p.oid""").fetchall()
+        assert rows == [
+            (f"storetopics.capture_{sa}()", True, [SEARCH_PATH], True, ["a"], 4, False),
+            (f"storetopics.capture_{sb}()", True, [SEARCH_PATH], True, ["b"], 4, False),
+        ]
+        # An application role with rights on the table only: its writes are captured, it cannot call the function.
+        role = f"app_writer_{how}"    # roles are per cluster
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"GRANT USAGE ON SCHEMA public TO {role}")
+        conn.execute(f"GRANT INSERT, UPDATE, DELETE, SELECT ON a TO {role}")
+        conn.execute(f"GRANT USAGE ON SEQUENCE a_id_seq TO {role}")
+        try:
+            conn.execute(f"SET ROLE {role}")
+            conn.execute("INSERT INTO a (store_id, file_id, content) VALUES ('s', 1, 'kitchen tiles')")
+            conn.execute("UPDATE a SET content = 'kitchen renovation' WHERE file_id = 1")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("INSERT INTO storetopics.pending (source_id, resync) VALUES (%s, true)", (sa,))
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT * FROM storetopics.store_state")
+        finally:
+            conn.execute("RESET ROLE")
+        helpers.backfill(conn)
+        assert helpers.state(conn, sa)["stores"] == {"s": (1, 1, 2, 0)}
+        conn.execute("SELECT storetopics.detach('a'), storetopics.detach('b')")
+        conn.execute(f"DROP OWNED BY {role}")
+        conn.execute(f"DROP ROLE {role}")
+
+
+def test_plain_install_is_idempotent(make_db):
+    dsn = make_db("script")
+    with _connect(dsn) as conn:
+        before = _catalog(conn)
+        meta = conn.execute("SELECT * FROM storetopics.meta ORDER BY 1").fetchall()
+    logs = []
+    assert st_install.install(dsn, log=logs.append) == "0.1"
+    assert st_install.install(dsn, log=logs.append) == "0.1"
+    assert logs == ["storetopics install: 0.1 already installed"] * 2
+    with _connect(dsn) as conn:
+        assert _catalog(conn) == before
+        assert conn.execute("SELECT * FROM storetopics.meta ORDER BY 1").fetchall() == meta == [("version", "0.1")]
+        _end_to_end(conn)
+
+
+def test_plain_install_refuses_where_the_extension_is(make_db):
+    dsn = make_db("extension")
+    with pytest.raises(st_install.InstallError, match="installed as an extension"):
+        st_install.install(dsn, log=lambda *a: None)
+    with _connect(dsn) as conn:
+        assert st_install.installed(conn) == ("extension", "0.1")
+        _end_to_end(conn)
+
+
+def test_extension_refuses_where_the_plain_script_is(make_db):
+    dsn = make_db("script")
+    with pytest.raises(st_install.InstallError, match="installed as a plain script"):
+        st_install.install(dsn, extension=True, log=lambda *a: None)
+    with _connect(dsn) as conn:
+        assert st_install.installed(conn) == ("script", "0.1")
+
+
+def _catalog(conn) -> dict:
+    """Every object of schema storetopics with its definition, comparable between databases."""
+    q = lambda sql: conn.execute(sql).fetchall()  # noqa: E731
+    return {
+        "functions": q("""SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid), p.proacl::text
+                            FROM pg_proc p WHERE p.pronamespace = 'storetopics'::regnamespace AND p.prokind <> 'a'
+                           ORDER BY 1"""),
+        "relations": q("""SELECT c.relname, c.relkind, c.relacl::text, c.relpersistence
+                            FROM pg_class c WHERE c.relnamespace = 'storetopics'::regnamespace ORDER BY 1"""),
+        "columns": q("""SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+                               pg_get_expr(d.adbin, d.adrelid), a.attidentity, a.attgenerated
+                          FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
+                          LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
+                         WHERE c.relnamespace = 'storetopics'::regnamespace AND a.attnum > 0 AND NOT a.attisdropped
+                         ORDER BY 1, 2"""),
+        "views": q("""SELECT c.relname, pg_get_viewdef(c.oid) FROM pg_class c
+                       WHERE c.relnamespace = 'storetopics'::regnamespace AND c.relkind IN ('v', 'm') ORDER BY 1"""),
+        "indexes": q("""SELECT c.relname, pg_get_indexdef(c.oid) FROM pg_class c
+                         WHERE c.relnamespace = 'storetopics'::regnamespace AND c.relkind = 'i' ORDER BY 1"""),
+        "constraints": q("""SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint
+                             WHERE connamespace = 'storetopics'::regnamespace ORDER BY 1, 2"""),
+        "triggers": q("""SELECT t.tgrelid::regclass::text, t.tgname, pg_get_triggerdef(t.oid) FROM pg_trigger t
+                          JOIN pg_class c ON c.oid = t.tgrelid
+                         WHERE c.relnamespace = 'storetopics'::regnamespace ORDER BY 1, 2"""),
+        "event_triggers": q("""SELECT evtname, evtevent, evtfoid::regprocedure::text, evtenabled, evttags
+                                 FROM pg_event_trigger ORDER BY 1"""),
+        "types": q("""SELECT t.typname, t.typtype FROM pg_type t
+                       WHERE t.typnamespace = 'storetopics'::regnamespace ORDER BY 1"""),
+        "schema_acl": q("SELECT nspacl::text FROM pg_namespace WHERE nspname = 'storetopics'"),
+    }
+
+
+def test_both_install_paths_create_the_same_objects(make_db):
+    with _connect(make_db("extension")) as ext, _connect(make_db("script")) as plain:
+        a, b = _catalog(ext), _catalog(plain)
+        assert len(a["functions"]) > 20 and len(a["columns"]) > 40 and len(a["views"]) == 2
+        for kind in a:
+            assert a[kind] == b[kind], kind
+        assert a == b
