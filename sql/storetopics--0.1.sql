@@ -209,10 +209,10 @@ DECLARE
 BEGIN
   IF TG_OP = 'INSERT' THEN
     INSERT INTO storetopics.pending (source_id, store_key, file_key)
-    SELECT DISTINCT %2$s, (%3$s)::text, (%4$s)::text FROM new_rows AS c;
+    SELECT %2$s, d.s::text, d.f::text FROM (SELECT DISTINCT %3$s AS s, %4$s AS f FROM new_rows AS c) d;
   ELSIF TG_OP = 'DELETE' THEN
     INSERT INTO storetopics.pending (source_id, store_key, file_key)
-    SELECT DISTINCT %2$s, (%3$s)::text, (%4$s)::text FROM old_rows AS c;
+    SELECT %2$s, d.s::text, d.f::text FROM (SELECT DISTINCT %3$s AS s, %4$s AS f FROM old_rows AS c) d;
   ELSIF TG_OP = 'UPDATE' THEN
     INSERT INTO storetopics.pending (source_id, store_key, file_key)
     SELECT DISTINCT %2$s, d.s::text, d.f::text FROM (
@@ -458,6 +458,7 @@ DECLARE
   v_null_keys boolean;
   v_filter text;
   v_tsv text;
+  v_skip text;
   v_saved text[];
   v_n int;
 BEGIN
@@ -507,30 +508,34 @@ BEGIN
   v_filter := format('%s = ANY (%L::%s[])', src.file_sql, v_files, src.file_type);
   DROP TABLE IF EXISTS pg_temp.storetopics_new_terms, pg_temp.storetopics_new_files;
   v_saved := ARRAY[current_setting('parallel_setup_cost'), current_setting('parallel_tuple_cost'),
-                   current_setting('min_parallel_table_scan_size')];
+                   current_setting('min_parallel_table_scan_size'), current_setting('enable_sort')];
   PERFORM set_config('parallel_setup_cost', '0', true), set_config('parallel_tuple_cost', '0', true),
           set_config('min_parallel_table_scan_size', '0', true);
+  -- tsv: the row's tsvector (NULL for unusable text or a NULL store key); skip: 1 for a skipped row.  Neither refers
+  -- to the other, so the planner cannot end up tokenising a row twice.
   v_tsv := format('CASE WHEN (%s) IS NOT NULL AND storetopics.usable_text(%s) THEN to_tsvector(%L::regconfig, %s) END',
                   src.store_sql, src.content_sql, src.ts_config, src.content_sql);
+  v_skip := format('(NOT storetopics.usable_text(%s))::int', src.content_sql);
   LOOP
     BEGIN
       EXECUTE format($q$
         CREATE TEMP TABLE storetopics_new_terms AS
         SELECT (%1$s)::text AS store_key, (%2$s)::text AS file_key, l.term, sum(l.n)::int AS n, count(*)::int AS rows
           FROM %3$s AS c
-         CROSS JOIN LATERAL (SELECT %4$s AS tsv) t
-         CROSS JOIN LATERAL (SELECT x.lexeme, cardinality(x.positions) FROM unnest(t.tsv) AS x
+         CROSS JOIN LATERAL (SELECT x.lexeme, cardinality(x.positions) FROM unnest(%4$s) AS x
                              UNION ALL
-                             SELECT NULL, (t.tsv IS NULL AND ((%1$s) IS NOT NULL
-                                                             OR NOT storetopics.usable_text(%6$s)))::int) AS l(term, n)
+                             SELECT NULL, %6$s) AS l(term, n)
          WHERE %5$s
-         GROUP BY 1, 2, 3$q$, src.store_sql, src.file_sql, src.chunks, v_tsv, v_filter, src.content_sql);
+         GROUP BY 1, 2, 3$q$, src.store_sql, src.file_sql, src.chunks, v_tsv, v_filter, v_skip);
       EXIT;
     EXCEPTION WHEN program_limit_exceeded THEN
-      -- A text whose tsvector would pass 1 MB: redo this batch with one subtransaction per row, skipping such rows.
+      -- A text whose tsvector would pass 1 MB: redo this batch with one subtransaction per row, skipping such rows
+      -- (this slow path tokenises each row twice).
       EXIT WHEN v_tsv LIKE 'storetopics._tsvector_or_null%';
       v_tsv := format('storetopics._tsvector_or_null(%L::regconfig, CASE WHEN (%s) IS NOT NULL THEN %s END)',
                       src.ts_config, src.store_sql, src.content_sql);
+      v_skip := format('(%s IS NULL AND ((%s) IS NOT NULL OR NOT storetopics.usable_text(%s)))::int',
+                       v_tsv, src.store_sql, src.content_sql);
     END;
   END LOOP;
   PERFORM set_config('parallel_setup_cost', v_saved[1], true), set_config('parallel_tuple_cost', v_saved[2], true),
@@ -538,10 +543,12 @@ BEGIN
   -- Number the lexemes not seen before (in sorted order, so concurrent folds of other sources cannot deadlock;
   -- only missing ones, so the identity is not used up by conflicts).
   INSERT INTO storetopics.lexemes (lexeme)
-  SELECT DISTINCT nt.term FROM pg_temp.storetopics_new_terms nt
-   WHERE nt.term IS NOT NULL AND NOT EXISTS (SELECT 1 FROM storetopics.lexemes x WHERE x.lexeme = nt.term)
+  SELECT t.term FROM (SELECT DISTINCT nt.term FROM pg_temp.storetopics_new_terms nt WHERE nt.term IS NOT NULL) t
+   WHERE NOT EXISTS (SELECT 1 FROM storetopics.lexemes x WHERE x.lexeme = t.term)
    ORDER BY 1
   ON CONFLICT (lexeme) DO NOTHING;
+  -- Grouping by hashing: array_agg needs no order here, and sorting ~1M rows per batch is the slow way.
+  PERFORM set_config('enable_sort', 'off', true);
   -- Per file: counters and the term/count arrays (parallel arrays: both aggregates read the rows in the same
   -- order, so the pairs line up; no sort needed).  A NULL store key makes the file's chunks null-key rows.
   CREATE TEMP TABLE storetopics_new_files AS
@@ -554,6 +561,7 @@ BEGIN
     FROM pg_temp.storetopics_new_terms nt
     LEFT JOIN storetopics.lexemes x ON x.lexeme = nt.term
    GROUP BY 1, 2;
+  PERFORM set_config('enable_sort', v_saved[4], true);
   DROP TABLE pg_temp.storetopics_new_terms;
 
   -- 4. Store-wide term statistics: subtract the files' old counts, add the new ones.
