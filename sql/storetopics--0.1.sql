@@ -45,11 +45,14 @@ CREATE TABLE storetopics.sources (
 
 -- The change log the triggers append to; fold() consumes it.  No unique constraint: appends never wait.
 -- resync = true means "forget this source's state and recount every live file" (attach, TRUNCATE, resync()).
+-- deletes = true means "rows were deleted": DELETE logs no keys (capturing the deleted rows would cost the
+-- application's DELETE a third more); fold() finds the files that lost rows by comparing chunk counts.
 CREATE TABLE storetopics.pending (
   source_id int NOT NULL,
   store_key text,
   file_key  text,
   resync    boolean NOT NULL DEFAULT false,
+  deletes   boolean NOT NULL DEFAULT false,
   logged_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX pending_source_store ON storetopics.pending (source_id, store_key);
@@ -120,7 +123,7 @@ CREATE VIEW storetopics.stores AS
 SELECT s.chunks AS source, st.source_id, st.store_key, st.files, st.chunks, st.words, st.skipped,
        st.store_topics, st.topics, st.updated_at, st.folded_at,
        EXISTS (SELECT 1 FROM storetopics.pending p
-                WHERE p.source_id = st.source_id AND (p.store_key = st.store_key OR p.resync
+                WHERE p.source_id = st.source_id AND (p.store_key = st.store_key OR p.resync OR p.deletes
                       -- a change whose store key was NULL when logged (e.g. a store key looked up in a parent
                       -- row that an ON DELETE CASCADE already removed) dirties the store that holds the file
                       OR (p.store_key IS NULL AND EXISTS (SELECT 1 FROM storetopics.file_terms f
@@ -150,12 +153,12 @@ SELECT s.id AS source_id, s.chunks AS source, s.ts_config,
 -- Text worth tokenising: not NULL, has a letter or digit, no control characters (binary junk), and small enough
 -- for a tsvector (1 MB).  Other rows are counted as skipped.
 CREATE FUNCTION storetopics.usable_text(t text) RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN t IS NOT NULL AND octet_length(t) < 1048576 AND t ~ '[[:alnum:]]' AND t !~ '[\x01-\x08\x0e-\x1f]';
 
 -- A term worth showing to a person: letters (any script), at least 3 of them, maybe inner hyphens or apostrophes.
 CREATE FUNCTION storetopics.showable_term(t text) RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN t ~ '^[[:alpha:]][[:alpha:]''-]*[[:alpha:]]$' AND length(t) >= 3 AND length(t) <= 40;
 
 -- A key given to attach(): an existing column becomes c."col"; anything else is an SQL expression over the chunk
@@ -211,8 +214,7 @@ BEGIN
     INSERT INTO storetopics.pending (source_id, store_key, file_key)
     SELECT %2$s, d.s::text, d.f::text FROM (SELECT DISTINCT %3$s AS s, %4$s AS f FROM new_rows AS c) d;
   ELSIF TG_OP = 'DELETE' THEN
-    INSERT INTO storetopics.pending (source_id, store_key, file_key)
-    SELECT %2$s, d.s::text, d.f::text FROM (SELECT DISTINCT %3$s AS s, %4$s AS f FROM old_rows AS c) d;
+    INSERT INTO storetopics.pending (source_id, deletes) VALUES (%2$s, true);
   ELSIF TG_OP = 'UPDATE' THEN
     INSERT INTO storetopics.pending (source_id, store_key, file_key)
     SELECT DISTINCT %2$s, d.s::text, d.f::text FROM (
@@ -247,7 +249,7 @@ BEGIN
                  'FOR EACH STATEMENT EXECUTE FUNCTION %s()', src.chunks, src.capture_function);
   EXECUTE format('CREATE TRIGGER storetopics_upd AFTER UPDATE ON %s REFERENCING OLD TABLE AS old_rows '
                  'NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION %s()', src.chunks, src.capture_function);
-  EXECUTE format('CREATE TRIGGER storetopics_del AFTER DELETE ON %s REFERENCING OLD TABLE AS old_rows '
+  EXECUTE format('CREATE TRIGGER storetopics_del AFTER DELETE ON %s '
                  'FOR EACH STATEMENT EXECUTE FUNCTION %s()', src.chunks, src.capture_function);
   EXECUTE format('CREATE TRIGGER storetopics_trunc AFTER TRUNCATE ON %s '
                  'FOR EACH STATEMENT EXECUTE FUNCTION %s()', src.chunks, src.capture_function);
@@ -456,6 +458,7 @@ DECLARE
   src storetopics.sources;
   v_files text[];
   v_null_keys boolean;
+  v_deletes boolean;
   v_filter text;
   v_tsv text;
   v_skip text;
@@ -473,7 +476,7 @@ BEGIN
 
   -- 1. A resync (attach, TRUNCATE): forget the state and log every live file, then fold those in batches.
   IF EXISTS (SELECT 1 FROM storetopics.pending WHERE source_id = p_source AND resync) THEN
-    DELETE FROM storetopics.pending WHERE source_id = p_source AND resync;
+    DELETE FROM storetopics.pending WHERE source_id = p_source AND (resync OR deletes);
     DELETE FROM storetopics.file_terms WHERE source_id = p_source;
     DELETE FROM storetopics.store_terms WHERE source_id = p_source;
     UPDATE storetopics.store_state SET files = 0, chunks = 0, words = 0, skipped = 0, folded_at = now()
@@ -484,11 +487,33 @@ BEGIN
     UPDATE storetopics.sources SET null_key_rows = 0 WHERE id = p_source;
   END IF;
 
+  -- 1b. Rows were deleted: every file whose live chunk count differs from the one folded lost rows (only a DELETE
+  --     changes a file's count without logging the file).  One pass over the file keys; an index on the file key
+  --     makes it an index-only scan.  The same pass counts the rows whose file key is NULL.
+  WITH d AS (DELETE FROM storetopics.pending WHERE source_id = p_source AND deletes RETURNING 1)
+  SELECT count(*) > 0 INTO v_deletes FROM d;
+  IF v_deletes THEN
+    EXECUTE format($q$
+      CREATE TEMP TABLE storetopics_live ON COMMIT DROP AS
+      SELECT (%1$s)::text AS file_key, count(*) AS chunks FROM %2$s AS c GROUP BY 1$q$, src.file_sql, src.chunks);
+    SELECT coalesce(sum(l.chunks), 0) INTO src.null_key_rows FROM pg_temp.storetopics_live l WHERE l.file_key IS NULL;
+    UPDATE storetopics.sources SET null_key_rows = src.null_key_rows WHERE id = p_source;
+    INSERT INTO storetopics.pending (source_id, file_key)
+    SELECT p_source, f.file_key
+      FROM (SELECT f.file_key, sum(f.chunks) AS chunks FROM storetopics.file_terms f
+             WHERE f.source_id = p_source GROUP BY 1) f
+      LEFT JOIN pg_temp.storetopics_live l ON l.file_key = f.file_key
+     WHERE l.chunks IS DISTINCT FROM f.chunks;
+    DROP TABLE pg_temp.storetopics_live;
+  END IF;
+
   -- 2. Claim a batch of touched files.
   v_files := ARRAY(SELECT DISTINCT file_key FROM storetopics.pending
                     WHERE source_id = p_source AND file_key IS NOT NULL ORDER BY 1 LIMIT max_files);
   -- One statement: a NULL-key event committed between a check and the DELETE would be lost.
-  WITH d AS (DELETE FROM storetopics.pending WHERE source_id = p_source AND (file_key = ANY (v_files) OR file_key IS NULL)
+  WITH d AS (DELETE FROM storetopics.pending
+              WHERE source_id = p_source
+                AND (file_key = ANY (v_files) OR (file_key IS NULL AND NOT resync AND NOT deletes))
              RETURNING file_key)
   SELECT coalesce(bool_or(d.file_key IS NULL), false) INTO v_null_keys FROM d;
   IF v_null_keys THEN
@@ -640,8 +665,9 @@ END $$;
 --       the store's own distribution (robust z-score >= 3.5) give their top terms by count x IDF.  This is how one
 --       football file among 100k renovation files surfaces: ranked per file, not on store-wide sums.  A store made
 --       of one-off tokens (names) has no outlier file, so its names do not flood the list;
---     * recurring dense terms: (total_sq / total) x IDF, for terms in at least two files whose occurrences come
---       in clusters (total_sq / total >= 2, i.e. one-off mentions are ignored).
+--     * recurring dense terms: (total_sq / total) x IDF, for terms in at least three files whose occurrences come
+--       in clusters (total_sq / total >= 2, i.e. one-off mentions are ignored; a name two files share is not a
+--       theme).
 CREATE FUNCTION storetopics.keywords(p_source int, p_store text, n_dominant int DEFAULT 10,
                                      n_distinctive int DEFAULT 8)
 RETURNS TABLE (kind text, rank int, lexeme text, score float8, files int, total bigint, file_key text)
@@ -688,7 +714,7 @@ BEGIN ATOMIC
   ), dense AS (
     SELECT t.term, (t.total_sq::float8 / t.total) * t.idf AS score, t.files, t.total
       FROM terms t
-     WHERE t.files >= 2 AND t.total_sq >= 2 * t.total AND t.idf > 0 AND storetopics.showable_term(t.term)
+     WHERE t.files >= 3 AND t.total_sq >= 2 * t.total AND t.idf > 0 AND storetopics.showable_term(t.term)
        AND t.term NOT IN (SELECT d.term FROM dominant d)
        AND t.term NOT IN (SELECT o.term FROM outlier_terms o)
   ), distinctive AS (
@@ -764,7 +790,7 @@ RETURN coalesce((SELECT w.word FROM storetopics.term_words w WHERE w.ts_config =
                 lexeme);
 
 CREATE FUNCTION storetopics._human_count(n bigint) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN CASE WHEN n < 10000 THEN n::text
             WHEN n < 1000000 THEN round(n / 1000.0)::text || 'k'
             ELSE round(n / 1000000.0, 1)::text || 'M' END;

@@ -13,7 +13,7 @@ SEARCH_PATH = "search_path=pg_catalog, pg_temp"
 # Functions without a SET search_path: SQL-standard bodies (RETURN ...), parsed and bound to their objects when
 # created, so the caller's search_path cannot change what they call; a SET clause would stop the planner from
 # inlining them (they run per row in fold()).  Any other function must set search_path.
-BOUND_AT_CREATION = {"usable_text(text)", "showable_term(text)", "_human_count(bigint)"}
+BOUND_AT_CREATION: set[str] = set()   # every function pins its search_path
 PUBLIC_EXECUTE = {"usable_text(text)", "showable_term(text)", "_human_count(bigint)"}
 
 
