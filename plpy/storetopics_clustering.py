@@ -83,14 +83,26 @@ def fit(vectors: np.ndarray, *, seed: int = 0, k_min: int = 5, k_max: int = 30, 
     k_max = min(k_max, max(1, n // 5))
     if n >= 10 and k_max >= 2:
         grid_x = x[rng.choice(n, GRID_SAMPLE, replace=False)] if n > GRID_SAMPLE else x
-        for k in k_grid(min(k_min, k_max), k_max):
-            if k >= len(grid_x):
-                continue
+
+        def score(k: int) -> None:
+            if k in scores or k < 2 or k >= len(grid_x):
+                return
             km = _kmeans(grid_x, k, seed)
             if len(set(km.labels_.tolist())) < 2:
-                continue
+                return
             scores[k] = float(silhouette_score(grid_x, km.labels_, sample_size=min(SILHOUETTE_SAMPLE, len(grid_x)),
                                                random_state=seed))
+
+        # A coarse geometric grid first, then every K between the best grid point's neighbours.
+        grid = k_grid(min(k_min, k_max), k_max)
+        for k in grid:
+            score(k)
+        if scores:
+            best_grid = max(scores, key=lambda k: (scores[k], -k))
+            i = grid.index(best_grid)
+            lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
+            for k in range(lo + 1, hi):
+                score(k)
     best_k = max(scores, key=lambda k: (scores[k], -k)) if scores else 1
     best = scores.get(best_k, 0.0)
     single = best < floor or best_k == 1

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plpy"))
 import storetopics_clustering as sc  # noqa: E402
 
 
-def blobs(k: int, per: int, dim: int = 32, spread: float = 0.15, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def blobs(k: int, per: int, dim: int = 32, spread: float = 0.06, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     centers = sc.unit(rng.normal(size=(k, dim)))
     x = np.vstack([c + rng.normal(scale=spread, size=(per, dim)) for c in centers])
