@@ -37,8 +37,8 @@ def test_validate_label(text, ok):
 
 def test_offline_label_is_two_to_five_words_and_deterministic():
     assert offline_label(["chess", "board", "engine", "opening"]) == "chess board engine"
-    assert offline_label(["solo"]) == "solo topic"
-    assert offline_label([]) == "topic misc"
+    assert offline_label(["solo"]) == "solo topics"
+    assert offline_label([]) == "general topics"
     assert OfflineLabeler().label(CLUSTER).text == "chess board engine"
     assert validate_label(offline_label(["a-b", "c'd", "e"]))[0] is not None
 

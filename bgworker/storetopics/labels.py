@@ -97,10 +97,12 @@ def offline_label(keywords: list[str], n: int = 3) -> str:
         words.append(k)
         if len(words) == n:
             break
-    while len(words) < 2:
-        words.append("topic" if not words else "misc")
+    if not words:
+        words = ["general", "topics"]
+    elif len(words) == 1:
+        words.append("topics")
     label, _ = validate_label(" ".join(words))
-    return label or "various topics"
+    return label or "general topics"
 
 
 class LabelError(RuntimeError):
