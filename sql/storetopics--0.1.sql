@@ -354,7 +354,7 @@ BEGIN
   END IF;
   IF EXISTS (SELECT 1 FROM storetopics.sources s WHERE s.chunks = attach.chunks) THEN
     RAISE EXCEPTION 'storetopics: % is already attached', chunks USING ERRCODE = 'duplicate_object',
-      HINT = 'Detach it first with storetopics.detach(...), or change its settings with storetopics.alter_source(...).';
+      HINT = 'Detach it first with storetopics.detach(...).';
   END IF;
   IF coalesce(trim(store_key), '') = '' OR coalesce(trim(file_key), '') = '' OR coalesce(trim(content), '') = '' THEN
     RAISE EXCEPTION 'storetopics: store_key, file_key and content are required' USING ERRCODE = 'null_value_not_allowed';
@@ -387,25 +387,7 @@ BEGIN
   RETURN src.id;
 END $$;
 
-CREATE FUNCTION storetopics.detach(chunks regclass) RETURNS boolean
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  src storetopics.sources;
-BEGIN
-  SELECT * INTO src FROM storetopics.sources s WHERE s.chunks = detach.chunks;
-  IF NOT FOUND THEN
-    RETURN false;
-  END IF;
-  EXECUTE format('DROP TRIGGER IF EXISTS storetopics_ins ON %s', chunks);
-  EXECUTE format('DROP TRIGGER IF EXISTS storetopics_upd ON %s', chunks);
-  EXECUTE format('DROP TRIGGER IF EXISTS storetopics_del ON %s', chunks);
-  EXECUTE format('DROP TRIGGER IF EXISTS storetopics_trunc ON %s', chunks);
-  EXECUTE format('DROP FUNCTION IF EXISTS %s()', src.capture_function);
-  PERFORM storetopics._unregister_source(src.id);
-  RETURN true;
-END $$;
-
--- Detach by source id: also works when the table is gone.
+-- Detach by source id (also when the table is gone): dropping the capture function drops its four triggers.
 CREATE FUNCTION storetopics.detach_source(p_source int) RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -415,13 +397,15 @@ BEGIN
   IF NOT FOUND THEN
     RETURN false;
   END IF;
-  IF EXISTS (SELECT 1 FROM pg_class WHERE oid = src.chunks) THEN
-    RETURN storetopics.detach(src.chunks);
-  END IF;
-  EXECUTE format('DROP FUNCTION IF EXISTS %s()', src.capture_function);
+  EXECUTE format('DROP FUNCTION IF EXISTS %s() CASCADE', src.capture_function);
   PERFORM storetopics._unregister_source(p_source);
   RETURN true;
 END $$;
+
+CREATE FUNCTION storetopics.detach(chunks regclass) RETURNS boolean
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+RETURN coalesce((SELECT storetopics.detach_source(s.id) FROM storetopics.sources s WHERE s.chunks = detach.chunks),
+                false);
 
 -- Lets a role that owns chunk tables attach them without being superuser.
 CREATE FUNCTION storetopics.grant_attach(role_name name) RETURNS void
@@ -431,7 +415,7 @@ BEGIN
   EXECUTE format('GRANT INSERT, SELECT (source_id) ON storetopics.pending TO %I', role_name);
   EXECUTE format('GRANT SELECT ON storetopics.sources, storetopics.stores, storetopics.status TO %I', role_name);
   EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.attach(regclass, text, text, text, text, regconfig, jsonb), '
-                 'storetopics.detach(regclass), storetopics._key_sql(regclass, text), '
+                 'storetopics.detach(regclass), storetopics.detach_source(int), storetopics._key_sql(regclass, text), '
                  'storetopics._expr_type(regclass, text, text), storetopics._capture_sql(storetopics.sources), '
                  'storetopics._create_triggers(storetopics.sources), '
                  'storetopics._register_source(regclass, text, text, text, text, text, '
