@@ -442,7 +442,7 @@ DECLARE
   src storetopics.sources;
   v_files text[];
   v_null_keys boolean;
-  v_deletes boolean;
+  v_deleted_at timestamptz;
   v_filter text;
   v_tsv text;
   v_skip text;
@@ -474,16 +474,17 @@ BEGIN
   -- 1b. Rows were deleted: every file whose live chunk count differs from the one folded lost rows (only a DELETE
   --     changes a file's count without logging the file).  One pass over the file keys; an index on the file key
   --     makes it an index-only scan.  The same pass counts the rows whose file key is NULL.
-  WITH d AS (DELETE FROM storetopics.pending WHERE source_id = p_source AND deletes RETURNING 1)
-  SELECT count(*) > 0 INTO v_deletes FROM d;
-  IF v_deletes THEN
+  WITH d AS (DELETE FROM storetopics.pending WHERE source_id = p_source AND deletes RETURNING logged_at)
+  SELECT max(d.logged_at) INTO v_deleted_at FROM d;
+  IF v_deleted_at IS NOT NULL THEN
     EXECUTE format($q$
       CREATE TEMP TABLE storetopics_live ON COMMIT DROP AS
       SELECT (%1$s)::text AS file_key, count(*) AS chunks FROM %2$s AS c GROUP BY 1$q$, src.file_sql, src.chunks);
     SELECT coalesce(sum(l.chunks), 0) INTO src.null_key_rows FROM pg_temp.storetopics_live l WHERE l.file_key IS NULL;
     UPDATE storetopics.sources SET null_key_rows = src.null_key_rows WHERE id = p_source;
-    INSERT INTO storetopics.pending (source_id, file_key)
-    SELECT p_source, f.file_key
+    -- logged when the deletes were: the files are as old as the events that touched them
+    INSERT INTO storetopics.pending (source_id, file_key, logged_at)
+    SELECT p_source, f.file_key, v_deleted_at
       FROM (SELECT f.file_key, sum(f.chunks) AS chunks FROM storetopics.file_terms f
              WHERE f.source_id = p_source GROUP BY 1) f
       LEFT JOIN pg_temp.storetopics_live l ON l.file_key = f.file_key

@@ -98,9 +98,13 @@ def _folder(dsn: str, src: int, stop: threading.Event, errors: list, calls: list
                 else:
                     c.execute("SELECT storetopics.fold(%s, %s)", (src, rnd.choice([1, 3, 10, 20000])))
                 n += 1
+                progress["backfill" if backfill else "fold"] = n
     except Exception as e:  # noqa: BLE001
         errors.append(("backfill" if backfill else "fold", e))
     calls.append(n)
+
+
+progress: dict = {}
 
 
 def test_writers_and_fold_concurrently(dsn, conn):
@@ -118,9 +122,15 @@ def test_writers_and_fold_concurrently(dsn, conn):
     threads = [threading.Thread(target=_writer, args=(dsn, i, stop, errors, ops)) for i in range(WRITERS)]
     threads.append(threading.Thread(target=_folder, args=(dsn, src, stop, errors, folds, False)))
     threads.append(threading.Thread(target=_folder, args=(dsn, src, stop, errors, folds, True)))
+    progress.clear()
     for t in threads:
         t.start()
     time.sleep(SECONDS)
+    # The point is folds interleaved with writes, not speed: on a loaded machine let the writers go on until the
+    # folder and the backfiller have each run a few times (bounded).
+    deadline = time.monotonic() + 90
+    while (progress.get("fold", 0) < 5 or progress.get("backfill", 0) < 2) and time.monotonic() < deadline:
+        time.sleep(0.2)
     stop.set()
     for t in threads:
         t.join(timeout=120)
