@@ -40,13 +40,16 @@ if [ -z "$have" ] || [ "$(printf '%s\n0.8.0\n' "$have" | sort -V | head -n1)" !=
 fi
 
 # 3. The Python package, in a project-local virtualenv.
+# Reinstalled whenever pyproject.toml differs from the one last installed (the stamp holds its hash: a fresh
+# checkout's timestamps say nothing), so a dependency added there reaches every existing .venv.
 stamp="$VENV/.storetopics-installed"
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+want_hash=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want_hash" ]; then
   echo "setup: installing the Python package into $VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[dev]' 2> >(grep -v "^WARNING: Location" >&2)
-  touch "$stamp"
+  echo "$want_hash" > "$stamp"
 fi
 echo "setup: ok"

@@ -162,3 +162,20 @@ def summary(conn: psycopg.Connection, source_id: int, store: str) -> tuple[str |
 
 def ident(name: str) -> psql.Identifier:
     return psql.Identifier(name)
+
+
+def summaries(conn: psycopg.Connection, source_id: int) -> dict:
+    """{store: (store_topics, topics)} of one source."""
+    return {s: (t, j) for s, t, j in conn.execute(
+        "SELECT store_key, store_topics, topics FROM storetopics.store_state WHERE source_id = %s", (source_id,))}
+
+
+def assert_restored(conn: psycopg.Connection, source_id: int, before: dict, before_state: dict) -> None:
+    """The 'summary restored exactly' check: every store's summary (text and jsonb) and the whole keyword state are
+    exactly as `before` (= summaries()) and `before_state` (= state()), and equal to a recount from scratch."""
+    after = summaries(conn, source_id)
+    for store in before:
+        assert after.get(store, (None, None))[0] == before[store][0], store
+        assert after.get(store, (None, None))[1] == before[store][1], store
+    assert after == before
+    assert state(conn, source_id) == before_state == recount(conn, source_id)
