@@ -4,7 +4,7 @@
 #   make test    every test: SQL regression (pg_regress) and pytest, each against a real throwaway Postgres
 #   make bench   side-by-side measurements, written to bench/results/
 EXTENSION  = storetopics
-DATA       = $(wildcard sql/storetopics--*.sql)
+DATA       = $(wildcard sql/storetopics--*.sql) plpy/storetopics_clustering.py
 REGRESS    = $(patsubst test/sql/%.sql,%,$(sort $(wildcard test/sql/*.sql)))
 REGRESS_OPTS = --inputdir=test --outputdir=$(REGRESS_OUTDIR) --load-extension=vector
 REGRESS_OUTDIR ?= test/out

@@ -163,3 +163,93 @@ def ctfidf(cluster_terms: dict[int, dict[str, int]], top: int = 10, min_count: i
         scored.sort(key=lambda s: (-s[0], s[1]))
         out[c] = [t for _, t in scored[:top]]
     return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# One store's fit, end to end: read the sample (storetopics._fit_input), fit, match, write (storetopics.apply_fit).
+# The same code runs inside Postgres (plpython3u: PlpyDatabase) and in the worker/CLI (psycopg: PsycopgDatabase).
+# ------------------------------------------------------------------------------------------------------------
+class PlpyDatabase:
+    """The two statements fit_store needs, through plpython's plpy."""
+
+    def __init__(self, plpy):
+        self.plpy = plpy
+        self._plans = {}
+
+    def one(self, query: str, types: list[str], args: list):
+        plan = self._plans.get(query)
+        if plan is None:
+            plan = self._plans[query] = self.plpy.prepare(query, types)
+        rows = self.plpy.execute(plan, args)
+        return dict(rows[0]) if len(rows) else None
+
+
+class PsycopgDatabase:
+    """The same through a psycopg 3 connection ($n placeholders become %s, in order)."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def one(self, query: str, types: list[str], args: list):
+        import re
+
+        from psycopg.rows import dict_row
+
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(re.sub(r"\$\d+", "%s", query), args)
+            return cur.fetchone()
+
+
+def _jsonish(v):
+    import json
+
+    return json.loads(v) if isinstance(v, str) else v
+
+
+def space_fingerprint(x: np.ndarray, model: str | None) -> str:
+    """What space the vectors live in: the model's name when configured, else the dimension and the coordinates
+    where the sample's mean is largest (models have a few such 'rogue' dimensions, stable across texts)."""
+    import hashlib
+
+    dim = x.shape[1]
+    if model:
+        return f"{model} ({dim}-d)"
+    top = np.argsort(-np.abs(x.mean(axis=0)))[:4]
+    return f"{dim}-d, mean peaks at {','.join(str(int(i)) for i in sorted(top))}"
+
+
+def fit_store(db, source: int, store: str) -> str:
+    """Fit one store's clusters and apply them; returns apply_fit's jsonb report (as text for plpython)."""
+    import json
+    import time
+
+    t0 = time.monotonic()
+    row = db.one("SELECT * FROM storetopics._fit_input($1, $2)", ["int", "text"], [source, store])
+    cfg = _jsonish(row["settings"])
+    n = int(row["n"] or 0)
+    if n < int(cfg["min_vectors"]):
+        return json.dumps({"applied": False, "reason": f"{n} vectors, fewer than min_vectors {cfg['min_vectors']}"})
+    x = unit(parse_vectors(bytes(row["vectors"]), n))
+    refs = list(row["refs"])
+    seed = int(cfg["seed"])
+    f = fit(x, seed=seed, k_min=int(cfg["k_min"]), k_max=int(cfg["k_max"]), floor=float(cfg["silhouette_floor"]),
+            radius_percentile=float(cfg["radius_percentile"]))
+    old_ids = list(row["old_ids"] or [])
+    old = parse_vectors(bytes(row["old_centroids"]), len(old_ids)) if old_ids else np.zeros((0, x.shape[1]))
+    pairs = match(list(old), [c.centroid for c in f.clusters], float(cfg["reuse_distance"]))
+    clusters = [{"centroid": [round(float(v), 7) for v in c.centroid],
+                 "radius": float(c.radius), "size": int(c.size),
+                 "representatives": [refs[i] for i in c.representatives],
+                 "reuse": old_ids[pairs[j]] if j in pairs else None}
+                for j, c in enumerate(f.clusters)]
+    fit_json = {"generation": int(row["generation"]), "k": f.k, "silhouette": round(float(f.silhouette), 6),
+                "single_theme": bool(f.single_theme), "sample": n, "seed": seed, "dim": int(x.shape[1]),
+                "space": space_fingerprint(x, cfg.get("embedding_model")), "method": row["method"],
+                "seconds": round(time.monotonic() - t0, 3), "clusters": clusters}
+    out = db.one("SELECT storetopics.apply_fit($1, $2, $3::jsonb) AS r", ["int", "text", "jsonb"],
+                 [source, store, json.dumps(fit_json)])["r"]
+    report = _jsonish(out)
+    report["seconds"] = round(time.monotonic() - t0, 3)
+    report["sampling"] = row["method"]
+    report["silhouette"] = fit_json["silhouette"]
+    return json.dumps(report)

@@ -1,0 +1,1 @@
+../../plpy/storetopics_clustering.py
