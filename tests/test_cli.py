@@ -398,3 +398,54 @@ def test_demo_core_on_the_corpus(dsn):
 def test_demo_chunking():
     rec = {"short": " A synopsis ", "long": "First para\nwraps.\n\n\nSecond  para.\n\n"}
     assert demo.chunks_of(rec) == ["A synopsis", "First para wraps.", "Second para."]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# attach: checks before anything is installed, --dry-run against the database, files table and mirror
+# ------------------------------------------------------------------------------------------------------------
+BAD_ATTACH = [
+    (["--store-key", "store", "--file-key", "nope"], ["file_key 'nope' is not a column", 'column "nope" does not exist']),
+    (["--store-key", "c.store + 1", "--file-key", "file"],
+     ["store_key 'c.store + 1' is not a column or valid expression", "operator does not exist: text + integer"]),
+    (["--store-key", "store", "--file-key", "file", "--content", "body", "--embedding", "body"],
+     ["embedding column body of public.chunks is text, not a pgvector vector"]),
+    (["--store-key", "store", "--file-key", "file", "--content", "body", "--mirror", "stores",
+      "--mirror-column", "nope"], ["mirror public.stores has no column nope (mirror_column)", "hint: Add it"]),
+    (["--store-key", "store", "--file-key", "file", "--content", "body", "--files-table", "stores",
+      "--files-key", "nope"], ["files_table public.stores has no column nope"]),
+]
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+@pytest.mark.parametrize("args, needles", BAD_ATTACH)
+def test_attach_checks_before_installing_anything(dsn, conn, capsys, args, needles, dry_run):
+    make_chunks(conn)
+    conn.execute("CREATE TABLE stores (id text PRIMARY KEY, store_topics text)")
+    rc, out, err = run(capsys, "--dsn", dsn, "attach", "chunks", *args, *(["--dry-run"] if dry_run else []))
+    assert_one_line_error(rc, err, *needles)
+    assert out == ""
+    assert conn.execute("SELECT count(*) FROM storetopics.sources").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'storetopics%'").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM pg_proc WHERE proname LIKE 'capture%'").fetchone()[0] == 0
+
+
+def test_attach_dry_run_checks_then_installs_nothing_and_attach_mirrors(dsn, conn, capsys):
+    make_chunks(conn)
+    conn.execute("CREATE TABLE stores (id text PRIMARY KEY, store_topics text)")
+    conn.execute("INSERT INTO stores VALUES ('fruit'), ('tools')")
+    argv = ["--dsn", dsn, "attach", "chunks", "--store-key", "store", "--file-key", "file", "--content", "body",
+            "--mirror", "stores"]
+    rc, out, err = run(capsys, *argv, "--dry-run")
+    assert rc == 0, err
+    assert out.strip() == ("SELECT storetopics.attach(chunks => 'chunks'::regclass, store_key => 'store', "
+                           "file_key => 'file', content => 'body', mirror => 'stores'::regclass);")
+    assert "nothing was installed" in err
+    assert conn.execute("SELECT count(*) FROM storetopics.sources").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'storetopics%'").fetchone()[0] == 0
+
+    rc, out, err = run(capsys, *argv)
+    assert rc == 0 and out.strip().isdigit(), err
+    conn.execute("SELECT * FROM storetopics.backfill()")
+    mirrored = dict(conn.execute("SELECT id, store_topics FROM stores").fetchall())
+    assert mirrored == {k: v for k, v in db_topics(conn).items() if k in mirrored}
+    assert "orchards" in mirrored["fruit"] or "fruit" in mirrored["fruit"]

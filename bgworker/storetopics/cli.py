@@ -2,7 +2,8 @@
 
     storetopics [--dsn DSN] install [--extension]
     storetopics [--dsn DSN] attach TABLE --store-key K --file-key K [--content COL] [--embedding COL]
-                                         [--ts-config CFG] [--dry-run]
+                                         [--ts-config CFG] [--files-table T [--files-key COL]]
+                                         [--mirror T [--mirror-key COL] [--mirror-column COL]] [--dry-run]
     storetopics [--dsn DSN] detach TABLE
     storetopics [--dsn DSN] backfill [--store KEY] [--source TABLE] [--batch N] [--quiet]
     storetopics [--dsn DSN] status
@@ -74,9 +75,14 @@ def _one_line(text: str) -> str:
 # ------------------------------------------------------------------------------------------------------------
 # Attach / detach
 # ------------------------------------------------------------------------------------------------------------
+ATTACH_OPTIONS = (("files_table", "regclass"), ("files_key", None), ("mirror", "regclass"), ("mirror_key", None),
+                  ("mirror_column", None))
+
+
 def attach_query(table: str, store_key: str, file_key: str, content: str | None = None,
-                 embedding: str | None = None, ts_config: str | None = None) -> sql.Composed:
-    """The SELECT storetopics.attach(...) statement, with every value inlined as a literal."""
+                 embedding: str | None = None, ts_config: str | None = None, **options: str | None) -> sql.Composed:
+    """The SELECT storetopics.attach(...) statement, with every value inlined as a literal.  options: files_table,
+    files_key, mirror, mirror_key, mirror_column (None: the SQL function's default)."""
     args = [sql.SQL("chunks => {}::regclass").format(sql.Literal(table)),
             sql.SQL("store_key => {}").format(sql.Literal(store_key)),
             sql.SQL("file_key => {}").format(sql.Literal(file_key))]
@@ -86,15 +92,37 @@ def attach_query(table: str, store_key: str, file_key: str, content: str | None 
         args.append(sql.SQL("embedding => {}").format(sql.Literal(embedding)))
     if ts_config is not None:
         args.append(sql.SQL("ts_config => {}::regconfig").format(sql.Literal(ts_config)))
+    unknown = set(options) - {name for name, _ in ATTACH_OPTIONS}
+    if unknown:
+        raise TypeError(f"unknown attach options: {sorted(unknown)}")
+    for name, cast in ATTACH_OPTIONS:
+        if options.get(name) is not None:
+            args.append(sql.SQL("{} => {}{}").format(sql.SQL(name), sql.Literal(options[name]),
+                                                     sql.SQL(f"::{cast}" if cast else "")))
     return sql.SQL("SELECT storetopics.attach({})").format(sql.SQL(", ").join(args))
 
 
 def attach(conn: psycopg.Connection, table: str, store_key: str, file_key: str, content: str | None = None,
-           embedding: str | None = None, ts_config: str | None = None) -> int:
-    """Attach a chunk table; returns the source id."""
+           embedding: str | None = None, ts_config: str | None = None, *, check_only: bool = False,
+           **options: str | None) -> int | None:
+    """Attach a chunk table; returns the source id.  check_only: run every check of attach() (columns exist, the
+    embedding is a vector, the key expressions type-check, the mirror fits) in a transaction that is rolled back,
+    so nothing is installed; returns None."""
     require_installed(conn)
-    q = attach_query(table, store_key, file_key, content, embedding, ts_config)
-    return conn.execute(q).fetchone()[0]
+    q = attach_query(table, store_key, file_key, content, embedding, ts_config, **options)
+    if not check_only:
+        return conn.execute(q).fetchone()[0]
+
+    class _Rollback(Exception):
+        pass
+
+    try:
+        with conn.transaction():
+            conn.execute(q)
+            raise _Rollback
+    except _Rollback:
+        pass
+    return None
 
 
 def detach(conn: psycopg.Connection, table: str) -> bool:
@@ -370,13 +398,27 @@ def cmd_install(args) -> int:
 
 
 def cmd_attach(args) -> int:
-    q = attach_query(args.table, args.store_key, args.file_key, args.content, args.embedding, args.ts_config)
+    options = {name: getattr(args, name) for name, _ in ATTACH_OPTIONS}
+    q = attach_query(args.table, args.store_key, args.file_key, args.content, args.embedding, args.ts_config,
+                     **options)
     if args.dry_run:
-        print(q.as_string(None) + ";")
+        # Checked against the database when one is reachable (in a transaction rolled back: nothing installed);
+        # a check that fails is the usual one-line error and nothing is printed on stdout.
+        try:
+            conn = connect(args.dsn)
+        except CliError as e:
+            print(q.as_string(None) + ";")
+            print(f"storetopics: not checked against a database: {e.message}", file=sys.stderr)
+            return 0
+        with conn:
+            attach(conn, args.table, args.store_key, args.file_key, args.content, args.embedding, args.ts_config,
+                   check_only=True, **options)
+            print(q.as_string(conn) + ";")
+        print("storetopics: checked against the database; nothing was installed", file=sys.stderr)
         return 0
     with connect(args.dsn) as conn:
         source_id = attach(conn, args.table, args.store_key, args.file_key, args.content, args.embedding,
-                           args.ts_config)
+                           args.ts_config, **options)
     print(source_id)
     print(f"attached {args.table} as source {source_id}; run `storetopics backfill` to build its summaries",
           file=sys.stderr)
@@ -435,7 +477,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--content", metavar="COL", help="text column (default: content)")
     s.add_argument("--embedding", metavar="COL", help="pgvector column (default: none)")
     s.add_argument("--ts-config", metavar="CFG", help="text search configuration (default: english)")
-    s.add_argument("--dry-run", action="store_true", help="print the SQL instead of running it")
+    s.add_argument("--files-table", metavar="T", help="the table that knows each file's store, when the store key "
+                   "looks it up there: its updates (files moving between stores) are captured too")
+    s.add_argument("--files-key", metavar="COL", help="its column equal to the chunks' file key (default: id)")
+    s.add_argument("--mirror", metavar="T", help="also write each store's summary into this table of yours")
+    s.add_argument("--mirror-key", metavar="COL", help="its column holding the store key (default: id)")
+    s.add_argument("--mirror-column", metavar="COL", help="its text column for the summary (default: store_topics)")
+    s.add_argument("--dry-run", action="store_true",
+                   help="print the SQL instead of running it (checked against the database when reachable; "
+                        "nothing is installed)")
     s.set_defaults(func=cmd_attach)
 
     s = sub.add_parser("detach", parents=[common], help="detach a chunk table and forget its summaries")
