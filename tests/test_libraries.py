@@ -178,10 +178,11 @@ def test_langchain_pgvectorstore(dsn, conn, when):
 # --------------------------------------------------------------------------------------------------------------
 # LlamaIndex PGVectorStore: data_<name> per store; file = metadata_->>'ref_doc_id' (the library indexes it).
 # --------------------------------------------------------------------------------------------------------------
-def llama_store(engine, dsn: str, name: str) -> LlamaPGVectorStore:
+def llama_store(dsn: str, name: str) -> LlamaPGVectorStore:
+    # NullPool: no connection outlives its use, nothing to close afterwards
     return LlamaPGVectorStore.from_params(connection_string=sa_url(dsn, "psycopg2"),
                                           async_connection_string=sa_url(dsn, "asyncpg"), table_name=name,
-                                          embed_dim=DIM, engine=engine)
+                                          embed_dim=DIM, create_engine_kwargs={"poolclass": NullPool})
 
 
 def llama_nodes(files: dict[str, list[str]], embed: MockEmbedding) -> list[TextNode]:
@@ -200,31 +201,27 @@ def llama_attach(conn, name: str) -> int:
 @pytest.mark.parametrize("when", ["after", "before"])
 def test_llamaindex_pgvectorstore(dsn, conn, when):
     embed = MockEmbedding(embed_dim=DIM)
-    engine = create_engine(sa_url(dsn, "psycopg2"), poolclass=NullPool)
-    store = llama_store(engine, dsn, "kitchen")
-    try:
-        if when == "before":
-            store.clear()  # the library creates its table on first use
-            src = llama_attach(conn, "kitchen")
-        store.add(llama_nodes({k: v for k, v in KITCHEN.items() if k != "bread.txt"}, embed))
-        index = VectorStoreIndex.from_vector_store(store, embed_model=embed)
-        index.insert(LlamaDocument(text=" ".join(KITCHEN["bread.txt"]), id_="bread.txt"))
-        if when == "after":
-            src = llama_attach(conn, "kitchen")
-        base = check(conn, src, {"kitchen": ["pasta", "garlic", "bread"]})
-        st = helpers.state(conn, src)
-        assert st["stores"]["kitchen"][:2] == (3, 5)  # bread.txt was inserted as one document: one node
-        assert {f for f, _ in st["files"]} == set(KITCHEN)
+    store = llama_store(dsn, "kitchen")
+    if when == "before":
+        store.clear()  # the library creates its table on first use
+        src = llama_attach(conn, "kitchen")
+    store.add(llama_nodes({k: v for k, v in KITCHEN.items() if k != "bread.txt"}, embed))
+    index = VectorStoreIndex.from_vector_store(store, embed_model=embed)
+    index.insert(LlamaDocument(text=" ".join(KITCHEN["bread.txt"]), id_="bread.txt"))
+    if when == "after":
+        src = llama_attach(conn, "kitchen")
+    base = check(conn, src, {"kitchen": ["pasta", "garlic", "bread"]})
+    st = helpers.state(conn, src)
+    assert st["stores"]["kitchen"][:2] == (3, 5)  # bread.txt was inserted as one document: one node
+    assert {f for f, _ in st["files"]} == set(KITCHEN)
 
-        def add():
-            store.add(llama_nodes({"telescope.txt": STARS["telescope.txt"]}, embed))
-            index.insert(LlamaDocument(text=STARS["orbit.txt"][0], id_="orbit.txt"))
-            store.add(llama_nodes({"orbit.txt": STARS["orbit.txt"][1:]}, embed))
+    def add():
+        store.add(llama_nodes({"telescope.txt": STARS["telescope.txt"]}, embed))
+        index.insert(LlamaDocument(text=STARS["orbit.txt"][0], id_="orbit.txt"))
+        store.add(llama_nodes({"orbit.txt": STARS["orbit.txt"][1:]}, embed))
 
-        def delete():
-            store.delete("telescope.txt")
-            index.delete_ref_doc("orbit.txt")
+    def delete():
+        store.delete("telescope.txt")
+        index.delete_ref_doc("orbit.txt")
 
-        add_and_delete_restores(conn, src, "kitchen", add, delete, base)
-    finally:
-        engine.dispose()
+    add_and_delete_restores(conn, src, "kitchen", add, delete, base)
