@@ -1,0 +1,188 @@
+"""Needle and flood benchmarks.
+
+Needle: a uniform store (a whole Debian section of >= 1,000 packages) plus ONE planted package from a distant
+section.  Each trial inserts the needle's chunks, backfills (incrementally: one file folded), reads store_topics,
+deletes the needle and backfills again (the summary must come back byte for byte).  A trial succeeds when a word
+of the needle's subject (its one-line synopsis and package name, as Postgres lexemes) appears in store_topics and
+was not there before.  Also counted: any of the needle's words newly in store_topics, and terms that topics
+attributes to the needle file (`distinctive[].file`).
+
+Flood: stores whose files each carry a person's name (a surname no other file has) or a one-off token; the
+question is whether those names/tokens flood the distinctive list.  Counted: how many one-off names/tokens
+appear in store_topics and in topics->'distinctive'.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import data, pg
+
+TABLE = "eval_needle"
+FLOOD_TABLE = "eval_flood"
+# Needle stores: whole sections of >= 1,000 packages; needles from sections far from all of them.
+DEFAULT_STORES = ("science", "net")
+DEFAULT_NEEDLE_SECTIONS = ("games", "fonts", "sound", "php", "gnu-r", "lisp", "mail", "editors", "kde", "x11")
+
+FIRST_NAMES = ("Anna", "Maria", "Peter", "John", "Lena", "Omar", "Yuki", "Carlos", "Fatima", "Ivan", "Sofia",
+               "Chen", "Priya", "Lucas", "Emma", "Noah", "Amara", "Mateo", "Ingrid", "Kofi")
+SYLLABLES = ("ka", "lo", "mi", "ran", "tu", "vel", "sor", "dri", "ne", "bax", "quo", "zen", "fir", "gal", "hom",
+             "jus", "pel", "wen", "yor", "cri", "dun", "lix", "mor", "tav")
+
+
+@dataclass
+class NeedleConfig:
+    stores: tuple[str, ...] = DEFAULT_STORES
+    needle_sections: tuple[str, ...] = DEFAULT_NEEDLE_SECTIONS
+    trials_per_store: int = 20
+    min_store_files: int = 1000
+    flood_files: int = 1000
+    flood_section: str = "science"
+
+
+def _h(s: str) -> int:
+    return int(hashlib.sha1(s.encode()).hexdigest()[:12], 16)
+
+
+def one_off_name(i: int) -> tuple[str, str]:
+    """A first name from a short list (shared by many files) and a made-up surname no other file has."""
+    first = FIRST_NAMES[_h(f"first{i}") % len(FIRST_NAMES)]
+    n, parts = i, []
+    for _ in range(3):
+        parts.append(SYLLABLES[n % len(SYLLABLES)])
+        n //= len(SYLLABLES)
+    parts.insert(1, SYLLABLES[_h(f"last{i}") % len(SYLLABLES)])
+    return first, "".join(parts).capitalize()
+
+
+def one_off_token(i: int) -> str:
+    return "ref" + hashlib.sha1(f"token{i}".encode()).hexdigest()[:7]
+
+
+def run(dsn: str, cfg: NeedleConfig, embedder, log=print) -> dict:
+    t_start = time.perf_counter()
+    corpus = data.read_sections({*cfg.stores, *cfg.needle_sections, cfg.flood_section})
+    small = [s for s in cfg.stores if len(corpus[s]) < cfg.min_store_files]
+    if small:
+        log(f"needle: WARNING: store section(s) under {cfg.min_store_files} packages: {small}")
+    # Needles: per store, trials_per_store packages spread over the needle sections, picked by hash.
+    plans: dict[str, list[data.Package]] = {}
+    for s in cfg.stores:
+        pool = [data.by_hash(corpus[ns], f"needle-{s}") for ns in cfg.needle_sections if ns != s]
+        picks, i = [], 0
+        while len(picks) < cfg.trials_per_store and any(pool):
+            lst = pool[i % len(pool)]
+            if lst:
+                picks.append(lst.pop(0))
+            i += 1
+        plans[s] = picks
+    store_rows = [(s, p.name, c) for s in cfg.stores for p in corpus[s] for c in p.chunks]
+    needle_rows = [(p.name, c) for s in cfg.stores for p in plans[s] for c in p.chunks]
+
+    # Flood stores: each file = a package description of one section + a line with a person's name (or token).
+    base = data.by_hash(corpus[cfg.flood_section], "flood")[:cfg.flood_files]
+    flood_rows, names, tokens = [], set(), set()
+    for i, p in enumerate(base):
+        first, last = one_off_name(i)
+        names.add(last.lower())
+        tok = one_off_token(i)
+        tokens.add(tok)
+        for c in p.chunks:
+            flood_rows.append(("names", p.name, c))
+            flood_rows.append(("tokens", p.name, c))
+        flood_rows.append(("names", p.name, f"Maintained by {first} {last}; questions go to {first} {last}."))
+        flood_rows.append(("tokens", p.name, f"Internal reference {tok}, checked by {tok}."))
+
+    t0 = time.perf_counter()
+
+    def progress(done, total):
+        log(f"  embedded {done:,}/{total:,} new texts [{time.perf_counter() - t0:.0f}s]")
+
+    vecs = embedder([c for *_, c in store_rows] + [c for _, c in needle_rows] + [c for *_, c in flood_rows],
+                    progress=progress)
+    sv, nv, fv = vecs[:len(store_rows)], vecs[len(store_rows):len(store_rows) + len(needle_rows)], \
+        vecs[len(store_rows) + len(needle_rows):]
+    nvec = {}
+    for (name, c), v in zip(needle_rows, nv):
+        nvec.setdefault(name, []).append((c, v))
+    t_embed = time.perf_counter() - t0
+
+    trials = []
+    with pg.connect(dsn) as conn:
+        pg.create_chunks(conn, TABLE, embedder.dim)
+        pg.insert(conn, TABLE, ((s, f, c, v) for (s, f, c), v in zip(store_rows, sv)))
+        pg.attach(conn, TABLE)
+        t_backfill = pg.refresh(conn)
+        base_rows = pg.stores(conn, TABLE)
+        sizes = ", ".join(f"{s} {base_rows[s]['files']:,} files" for s in cfg.stores)
+        log(f"needle: {len(cfg.stores)} stores ({sizes}), {sum(len(v) for v in plans.values())} trials; "
+            f"backfill {t_backfill:.1f}s")
+        for s in cfg.stores:
+            before = base_rows[s]
+            lex_before = pg.lexemes(conn, before["store_topics"])
+            for p in plans[s]:
+                fname = f"needle:{p.name}"
+                t0 = time.perf_counter()
+                pg.insert(conn, TABLE, ((s, fname, c, v) for c, v in nvec[p.name]))
+                pg.refresh(conn)
+                after = pg.stores(conn, TABLE)[s]
+                t_add = time.perf_counter() - t0
+                subject = pg.lexemes(conn, p.short + " " + p.name.replace("-", " "))
+                words = pg.lexemes(conn, p.text + " " + p.name.replace("-", " "))
+                lex_after = pg.lexemes(conn, after["store_topics"])
+                new = lex_after - lex_before
+                attributed = [d["term"] for d in (after["topics"] or {}).get("distinctive", [])
+                              if d.get("file") == fname]
+                conn.execute(f"DELETE FROM {TABLE} WHERE file = %s", (fname,))
+                pg.refresh(conn)
+                restored = pg.stores(conn, TABLE)[s]
+                trials.append({
+                    "store": s, "needle": p.name, "needle_section": p.section, "synopsis": p.short,
+                    "subject_hit": bool(new & subject), "any_word_hit": bool(new & words),
+                    "subject_words_new": sorted(new & subject), "needle_words_new": sorted(new & words),
+                    "attributed_terms": attributed, "store_topics": after["store_topics"],
+                    "restored_exactly": restored["store_topics"] == before["store_topics"]
+                                        and restored["topics"] == before["topics"],
+                    "seconds": t_add,
+                })
+            hits = sum(t["subject_hit"] for t in trials if t["store"] == s)
+            log(f"  {s}: subject in store_topics in {hits}/{len(plans[s])} trials")
+
+        # -- flood ---------------------------------------------------------------------------------------------
+        pg.create_chunks(conn, FLOOD_TABLE, embedder.dim)
+        pg.insert(conn, FLOOD_TABLE, ((s, f, c, v) for (s, f, c), v in zip(flood_rows, fv)))
+        pg.attach(conn, FLOOD_TABLE)
+        pg.refresh(conn)
+        frows = pg.stores(conn, FLOOD_TABLE)
+        flood = {}
+        for store, oneoffs in (("names", names), ("tokens", tokens)):
+            r = frows[store]
+            one_lex = pg.lexemes(conn, " ".join(sorted(oneoffs)))
+            dist = [d["term"] for d in (r["topics"] or {}).get("distinctive", [])]
+            flood[store] = {
+                "files": r["files"], "one_off_values": len(oneoffs),
+                "one_offs_in_store_topics": sorted(pg.lexemes(conn, r["store_topics"]) & one_lex),
+                "one_offs_in_distinctive": [t for t in dist if pg.lexemes(conn, t) & one_lex],
+                "distinctive": dist, "store_topics": r["store_topics"],
+            }
+            log(f"  flood {store!r}: {len(flood[store]['one_offs_in_distinctive'])} of {len(oneoffs)} one-off "
+                f"values in the distinctive list ({len(dist)} terms)")
+    n = len(trials)
+    k = sum(t["subject_hit"] for t in trials)
+    from .metrics import wilson
+    return {
+        "config": cfg.__dict__, "store_files": {s: base_rows[s]["files"] for s in cfg.stores},
+        "store_topics": {s: base_rows[s]["store_topics"] for s in cfg.stores},
+        "trials": trials,
+        "subject_rate": {"value": k / n if n else float("nan"), "hits": k, "n": n, "ci95": list(wilson(k, n))},
+        "any_word_rate": sum(t["any_word_hit"] for t in trials) / n if n else float("nan"),
+        "attributed_rate": sum(bool(t["attributed_terms"]) for t in trials) / n if n else float("nan"),
+        "restored_exactly": sum(t["restored_exactly"] for t in trials),
+        "trial_seconds_median": float(np.median([t["seconds"] for t in trials])) if trials else None,
+        "flood": flood,
+        "timings": {"embed_seconds": t_embed, "backfill_seconds": t_backfill,
+                    "total_seconds": time.perf_counter() - t_start},
+    }

@@ -1,0 +1,103 @@
+"""The real Postgres the evaluated stores live in: a throwaway cluster (storetopics.testing.server, like the tests
+and `make bench`) or an existing server ($STORETOPICS_TEST_DSN), a fresh database with vector + storetopics, and
+chunk tables attached with storetopics.attach and summarised with the CLI's backfill (fold + render)."""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+import psycopg
+
+from .. import cli
+from .. import install as st_install
+from .. import testing
+
+
+@contextlib.contextmanager
+def database(log=print) -> Iterator[str]:
+    """Yields the DSN of a new database with vector and storetopics installed; dropped afterwards."""
+    with testing.server() as admin:
+        name = testing.create_database(admin, prefix="eval")
+        dsn = testing.with_db(admin, name)
+        try:
+            try:
+                st_install.install(dsn, extension=True, log=lambda *a: None)
+                how = "extension"
+            except psycopg.Error as e:  # extension files not installed on this server: the same SQL as a script
+                log(f"  CREATE EXTENSION storetopics failed ({e.diag.message_primary}); installing the SQL script")
+                st_install.install(dsn, log=lambda *a: None)
+                how = "script"
+            log(f"  storetopics installed ({how}) in database {name}")
+            yield dsn
+        finally:
+            testing.drop_database(admin, name)
+
+
+def connect(dsn: str) -> psycopg.Connection:
+    conn = psycopg.connect(dsn, autocommit=True)
+    conn.execute("SET client_min_messages = warning")
+    return conn
+
+
+def create_chunks(conn: psycopg.Connection, table: str, dim: int) -> None:
+    conn.execute(f"DROP TABLE IF EXISTS {table}")
+    conn.execute(f"""CREATE TABLE {table} (id bigserial PRIMARY KEY, store text NOT NULL, file text NOT NULL,
+                                           content text NOT NULL, embedding vector({dim}))""")
+    conn.execute(f"CREATE INDEX ON {table} (file)")
+
+
+def _vec(v: np.ndarray) -> str:
+    return "[" + ",".join(f"{x:.6f}" for x in v.tolist()) + "]"
+
+
+def insert(conn: psycopg.Connection, table: str, rows: Iterable[tuple[str, str, str, np.ndarray | None]]) -> int:
+    """COPY (store, file, content, embedding) rows in; returns the number of rows."""
+    n = 0
+    with conn.transaction(), conn.cursor() as cur:
+        with cur.copy(f"COPY {table} (store, file, content, embedding) FROM STDIN") as copy:
+            for store, file, content, vec in rows:
+                copy.write_row((store, file, content, None if vec is None else _vec(vec)))
+                n += 1
+    return n
+
+
+def attach(conn: psycopg.Connection, table: str) -> int:
+    return cli.attach(conn, table, store_key="store", file_key="file", content="content", embedding="embedding")
+
+
+def refresh(conn: psycopg.Connection) -> float:
+    """Bring every summary up to date the way the CLI does (fold + render); returns seconds."""
+    t0 = time.perf_counter()
+    cli.backfill(conn, progress=False)
+    return time.perf_counter() - t0
+
+
+def stores(conn: psycopg.Connection, table: str) -> dict[str, dict]:
+    rows = conn.execute("SELECT store_key, files, chunks, store_topics, topics, dirty FROM storetopics.stores "
+                        "WHERE source = %s::regclass ORDER BY store_key", (table,)).fetchall()
+    return {r[0]: {"files": r[1], "chunks": r[2], "store_topics": r[3], "topics": r[4], "dirty": r[5]}
+            for r in rows}
+
+
+def delete_files(conn: psycopg.Connection, table: str, store: str, files: Sequence[str]) -> int:
+    return conn.execute(f"DELETE FROM {table} WHERE store = %s AND file = ANY(%s)", (store, list(files))).rowcount
+
+
+def lexemes(conn: psycopg.Connection, text: str | None, cfg: str = "english") -> set[str]:
+    """The text's lexemes as Postgres's text search sees them (stemmed, no stopwords)."""
+    if not text:
+        return set()
+    row = conn.execute("SELECT tsvector_to_array(to_tsvector(%s::regconfig, %s))", (cfg, text)).fetchone()
+    return set(row[0] or [])
+
+
+def server_info(conn: psycopg.Connection) -> dict:
+    return {
+        "server_version": conn.execute("SHOW server_version").fetchone()[0],
+        "vector": (conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+                   or [None])[0],
+        "storetopics": (conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'storetopics'").fetchone()
+                        or [None])[0],
+    }

@@ -1,0 +1,388 @@
+"""The evaluation's outputs: bench/results/eval.json (everything measured), bench/results/report.md (for people),
+and PNG plots next to it (matplotlib, Agg backend)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from .routers import LABELS, ROUTERS
+
+ORDER = (*ROUTERS, "centroid")
+
+
+def pct(x, digits: int = 1) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{100 * x:.{digits}f}"
+
+
+def ci(m: dict | None) -> str:
+    if not m:
+        return "–"
+    lo, hi = m["ci95"]
+    return f"{pct(m['value'])} [{pct(lo)}–{pct(hi)}]"
+
+
+def routing_table(before: dict, k: int) -> list[str]:
+    rk = f"recall@{k}"
+    out = [f"| router (sees only the description) | top-1 % [95% CI] | recall@{k} % [95% CI] | BM25 top-1 % | "
+           f"BM25 recall@{k} % | top-1, synopsis-only queries % | description tokens (mean) |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in ORDER:
+        e = before.get(r)
+        if e is None:
+            continue
+        if not e.get("available"):
+            out.append(f"| {LABELS[r]} | not available | | | | | |")
+            continue
+        emb = e["embedding"]
+        bm = e.get("bm25")
+        syn = e.get("embedding_synopsis")
+        partial = "" if e["available_stores"] == e["stores"] else f" ({e['available_stores']}/{e['stores']} stores)"
+        out.append(f"| {LABELS[r]}{partial} | {ci(emb['top1'])} | {ci(emb[rk])} | "
+                   f"{pct(bm['top1']['value']) if bm else '–'} | {pct(bm[rk]['value']) if bm else '–'} | "
+                   f"{pct(syn['top1']['value']) if syn else '–'} | "
+                   f"{e.get('tokens_mean', 0):.0f} |" if r != "centroid" else
+                   f"| {LABELS[r]} | {ci(emb['top1'])} | {ci(emb[rk])} | – | – | "
+                   f"{pct(syn['top1']['value']) if syn else '–'} | – |")
+    return out
+
+
+def targets(res: dict) -> list[str]:
+    b = res["routing"]["before"]
+    out = []
+    if not b["hybrid"].get("available"):
+        return ["- hybrid store_topics not available: targets not evaluated"]
+    h = b["hybrid"]["embedding"]["top1"]["value"]
+    n = b["names"]["embedding"]["top1"]["value"]
+    w = b["handwritten"]["embedding"]["top1"]["value"]
+    ws = b["handwritten_short"]["embedding"]["top1"]["value"]
+    p = res["routing"]["paired"]
+
+    def diff(key):
+        d = p.get(key)
+        return f" (paired bootstrap difference {pct(d['diff'])} points, 95% CI [{pct(d['ci95'][0])}, " \
+               f"{pct(d['ci95'][1])}])" if d else ""
+
+    gap = h - (n + 0.10)
+    out.append(f"- hybrid ≥ names-only + 10 points: hybrid {pct(h)} %, names {pct(n)} % → "
+               + ("**met**" if gap >= 0 else f"**missed by {pct(-gap)} points**") + diff("hybrid - names"))
+    for label, v, key in (("short + long", w, "hybrid - handwritten"), ("short", ws, "hybrid - handwritten_short")):
+        gap = h - v
+        out.append(f"- hybrid ≥ hand-written ({label}): hybrid {pct(h)} %, hand-written {pct(v)} % → "
+                   + ("**met**" if gap >= 0 else f"**missed by {pct(-gap)} points**") + diff(key))
+    return out
+
+
+def plots(res: dict, out_dir: Path) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    r = res["routing"]
+    k = r["config"]["k"]
+    rk = f"recall@{k}"
+    # 1. routing accuracy per router
+    names, t1, lo, hi, rec, bm = [], [], [], [], [], []
+    for key in ORDER:
+        e = r["before"].get(key)
+        if not e or not e.get("available"):
+            continue
+        m = e["embedding"]["top1"]
+        names.append(LABELS[key])
+        t1.append(100 * m["value"])
+        lo.append(100 * (m["value"] - m["ci95"][0]))
+        hi.append(100 * (m["ci95"][1] - m["value"]))
+        rec.append(100 * e["embedding"][rk]["value"])
+        bm.append(100 * e["bm25"]["top1"]["value"] if e.get("bm25") else float("nan"))
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(names) + 1.6))
+    y = list(range(len(names)))[::-1]
+    ax.barh([v + 0.2 for v in y], t1, height=0.38, xerr=[lo, hi], capsize=3, color="#3b6ea8",
+            label="top-1, embedding router (95% CI)")
+    ax.barh([v - 0.2 for v in y], bm, height=0.38, color="#c9a227", label="top-1, BM25 router")
+    ax.scatter(rec, [v + 0.2 for v in y], marker="|", s=200, color="black", zorder=3, label=f"{rk}, embedding")
+    ax.set_yticks(y)
+    ax.set_yticklabels(names)
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("% of queries routed to the right store")
+    ax.set_title(f"Routing {r['queries']} held-out queries to {len(r['stores'])} stores")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_dir / "eval-routing.png", dpi=110)
+    plt.close(fig)
+    made.append("eval-routing.png")
+
+    # 2. accuracy vs summary length
+    if r.get("length_curve"):
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for key, pts in r["length_curve"].items():
+            if not pts:
+                continue
+            ax.plot([p["tokens_mean"] for p in pts], [100 * p["top1"] for p in pts], marker="o", label=LABELS[key])
+        n = r["before"]["names"]["embedding"]["top1"]["value"] if r["before"]["names"].get("available") else None
+        if n is not None:
+            ax.axhline(100 * n, color="grey", ls="--", lw=1, label=LABELS["names"])
+        ax.set_xscale("log")
+        ax.set_xlabel("description length, mean tokens per store (first n words kept)")
+        ax.set_ylabel("top-1 %")
+        ax.set_title("Routing accuracy vs. summary length")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out_dir / "eval-length.png", dpi=110)
+        plt.close(fig)
+        made.append("eval-length.png")
+
+    # 3. drift
+    d = r.get("drift")
+    if d:
+        keys = [k_ for k_ in ORDER if d["per_router"].get(k_)]
+        fig, ax = plt.subplots(figsize=(9, 4.2))
+        w = 0.27
+        xs = range(len(keys))
+        for j, (field, label, color) in enumerate((
+                ("store_queries_before", f"queries of '{d['store']}', before drift", "#7a9cc6"),
+                ("store_queries_after", f"queries of '{d['store']}', after drift (its own + drifted-in)", "#3b6ea8"),
+                ("drifted_in_queries", f"drifted-in '{d['from_section']}' queries only", "#c0504d"))):
+            vals = [100 * d["per_router"][k_][field]["value"] for k_ in keys]
+            ax.bar([x + (j - 1) * w for x in xs], vals, width=w, label=label, color=color)
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels([LABELS[k_].replace(" ", "\n", 1) for k_ in keys], fontsize=7)
+        ax.set_ylabel("top-1 %")
+        ax.set_ylim(0, 100)
+        ax.set_title(f"Drift: {d['files_replaced']} of the '{d['store']}' store's files replaced by "
+                     f"'{d['from_section']}' packages")
+        ax.legend(fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out_dir / "eval-drift.png", dpi=110)
+        plt.close(fig)
+        made.append("eval-drift.png")
+
+    # 4. needle
+    nd = res.get("needle")
+    if nd and nd.get("trials"):
+        stores = sorted({t["store"] for t in nd["trials"]})
+        fig, ax = plt.subplots(figsize=(6.5, 3.6))
+        for j, (field, label, color) in enumerate((("subject_hit", "subject word in store_topics", "#3b6ea8"),
+                                                   ("any_word_hit", "any needle word in store_topics", "#7a9cc6"))):
+            vals = [100 * sum(t[field] for t in nd["trials"] if t["store"] == s) /
+                    max(1, sum(1 for t in nd["trials"] if t["store"] == s)) for s in stores]
+            ax.bar([i + (j - 0.5) * 0.38 for i in range(len(stores))], vals, width=0.38, label=label, color=color)
+        ax.axhline(95, color="grey", ls="--", lw=1, label="target 95%")
+        ax.set_xticks(range(len(stores)))
+        ax.set_xticklabels([f"{s}\n({nd['store_files'][s]:,} files)" for s in stores])
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("% of trials")
+        ax.set_title("Needle: one planted package from a distant section")
+        ax.legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        fig.savefig(out_dir / "eval-needle.png", dpi=110)
+        plt.close(fig)
+        made.append("eval-needle.png")
+    return made
+
+
+def markdown(res: dict, images: list[str]) -> str:
+    r = res["routing"]
+    k = r["config"]["k"]
+    env = res["environment"]
+    L = [f"# storetopics evaluation report",
+         "",
+         f"Generated by `make eval` (`storetopics eval all`) on {env['started']}: {env.get('cpus')} CPUs, "
+         f"PostgreSQL {r['server'].get('server_version')}, pgvector {r['server'].get('vector')}, storetopics "
+         f"{r['server'].get('storetopics')} (git {env.get('git')}, SQL {env.get('sql_sha1')}); total "
+         f"{res['elapsed_seconds'] / 60:.1f} min. Embeddings: `{res['embedder']['name']}` "
+         f"({res['embedder']['embedded']:,} texts embedded this run, {res['embedder']['cached']:,} from the disk "
+         f"cache). Machine-readable: `eval.json`.",
+         ""]
+    if res.get("fallback_embedder"):
+        L += ["> **The model was not installed: a hashing stand-in embedder was used. These numbers test the "
+              "pipeline, they say nothing about routing accuracy.**", ""]
+    L += ["## Routing",
+          "",
+          f"{len(r['stores'])} stores, one per Debian section (bookworm main; one file per package, one chunk per "
+          f"paragraph, up to {r['config']['store_cap']} packages per store, real all-MiniLM-L6-v2 vectors in the "
+          f"`embedding` column), attached with `storetopics.attach` and summarised by the extension "
+          f"(`backfill`). Look-alike pairs: "
+          + ", ".join(f"{a}/{b}" for a, b in (p.split("/") for p in r["lookalike_top1"])) + ". "
+          f"**{r['queries']} queries**: held-out packages ({r['config']['held_share']:.0%} of each section by "
+          f"SHA-1 of the package name, never loaded into any store), {r['config']['queries_per_section']} per "
+          f"section; the query text is the package's whole description. A router sees one description per store "
+          f"and picks the nearest (cosine of all-MiniLM-L6-v2 embeddings) or the best BM25 score. Intervals: "
+          f"Wilson 95%.",
+          "",
+          *routing_table(r["before"], k),
+          "",
+          "Targets:",
+          *targets(res),
+          ""]
+    if not r["before"]["clusters"].get("available"):
+        L += ["(d) **cluster summary: not available** — `topics->'clusters'` is empty in every store with the "
+              "installed SQL (the cluster signal is not there yet). The harness reads it from the database after "
+              "`backfill`, so it is measured as soon as the extension fills it.", ""]
+    if images and "eval-routing.png" in images:
+        L += ["![routing accuracy per router](eval-routing.png)", ""]
+    L += ["Top-1 % on the queries of each look-alike pair (embedding router):", "",
+          "| pair | " + " | ".join(LABELS[x] for x in ORDER if x in next(iter(r["lookalike_top1"].values()), {})) +
+          " |",
+          "|---|" + "---:|" * len(next(iter(r["lookalike_top1"].values()), {}))]
+    for pair, vals in r["lookalike_top1"].items():
+        L.append(f"| {pair} | " + " | ".join(pct(vals[x], 0) for x in ORDER if x in vals) + " |")
+    L += ["", "Most frequent confusions (true → chosen, queries):", ""]
+    for key, conf in r["confusions"].items():
+        L.append(f"- {LABELS[key]}: " + ", ".join(f"{c['true']}→{c['chosen']} {c['queries']}" for c in conf[:6]))
+    L += [""]
+    if "eval-length.png" in images:
+        L += ["Accuracy vs. summary length (each description cut to its first n words):", "",
+              "![accuracy vs summary length](eval-length.png)", ""]
+    L += ["What the routers saw, for three stores:", ""]
+    for s in list(r["stores"])[:3]:
+        dsc = r["stores"][s]["descriptions"]
+        L += [f"- **{s}** ({r['stores'][s]['files']} files, {r['stores'][s]['chunks']} chunks)"]
+        for key in ("handwritten_short", "keywords", "clusters", "hybrid"):
+            L.append(f"  - {LABELS[key]}: {dsc.get(key) or '(not available)'}")
+    L += [""]
+
+    d = r.get("drift")
+    if d:
+        L += ["## Drift", "",
+              f"{d['files_replaced']} of the `{d['store']}` store's files were deleted and as many `"
+              f"{d['from_section']}` packages inserted (real DELETE + COPY, then an incremental backfill: "
+              f"{d['backfill_seconds']:.1f} s). Names and hand-written descriptions stay as they were (stale); "
+              f"the maintained summaries are read again. The store's queries after drift: its "
+              f"{d['store_queries_before']} own held-out queries plus {d['drifted_in_queries']} held-out "
+              f"`{d['from_section']}` packages, whose right answer is now `{d['store']}`.", "",
+              f"| router | top-1 on `{d['store']}` queries before % | after (own + drifted-in) % | drifted-in only % "
+              f"| all queries after % |",
+              "|---|---:|---:|---:|---:|"]
+        for key in ORDER:
+            pr = d["per_router"].get(key)
+            if pr is None:
+                if key in d["per_router"]:
+                    L.append(f"| {LABELS[key]} | not available | | | |")
+                continue
+            L.append(f"| {LABELS[key]} | {ci(pr['store_queries_before'])} | {ci(pr['store_queries_after'])} | "
+                     f"{ci(pr['drifted_in_queries'])} | {pct(pr['all_queries_after']['value'])} |")
+        L += ["", f"`{d['store']}` store_topics before: {d['store_topics_before']}", "",
+              f"after: {d['store_topics_after']}", ""]
+        hy, hw = d["per_router"].get("hybrid"), d["per_router"].get("handwritten")
+        if hy and hw:
+            keep = hy["store_queries_after"]["value"] - hy["store_queries_before"]["value"]
+            lose = hw["store_queries_after"]["value"] - hw["store_queries_before"]["value"]
+            L += [f"Change on the store's queries: hybrid {keep * 100:+.1f} points, stale hand-written "
+                  f"{lose * 100:+.1f} points.", ""]
+        if "eval-drift.png" in images:
+            L += ["![drift](eval-drift.png)", ""]
+
+    nd = res.get("needle")
+    if nd:
+        sr = nd["subject_rate"]
+        L += ["## Needle", "",
+              f"Uniform stores: whole Debian sections ({', '.join(f'{s}: {n:,} packages' for s, n in nd['store_files'].items())}). "
+              f"Each trial plants ONE package from a distant section "
+              f"({', '.join(nd['config']['needle_sections'])}), backfills, reads `store_topics`, deletes the "
+              f"needle and backfills again. {sr['n']} trials.", "",
+              f"- needle's subject (a word of its synopsis or name) newly in `store_topics`: **{sr['hits']}/{sr['n']} "
+              f"= {ci(sr)} %** (target ≥ 95%: "
+              + ("met" if sr["value"] >= 0.95 else f"missed by {pct(0.95 - sr['value'])} points") + ")",
+              f"- any word of the needle newly in `store_topics`: {pct(nd['any_word_rate'])} %",
+              f"- trials where topics attributes distinctive terms to the needle file: "
+              f"{pct(nd['attributed_rate'])} %",
+              f"- summary restored byte for byte after deleting the needle: {nd['restored_exactly']}/{sr['n']}",
+              f"- median time of insert + backfill + read: {nd['trial_seconds_median']:.2f} s", ""]
+        misses = [t for t in nd["trials"] if not t["subject_hit"]]
+        if misses:
+            L += ["Misses (needle: synopsis → what the summary showed of it):", ""]
+            for t in misses[:8]:
+                L.append(f"- {t['store']} + {t['needle']} ({t['needle_section']}): \"{t['synopsis']}\" → new "
+                         f"needle words {', '.join(t['needle_words_new']) or 'none'}")
+            L.append("")
+        hits = [t for t in nd["trials"] if t["subject_hit"]][:3]
+        if hits:
+            L += ["Hits, for example:", ""]
+            for t in hits:
+                L.append(f"- {t['store']} + {t['needle']}: \"{t['synopsis']}\" → {', '.join(t['subject_words_new'])}")
+            L.append("")
+        if "eval-needle.png" in images:
+            L += ["![needle](eval-needle.png)", ""]
+        L += ["Flood: stores whose every file carries a one-off value (a made-up surname, or a `ref…` token, each "
+              "in one file only, twice in that file):", "",
+              "| store | files | one-off values | in the distinctive list | in store_topics |", "|---|---:|---:|---:|---:|"]
+        for s, f in nd["flood"].items():
+            L.append(f"| {s} | {f['files']:,} | {f['one_off_values']:,} | {len(f['one_offs_in_distinctive'])} | "
+                     f"{len(f['one_offs_in_store_topics'])} |")
+        L += [""]
+        for s, f in nd["flood"].items():
+            L.append(f"- `{s}` store_topics: {f['store_topics']}")
+        L += [""]
+
+    q = res.get("quality")
+    L += ["## Cost and label quality", ""]
+    led = r.get("ledger", {})
+    if not led.get("available") or not led.get("by_labeller"):
+        L += [f"- LLM calls and tokens: **not available yet** — {led.get('note', 'no ledger')}. With the cluster "
+              "signal and its labellers in the SQL, this section lists calls and tokens per store and per 1,000 file "
+              "events from `storetopics.label_ledger`.", ""]
+    else:
+        L += ["| labeller | model | calls | ok | input tokens | output tokens | calls / store | "
+              "calls / 1,000 file events |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for b in led["by_labeller"]:
+            L.append(f"| {b['labeller']} | {b['model']} | {b['calls']} | {b['ok']} | {b['input_tokens']:,} | "
+                     f"{b['output_tokens']:,} | {b['calls_per_store']:.2f} | "
+                     f"{b['calls_per_1000_file_events']:.1f} |")
+        L += [""]
+    dbc = r.get("db_clusters", {})
+    L += [f"- Clusters held by the database: " + (f"{dbc['stores_with_clusters']} stores have clusters."
+                                                   if dbc.get("available") else f"none ({dbc.get('note')}).")]
+    if q:
+        L += ["", f"Clusterings of the routing stores' chunks pooled together ({q['chunks']:,} chunks sampled, "
+                  f"{q['sections']} sections as ground truth), on the same all-MiniLM-L6-v2 embeddings:", "",
+              "| method | topics | NMI vs sections | topic diversity (top-10 words) | notes | seconds |",
+              "|---|---:|---:|---:|---|---:|"]
+        o = q["ours"]
+        L.append(f"| {o['method']} | {o['topics']} | {o['nmi']:.3f} | {o['diversity']:.2f} | silhouette "
+                 f"{o['silhouette']:.3f} | {o['seconds']:.0f} |")
+        b = q["bertopic"]
+        if b.get("available"):
+            L.append(f"| {b['method']} | {b['topics']} | {b['nmi']:.3f} (inliers only {b['nmi_inliers']:.3f}) | "
+                     f"{b['diversity']:.2f} | outliers {pct(b['outlier_share'])} %, largest topic "
+                     f"{pct(b['largest_topic_share'])} % | {b['seconds']:.0f} |")
+        else:
+            L.append(f"| BERTopic | – | – | – | not run: {b.get('note')} | – |")
+        L += [""]
+    L += ["## Timings", ""]
+    for part, t in res["timings"].items():
+        L.append(f"- {part}: {t:.0f} s")
+    L += ["", "## Not measured here", "",
+          "- Ingest overhead ratios, backfill time and memory vs. store size: `make bench` (`bench/results/latest.md`).",
+          "- LLM calls vs. files, and the Anthropic labeller against the local Messages API server: need the labellers "
+          "wired into the extension's refresh; the ledger section above says what the run found.", ""]
+    return "\n".join(L)
+
+
+def write(res: dict, out_dir: Path, *, plots_too: bool = True) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    js = out_dir / "eval.json"
+    js.write_text(json.dumps(res, indent=1, default=_default) + "\n")
+    images = plots(res, out_dir) if plots_too else []
+    md = out_dir / "report.md"
+    md.write_text(markdown(res, images))
+    return [js, md, *(out_dir / i for i in images)]
+
+
+def _default(o):
+    try:
+        import numpy as np
+        if isinstance(o, np.generic):
+            return o.item()
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(o, (set, frozenset)):
+        return sorted(o)
+    raise TypeError(f"not JSON serialisable: {type(o)}")

@@ -1,0 +1,283 @@
+"""The routing benchmark: given only each store's description, does a router pick the store a query belongs to?
+
+Stores: one per Debian section (one file per package, one chunk per paragraph, all-MiniLM-L6-v2 vectors in the
+`embedding` column), attached with storetopics.attach and summarised by the real extension (backfill).  Queries:
+held-out packages of each section (split by a hash of the package name: no query's package is in any store).
+Each query is embedded and routed to the store whose description is nearest (cosine), or scored with BM25 against
+the descriptions.  The drift scenario then replaces half of one store's files with another section's, backfills
+incrementally, and routes again: the maintained summaries are re-read, the names and hand-written descriptions stay
+as they were.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import data, metrics, pg, quality, routers
+
+# 16 sections, 7 look-alike pairs: admin/utils, net/web, math/science, gnome/kde, editors/text, haskell/ocaml,
+# python/perl; plus sound and games.
+DEFAULT_SECTIONS = ("admin", "utils", "net", "web", "math", "science", "gnome", "kde", "editors", "text",
+                    "haskell", "ocaml", "python", "perl", "sound", "games")
+LOOKALIKE_PAIRS = (("admin", "utils"), ("net", "web"), ("math", "science"), ("gnome", "kde"), ("editors", "text"),
+                   ("haskell", "ocaml"), ("python", "perl"))
+TABLE = "eval_routing"
+
+
+@dataclass
+class RoutingConfig:
+    sections: tuple[str, ...] = DEFAULT_SECTIONS
+    held_share: float = 0.2             # share of each section's packages held out (by hash of the name)
+    store_cap: int | None = 250         # files per store (a uniform sample by hash); None: all
+    queries_per_section: int = 30       # held-out packages used as queries, per section
+    drift_store: str | None = "editors"  # the store that drifts ...
+    drift_from: str = "fonts"           # ... towards this section (not one of the stores)
+    drift_share: float = 0.5            # share of its files replaced
+    lengths: tuple[int, ...] = (5, 10, 20, 40, 80, 160)  # words kept of a summary, for the length curve
+    bm25: bool = True
+    k: int = 3                          # recall@k
+
+
+@dataclass
+class Stage:
+    """Everything measured at one state of the stores (before or after drift)."""
+    name: str
+    descriptions: dict[str, dict[str, str | None]]  # router -> store -> text
+    results: dict = field(default_factory=dict)
+
+
+def _desc_matrix(embedder, texts: list[str | None]) -> np.ndarray:
+    return embedder([t or "" for t in texts])
+
+
+def evaluate(stores: list[str], descs: dict[str, dict[str, str | None]], q_texts: list[str], q_vecs: np.ndarray,
+             truth: np.ndarray, embedder, *, k: int, bm25: bool, centroids: np.ndarray | None = None,
+             synopsis: tuple[list[str], np.ndarray] | None = None) -> dict:
+    """Per router: embedding and BM25 metrics (None when the router's descriptions are not available)."""
+    out = {}
+    for r in routers.ROUTERS:
+        texts = [descs[r].get(s) for s in stores]
+        have = sum(t is not None and t.strip() != "" for t in texts)
+        entry = {"available_stores": have, "stores": len(stores),
+                 "tokens_mean": float(np.mean([routers.tokens_estimate(t) for t in texts])) if have else 0.0}
+        if have == 0:
+            entry["available"] = False
+            out[r] = entry
+            continue
+        entry["available"] = True
+        dv = _desc_matrix(embedder, texts)
+        entry["embedding"] = metrics.rank_metrics(routers.embedding_scores(q_vecs, dv), truth, k)
+        if synopsis is not None:
+            entry["embedding_synopsis"] = metrics.rank_metrics(routers.embedding_scores(synopsis[1], dv), truth, k)
+        if bm25:
+            entry["bm25"] = metrics.rank_metrics(routers.bm25_scores(q_texts, [t or "" for t in texts]), truth, k)
+        out[r] = entry
+    if centroids is not None:
+        out["centroid"] = {"available": True, "available_stores": len(stores), "stores": len(stores),
+                           "embedding": metrics.rank_metrics(routers.embedding_scores(q_vecs, centroids), truth, k)}
+        if synopsis is not None:
+            out["centroid"]["embedding_synopsis"] = metrics.rank_metrics(
+                routers.embedding_scores(synopsis[1], centroids), truth, k)
+    return out
+
+
+def length_curve(stores, descs, q_vecs, truth, embedder, lengths, k) -> dict:
+    """Top-1 of the embedding router when each summary is cut to its first n words."""
+    out: dict[str, list] = {}
+    for r in ("keywords", "clusters", "hybrid", "handwritten"):
+        texts = [descs[r].get(s) for s in stores]
+        if not any(texts):
+            continue
+        full = max(len((t or "").split()) for t in texts)
+        pts = []
+        for n in [*lengths, None]:
+            if n is not None and n >= full:
+                continue
+            cut = [routers.truncate_words(t, n) for t in texts]
+            m = metrics.rank_metrics(routers.embedding_scores(q_vecs, _desc_matrix(embedder, cut)), truth, k)
+            pts.append({"words": n if n is not None else full,
+                        "tokens_mean": float(np.mean([routers.tokens_estimate(t) for t in cut])),
+                        "top1": m["top1"]["value"], "top1_ci95": m["top1"]["ci95"],
+                        f"recall@{k}": m[f"recall@{k}"]["value"]})
+        out[r] = pts
+    return out
+
+
+def confusions(stores: list[str], ranks_top: np.ndarray, truth: np.ndarray) -> list[dict]:
+    """The most frequent (true store -> chosen store) mistakes."""
+    pairs: dict[tuple[str, str], int] = {}
+    for t, p in zip(truth.tolist(), ranks_top.tolist()):
+        if t != p:
+            pairs[(stores[t], stores[p])] = pairs.get((stores[t], stores[p]), 0) + 1
+    return [{"true": a, "chosen": b, "queries": n} for (a, b), n in sorted(pairs.items(), key=lambda x: -x[1])[:10]]
+
+
+def run(dsn: str, cfg: RoutingConfig, embedder, log=print) -> dict:
+    t_start = time.perf_counter()
+    sections = list(cfg.sections)
+    extra = [cfg.drift_from] if cfg.drift_store else []
+    corpus = data.read_sections([*sections, *extra])
+    sp = data.split(corpus, held_share=cfg.held_share, store_cap=cfg.store_cap,
+                    queries_per_section=cfg.queries_per_section)
+    handwritten = data.section_descriptions()
+    stores = sorted(sections)
+    sidx = {s: i for i, s in enumerate(stores)}
+
+    # -- embeddings of the store chunks and the queries (cached on disk) ---------------------------------------
+    store_rows = [(s, p.name, c) for s in stores for p in sp.store[s] for c in p.chunks]
+    drift_pkgs = []
+    if cfg.drift_store:
+        n_replace = int(round(len(sp.store[cfg.drift_store]) * cfg.drift_share))
+        drift_pkgs = data.by_hash(sp.store[cfg.drift_from], "drift")[:n_replace]
+    drift_rows = [(cfg.drift_store, p.name, c) for p in drift_pkgs for c in p.chunks]
+    queries = [p for s in stores for p in sp.queries[s]]
+    truth = np.array([sidx[p.section] for p in queries])
+    q_texts = [p.text for p in queries]
+    q_syn = [p.short for p in queries]
+    drift_queries = sp.queries[cfg.drift_from] if cfg.drift_store else []
+    log(f"routing: {len(stores)} stores, {sum(len(sp.store[s]) for s in stores):,} files, "
+        f"{len(store_rows):,} chunks; {len(queries)} queries (held out by hash, {cfg.held_share:.0%})")
+    t0 = time.perf_counter()
+
+    def progress(done, total):
+        log(f"  embedded {done:,}/{total:,} new texts [{time.perf_counter() - t0:.0f}s]")
+
+    all_texts = [c for _, _, c in store_rows] + [c for _, _, c in drift_rows] + q_texts + q_syn + \
+        [p.text for p in drift_queries] + [p.short for p in drift_queries]
+    vec_all = embedder(all_texts, progress=progress)
+    n1, n2, n3 = len(store_rows), len(store_rows) + len(drift_rows), len(store_rows) + len(drift_rows) + len(q_texts)
+    store_vecs, drift_vecs = vec_all[:n1], vec_all[n1:n2]
+    q_vecs, q_syn_vecs = vec_all[n2:n3], vec_all[n3:n3 + len(q_syn)]
+    dq_vecs = vec_all[n3 + len(q_syn):n3 + len(q_syn) + len(drift_queries)]
+    dq_syn_vecs = vec_all[n3 + len(q_syn) + len(drift_queries):]
+    t_embed = time.perf_counter() - t0
+    log(f"  embeddings ready in {t_embed:.0f}s ({embedder.name})")
+
+    # -- the stores in Postgres ---------------------------------------------------------------------------------
+    timings = {"embed_seconds": t_embed}
+    with pg.connect(dsn) as conn:
+        server = pg.server_info(conn)
+        pg.create_chunks(conn, TABLE, embedder.dim)
+        t0 = time.perf_counter()
+        pg.insert(conn, TABLE, ((s, f, c, v) for (s, f, c), v in zip(store_rows, store_vecs)))
+        timings["load_seconds"] = time.perf_counter() - t0
+        pg.attach(conn, TABLE)
+        timings["backfill_seconds"] = pg.refresh(conn)
+        rows = pg.stores(conn, TABLE)
+        log(f"  loaded, attached and backfilled: {len(rows)} stores in {timings['backfill_seconds']:.1f}s")
+        missing = [s for s in stores if s not in rows]
+        if missing:
+            raise RuntimeError(f"stores without a summary after backfill: {missing}")
+
+        def centroid_matrix(vecs_by_store: dict[str, list[np.ndarray]]) -> np.ndarray:
+            return np.vstack([routers_unit(np.mean(vecs_by_store[s], axis=0)) for s in stores])
+
+        by_store: dict[str, list] = {s: [] for s in stores}
+        for (s, _, _), v in zip(store_rows, store_vecs):
+            by_store[s].append(v)
+        descs = {r: {} for r in routers.ROUTERS}
+        for s in stores:
+            for r, t in routers.describe(s, rows[s], handwritten).items():
+                descs[r][s] = t
+        before = evaluate(stores, descs, q_texts, q_vecs, truth, embedder, k=cfg.k, bm25=cfg.bm25,
+                          centroids=centroid_matrix(by_store), synopsis=(q_syn, q_syn_vecs))
+        curve = length_curve(stores, descs, q_vecs, truth, embedder, cfg.lengths, cfg.k)
+        conf = {}
+        for r in ("names", "handwritten", "hybrid"):
+            if before[r].get("available"):
+                dv = _desc_matrix(embedder, [descs[r][s] for s in stores])
+                conf[r] = confusions(stores, np.argmax(routers.embedding_scores(q_vecs, dv), axis=1), truth)
+        paired = {}
+        hyb = before["hybrid"]
+        for other in ("names", "handwritten", "handwritten_short", "keywords", "clusters"):
+            if hyb.get("available") and before[other].get("available"):
+                a = np.array(hyb["embedding"]["ranks"]) == 1
+                b = np.array(before[other]["embedding"]["ranks"]) == 1
+                paired[f"hybrid - {other}"] = metrics.paired_bootstrap(a, b)
+        lookalike = {}
+        for a_, b_ in LOOKALIKE_PAIRS:
+            if a_ in sidx and b_ in sidx:
+                mask = np.isin(truth, [sidx[a_], sidx[b_]])
+                lookalike[f"{a_}/{b_}"] = {
+                    r: float(np.mean(np.array(before[r]["embedding"]["ranks"])[mask] == 1))
+                    for r in (*routers.ROUTERS, "centroid") if before.get(r, {}).get("available")}
+
+        result = {
+            "config": {**cfg.__dict__, "sections": stores},
+            "server": server,
+            "stores": {s: {"files": rows[s]["files"], "chunks": rows[s]["chunks"],
+                           "queries": len(sp.queries[s]), "held_out": len(sp.held[s]),
+                           "descriptions": {r: descs[r][s] for r in routers.ROUTERS}} for s in stores},
+            "queries": len(queries),
+            "before": before, "length_curve": curve, "confusions": conf, "paired": paired,
+            "lookalike_top1": lookalike,
+        }
+
+        # -- drift ------------------------------------------------------------------------------------------------
+        if cfg.drift_store:
+            x = cfg.drift_store
+            victims = [p.name for p in data.by_hash(sp.store[x], "drift")[:len(drift_pkgs)]]
+            t0 = time.perf_counter()
+            deleted = pg.delete_files(conn, TABLE, x, victims)
+            pg.insert(conn, TABLE, ((s, f, c, v) for (s, f, c), v in zip(drift_rows, drift_vecs)))
+            t_refresh = pg.refresh(conn)
+            timings["drift_seconds"] = time.perf_counter() - t0
+            rows2 = pg.stores(conn, TABLE)
+            by_store[x] = [v for (s, f, _), v in zip(store_rows, store_vecs) if s == x and f not in set(victims)] + \
+                list(drift_vecs)
+            descs2 = {r: dict(descs[r]) for r in routers.ROUTERS}
+            for r in ("keywords", "clusters", "hybrid"):  # maintained: re-read; names/hand-written stay stale
+                descs2[r][x] = routers.describe(x, rows2[x], handwritten)[r]
+            # Queries after drift: all the old ones, plus the drifted-in section's held-out packages, now owned by x.
+            q2_texts = q_texts + [p.text for p in drift_queries]
+            q2_vecs = np.vstack([q_vecs, dq_vecs])
+            q2_syn = (q_syn + [p.short for p in drift_queries], np.vstack([q_syn_vecs, dq_syn_vecs]))
+            truth2 = np.concatenate([truth, np.full(len(drift_queries), sidx[x])])
+            after = evaluate(stores, descs2, q2_texts, q2_vecs, truth2, embedder, k=cfg.k, bm25=cfg.bm25,
+                             centroids=centroid_matrix(by_store), synopsis=q2_syn)
+            own_before = truth == sidx[x]
+            own_after = truth2 == sidx[x]
+            new_only = np.arange(len(truth2)) >= len(truth)
+            per = {}
+            for r in (*routers.ROUTERS, "centroid"):
+                if not after.get(r, {}).get("available"):
+                    per[r] = None
+                    continue
+                rb = np.array(before[r]["embedding"]["ranks"])
+                ra = np.array(after[r]["embedding"]["ranks"])
+                per[r] = {
+                    "store_queries_before": metrics.summarize(rb[own_before] == 1),
+                    "store_queries_after": metrics.summarize(ra[own_after] == 1),
+                    "drifted_in_queries": metrics.summarize(ra[new_only] == 1),
+                    "all_queries_after": after[r]["embedding"]["top1"],
+                }
+                if "bm25" in after[r]:
+                    rab = np.array(after[r]["bm25"]["ranks"])
+                    per[r]["bm25_store_queries_after"] = metrics.summarize(rab[own_after] == 1)
+            result["drift"] = {
+                "store": x, "from_section": cfg.drift_from, "files_replaced": len(victims),
+                "files_after": rows2[x]["files"], "chunks_deleted": deleted, "chunks_added": len(drift_rows),
+                "backfill_seconds": t_refresh, "dirty_after_backfill": rows2[x]["dirty"],
+                "store_topics_before": rows[x]["store_topics"], "store_topics_after": rows2[x]["store_topics"],
+                "drifted_in_queries": len(drift_queries), "store_queries_before": int(own_before.sum()),
+                "store_queries_after": int(own_after.sum()),
+                "per_router": per, "after": {r: {kk: vv for kk, vv in v.items()} for r, v in after.items()},
+            }
+            log(f"  drift: {len(victims)} files of {x!r} replaced by {cfg.drift_from!r} files; backfill "
+                f"{t_refresh:.1f}s")
+        events = len(store_rows and {(s, f) for s, f, _ in store_rows}) + \
+            (result["drift"]["files_replaced"] * 2 if cfg.drift_store else 0)
+        result["ledger"] = quality.ledger(conn, events, len(stores))
+        result["db_clusters"] = quality.db_clusters({s: rows[s]["topics"] for s in stores})
+    timings["total_seconds"] = time.perf_counter() - t_start
+    result["timings"] = timings
+    result["embedder"] = {"name": embedder.name, **embedder.stats}
+    pooled = ([c for _, _, c in store_rows], store_vecs, [s for s, _, _ in store_rows])
+    return result, pooled
+
+
+def routers_unit(v: np.ndarray) -> np.ndarray:
+    n = float(np.linalg.norm(v))
+    return (v / n if n else v).astype(np.float32)

@@ -1,0 +1,159 @@
+"""`storetopics eval {routing,all}` and `make eval`: run the evaluation against a real Postgres, write the results.
+
+    storetopics eval all              # what `make eval` runs: routing + drift, needle + flood, label quality
+    storetopics eval routing          # the routing benchmark and the drift scenario only
+    storetopics eval all --quick      # a small smoke run (results go to .cache/eval-quick/ unless --out)
+
+The database is a throwaway cluster started for the run (or $STORETOPICS_TEST_DSN's server), with vector and
+storetopics installed like the tests do.  Embeddings: all-MiniLM-L6-v2 (extra `eval`), cached under
+.cache/embeddings/; `--embedder hash` uses a deterministic stand-in that only exercises the code paths.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .. import embedding
+from . import needle, pg, quality, report, routing
+
+REPO = Path(__file__).resolve().parents[3]
+RESULTS = REPO / "bench" / "results"
+
+
+def git_rev() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                             text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "sql", "bgworker", "plpy"], cwd=REPO,
+                               capture_output=True, text=True).stdout.strip()
+        return (rev or "?") + ("+dirty" if dirty else "")
+    except OSError:
+        return "?"
+
+
+def sql_digest() -> str:
+    h = hashlib.sha1()
+    for f in sorted((REPO / "sql").glob("storetopics--*.sql")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="storetopics eval", description=__doc__.split("\n\n")[0])
+    ap.add_argument("what", nargs="?", default="all", choices=("routing", "all"),
+                    help="routing: routing + drift only; all: also needle, flood and label quality (default)")
+    ap.add_argument("--quick", action="store_true", help="small smoke configuration")
+    ap.add_argument("--out", type=Path, help=f"output directory (default {RESULTS.relative_to(REPO)})")
+    ap.add_argument("--sections", help="comma-separated Debian sections, one store each")
+    ap.add_argument("--store-cap", type=int, help="packages per store (0: all)")
+    ap.add_argument("--queries", type=int, help="held-out queries per section")
+    ap.add_argument("--drift-store", help="store that drifts ('' to skip the drift scenario)")
+    ap.add_argument("--drift-from", help="section whose packages drift in")
+    ap.add_argument("--needle-stores", help="comma-separated sections of >= 1,000 packages")
+    ap.add_argument("--trials", type=int, help="needle trials per store")
+    ap.add_argument("--flood-files", type=int, help="files per flood store")
+    ap.add_argument("--quality-sample", type=int, default=None, help="chunks clustered for NMI/diversity")
+    ap.add_argument("--no-bertopic", action="store_true", help="skip BERTopic in the label-quality section")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--embedder", choices=("minilm", "hash"), default="minilm",
+                    help="hash: deterministic stand-in (tests the pipeline; accuracy numbers mean nothing)")
+    return ap
+
+
+def configs(args) -> tuple[routing.RoutingConfig, needle.NeedleConfig, int]:
+    rc, nc, sample = routing.RoutingConfig(), needle.NeedleConfig(), 6000
+    if args.quick:
+        rc.sections = ("math", "science", "games", "sound", "gnome", "kde")
+        rc.store_cap, rc.queries_per_section, rc.drift_store, rc.drift_from = 40, 10, "games", "fonts"
+        rc.lengths = (5, 20)
+        nc.stores, nc.trials_per_store, nc.min_store_files, nc.flood_files = ("science",), 4, 1000, 150
+        sample = 1500
+    if args.sections:
+        rc.sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
+    if args.store_cap is not None:
+        rc.store_cap = args.store_cap or None
+    if args.queries is not None:
+        rc.queries_per_section = args.queries
+    if args.drift_store is not None:
+        rc.drift_store = args.drift_store or None
+    if args.drift_from:
+        rc.drift_from = args.drift_from
+    if rc.drift_store and rc.drift_store not in rc.sections:
+        rc.drift_store = None
+    if args.needle_stores:
+        nc.stores = tuple(s.strip() for s in args.needle_stores.split(",") if s.strip())
+    if args.trials is not None:
+        nc.trials_per_store = args.trials
+    if args.flood_files is not None:
+        nc.flood_files = args.flood_files
+    if args.quality_sample is not None:
+        sample = args.quality_sample
+    return rc, nc, sample
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    rc, nc, sample = configs(args)
+    out_dir = args.out or (REPO / ".cache" / "eval-quick" if args.quick else RESULTS)
+    started = dt.datetime.now(dt.timezone.utc)
+    t_start = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", flush=True)
+
+    if args.embedder == "hash":
+        emb = embedding.HashEmbedder()
+    else:
+        try:
+            emb = embedding.default_embedder()
+        except embedding.ModelUnavailable as e:
+            print(f"storetopics eval: {e}", file=sys.stderr)
+            return 2
+    log(f"embedder: {emb.name}")
+    res: dict = {"started": started.isoformat(), "what": args.what, "quick": args.quick,
+                 "fallback_embedder": isinstance(emb, embedding.HashEmbedder),
+                 "environment": {"started": started.strftime("%Y-%m-%d %H:%M UTC"), "cpus": os.cpu_count(),
+                                 "machine": platform.machine(), "python": platform.python_version(),
+                                 "git": git_rev(), "sql_sha1": sql_digest()}}
+    timings: dict[str, float] = {}
+    with pg.database(log) as dsn:
+        t0 = time.perf_counter()
+        res["routing"], pooled = routing.run(dsn, rc, emb, log)
+        timings["routing + drift"] = time.perf_counter() - t0
+        b = res["routing"]["before"]
+        for r in ("names", "handwritten", "keywords", "clusters", "hybrid", "centroid"):
+            e = b.get(r, {})
+            if e.get("available"):
+                log(f"  {r:12s} top-1 {100 * e['embedding']['top1']['value']:5.1f}%  "
+                    f"recall@{rc.k} {100 * e['embedding'][f'recall@{rc.k}']['value']:5.1f}%"
+                    + (f"  BM25 top-1 {100 * e['bm25']['top1']['value']:5.1f}%" if e.get("bm25") else ""))
+            else:
+                log(f"  {r:12s} not available")
+        if args.what == "all":
+            t0 = time.perf_counter()
+            res["needle"] = needle.run(dsn, nc, emb, log)
+            timings["needle + flood"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            texts, vecs, truth = pooled
+            res["quality"] = quality.clusterings(texts, vecs, truth, sample=sample,
+                                                 with_bertopic=not args.no_bertopic, log=log)
+            timings["label quality (clusterings)"] = time.perf_counter() - t0
+    res["embedder"] = {"name": emb.name, **emb.stats}
+    res["elapsed_seconds"] = time.perf_counter() - t_start
+    timings["total"] = res["elapsed_seconds"]
+    res["timings"] = timings
+    files = report.write(res, out_dir, plots_too=not args.no_plots)
+    for f in files:
+        log(f"wrote {f.relative_to(REPO) if f.is_relative_to(REPO) else f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
