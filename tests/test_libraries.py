@@ -22,7 +22,7 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_postgres import Column, PGEngine, PGVector, PGVectorStore
 from llama_index.core import Document as LlamaDocument
-from llama_index.core import StorageContext, VectorStoreIndex
+from llama_index.core import VectorStoreIndex
 from llama_index.core.embeddings import MockEmbedding
 from llama_index.core.schema import NodeRelationship, RelatedNodeInfo, TextNode
 from llama_index.vector_stores.postgres import PGVectorStore as LlamaPGVectorStore
