@@ -3,6 +3,7 @@
 #   make demo    embedded local Postgres + real data + summaries
 #   make test    every test: SQL regression (pg_regress) and pytest, each against a real throwaway Postgres
 #   make bench   side-by-side measurements, written to bench/results/
+#   make eval    routing accuracy of the summaries vs names and hand-written descriptions, needle, report
 EXTENSION  = storetopics
 DATA       = $(wildcard sql/storetopics--*.sql) plpy/storetopics_clustering.py
 REGRESS    = $(patsubst test/sql/%.sql,%,$(sort $(wildcard test/sql/*.sql)))
@@ -18,7 +19,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo test pytest regress bench soak ext-install
+.PHONY: setup demo test pytest regress bench soak ext-install eval
 setup:
 	@bash scripts/setup.sh
 
@@ -42,3 +43,10 @@ pytest: ext-install
 
 bench: ext-install
 	$(PY) -m bench.run
+
+# Routing evaluation, drift, needle and label quality (real Postgres; all-MiniLM-L6-v2 embeddings cached in
+# .cache/embeddings/).  Installs the optional extra `eval` (CPU torch first) when missing.  Writes
+# bench/results/eval.json, report.md and eval-*.png.  EVAL_ARGS='--quick' for a smoke run.
+eval: ext-install
+	@bash scripts/eval_setup.sh
+	$(PY) -m storetopics.evaluation all $(EVAL_ARGS)

@@ -8,6 +8,7 @@
     storetopics [--dsn DSN] backfill [--store KEY] [--source TABLE] [--batch N] [--quiet]
     storetopics [--dsn DSN] status
     storetopics [--dsn DSN] show [--store KEY] [--source TABLE]
+    storetopics eval [routing|all] [--quick] [--out DIR] ...   (the evaluation harness; extra `eval`)
 
 The connection defaults to $DATABASE_URL, else libpq's own PG* environment variables.  Errors from Postgres are
 printed as one line (message and hint) with exit status 1.
@@ -507,6 +508,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--store", metavar="KEY")
     s.add_argument("--source", metavar="TABLE")
     s.set_defaults(func=cmd_show)
+
+    from .evaluation import run as evaluation  # lazy: only its argument definitions are needed here
+    s = sub.add_parser("eval", parents=[evaluation.parser()], add_help=False,
+                       help="evaluation harness: routing accuracy, drift, needle (what `make eval` runs)")
+    s.set_defaults(func=evaluation.run)
     return p
 
 
