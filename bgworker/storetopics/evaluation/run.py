@@ -99,7 +99,11 @@ def configs(args) -> tuple[routing.RoutingConfig, needle.NeedleConfig, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    return run(parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs what the parsed arguments ask for (`storetopics eval` calls this with its own parse)."""
     rc, nc, sample = configs(args)
     out_dir = args.out or (REPO / ".cache" / "eval-quick" if args.quick else RESULTS)
     started = dt.datetime.now(dt.timezone.utc)
