@@ -41,6 +41,7 @@ class NeedleConfig:
     min_store_files: int = 1000
     flood_files: int = 1000
     flood_section: str = "science"
+    max_store_files: int | None = None  # tests only: a sample of the section instead of all of it
 
 
 def _h(s: str) -> int:
@@ -65,6 +66,9 @@ def one_off_token(i: int) -> str:
 def run(dsn: str, cfg: NeedleConfig, embedder, log=print) -> dict:
     t_start = time.perf_counter()
     corpus = data.read_sections({*cfg.stores, *cfg.needle_sections, cfg.flood_section})
+    if cfg.max_store_files:
+        for s in cfg.stores:
+            corpus[s] = sorted(data.by_hash(corpus[s], "needle-store")[:cfg.max_store_files], key=lambda p: p.name)
     small = [s for s in cfg.stores if len(corpus[s]) < cfg.min_store_files]
     if small:
         log(f"needle: WARNING: store section(s) under {cfg.min_store_files} packages: {small}")

@@ -368,7 +368,8 @@ def write(res: dict, out_dir: Path, *, plots_too: bool = True) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     js = out_dir / "eval.json"
     js.write_text(json.dumps(res, indent=1, default=_default) + "\n")
-    images = plots(res, out_dir) if plots_too else []
+    import importlib.util
+    images = plots(res, out_dir) if plots_too and importlib.util.find_spec("matplotlib") else []
     md = out_dir / "report.md"
     md.write_text(markdown(res, images))
     return [js, md, *(out_dir / i for i in images)]

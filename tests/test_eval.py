@@ -1,0 +1,116 @@
+"""The evaluation harness's code path on a tiny configuration, against a real Postgres.
+
+The embedder here is the deterministic hashing stand-in (storetopics.embedding.HashEmbedder), whether or not the
+model is installed: these tests check the pipeline (split, load, attach, backfill, descriptions, routers, metrics,
+drift, needle, flood, report), not routing accuracy.  `make eval` measures accuracy with all-MiniLM-L6-v2.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import psycopg
+import pytest
+
+from storetopics import embedding
+from storetopics.evaluation import data, metrics, needle, quality, report, routers, routing
+
+
+def test_wilson_and_ranks():
+    lo, hi = metrics.wilson(81, 100)
+    assert lo == pytest.approx(0.7222, abs=1e-3) and hi == pytest.approx(0.8748, abs=1e-3)
+    assert metrics.wilson(0, 10)[0] == 0.0
+    scores = np.array([[0.9, 0.1, 0.5], [0.2, 0.2, 0.1], [0.1, 0.3, 0.2]])
+    # ties count against the router: query 1's true store 0 ties with store 1 -> rank 2
+    assert metrics.ranks(scores, np.array([0, 0, 2])).tolist() == [1, 2, 2]
+    m = metrics.rank_metrics(scores, np.array([0, 0, 2]), k=2)
+    assert m["top1"]["hits"] == 1 and m["recall@2"]["hits"] == 3
+
+
+def test_split_is_by_hash_and_disjoint():
+    corpus = data.read_sections(["math", "kde"])
+    sp = data.split(corpus, held_share=0.2, store_cap=50, queries_per_section=10)
+    for s in ("math", "kde"):
+        stored = {p.name for p in sp.store[s]}
+        held = {p.name for p in sp.held[s]}
+        assert not stored & held and len(stored) == 50 and len(sp.queries[s]) == 10
+        assert {p.name for p in sp.queries[s]} <= held
+        assert all(data.is_held_out(n, 0.2) for n in held)
+    again = data.split(corpus, held_share=0.2, store_cap=50, queries_per_section=10)
+    assert [p.name for p in again.queries["math"]] == [p.name for p in sp.queries["math"]]
+
+
+def test_descriptions_and_bm25():
+    hand = data.section_descriptions()
+    assert hand["sound"][0].startswith("Utilities to play and record sound")
+    topics = {"dominant": [{"term": "audio"}, {"term": "sound"}], "distinctive": [{"term": "midi"}],
+              "clusters": []}
+    d = routers.describe("sound", {"store_topics": "3 files. Main terms: audio", "topics": topics}, hand)
+    assert d["names"] == "sound" and d["keywords"] == "Main terms: audio, sound. Distinctive: midi."
+    assert d["clusters"] is None  # no clusters: reported as not available, never faked
+    topics["clusters"] = [{"label": "midi sequencers", "share": 0.4, "keywords": ["midi", "sequencer"]}]
+    assert routers.describe("sound", {"topics": topics}, hand)["clusters"] == \
+        "Topics: midi sequencers (40%): midi, sequencer."
+    s = routers.bm25_scores(["a midi sequencer for audio"], ["audio midi sound", "chess game board"])
+    assert s[0, 0] > s[0, 1] == 0
+
+
+def test_embedding_cache_roundtrip(tmp_path):
+    calls = []
+
+    def enc(texts):
+        calls.append(list(texts))
+        return embedding.HashEmbedder().encode(texts)
+
+    e = embedding.Embedder("test-model", enc, cache_dir=tmp_path)
+    a = e(["alpha beta", "gamma", "alpha beta"])
+    assert a.shape == (3, embedding.DIM) and a.dtype == np.float32
+    assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5) and np.allclose(a[0], a[2])
+    assert calls == [["alpha beta", "gamma"]]
+    b = embedding.Embedder("test-model", enc, cache_dir=tmp_path)(["gamma", "delta"])  # a new process's view
+    assert calls[-1] == ["delta"] and np.allclose(b[0], a[1])
+    q = embedding.to_int8(a)
+    assert q.dtype == np.int8 and np.all(np.sum(embedding.from_int8(q) * a, axis=1) > 0.99)
+
+
+def test_harness_end_to_end(make_db, tmp_path):
+    dsn = make_db()
+    emb = embedding.HashEmbedder()
+    cfg = routing.RoutingConfig(sections=("math", "games", "kde"), store_cap=25, queries_per_section=10,
+                                drift_store="games", drift_from="fonts", lengths=(5,))
+    res, pooled = routing.run(dsn, cfg, emb, log=lambda *a: None)
+    assert res["queries"] == 30 and set(res["stores"]) == {"games", "kde", "math"}
+    for r in ("names", "handwritten", "keywords", "hybrid"):
+        e = res["before"][r]
+        assert e["available"] and e["embedding"]["top1"]["n"] == 30
+        lo, hi = e["embedding"]["top1"]["ci95"]
+        assert 0 <= lo <= e["embedding"]["top1"]["value"] <= hi <= 1
+        assert "bm25" in e
+    # The hybrid router read store_topics from the database, as rendered after the backfill.
+    with psycopg.connect(dsn) as conn:
+        rows = dict(conn.execute("SELECT store_key, store_topics FROM storetopics.stores").fetchall())
+    assert res["stores"]["kde"]["descriptions"]["hybrid"] == rows["kde"]
+    d = res["drift"]
+    assert d["files_replaced"] == 12 and d["drifted_in_queries"] == 10 and not d["dirty_after_backfill"]
+    assert d["store_topics_after"] != d["store_topics_before"]
+    assert d["per_router"]["names"]["drifted_in_queries"]["n"] == 10
+
+    ncfg = needle.NeedleConfig(stores=("editors",), needle_sections=("games", "fonts"), trials_per_store=2,
+                               min_store_files=1, flood_files=30, flood_section="editors",
+                               max_store_files=60)
+    nd = needle.run(dsn, ncfg, emb, log=lambda *a: None)
+    assert nd["subject_rate"]["n"] == 2 and nd["restored_exactly"] == 2
+    assert set(nd["flood"]) == {"names", "tokens"} and nd["flood"]["names"]["files"] == 30
+
+    texts, vecs, truth = pooled
+    q = quality.clusterings(texts, vecs, truth, sample=200, with_bertopic=False, log=lambda *a: None)
+    assert 0 <= q["ours"]["nmi"] <= 1 and q["bertopic"]["available"] is False
+
+    out = {"routing": res, "needle": nd, "quality": q, "embedder": {"name": emb.name, **emb.stats},
+           "fallback_embedder": True, "elapsed_seconds": 1.0, "timings": {"total": 1.0},
+           "environment": {"started": "now", "cpus": 2, "git": "test", "sql_sha1": "x"}}
+    files = report.write(out, tmp_path, plots_too=False)
+    md = (tmp_path / "report.md").read_text()
+    assert "hashing stand-in" in md and "| (e) hybrid store_topics |" in md
+    assert json.loads((tmp_path / "eval.json").read_text())["routing"]["queries"] == 30
+    assert len(files) == 2
