@@ -120,6 +120,8 @@ CREATE TABLE storetopics.store_state (
   folded_at    timestamptz,
   rendered_at  timestamptz,
   updated_at   timestamptz,                   -- last time store_topics changed
+  version      bigint NOT NULL DEFAULT 1,     -- +1 whenever what the summary is rendered from changes
+  rendered_version bigint NOT NULL DEFAULT 0, -- the version render() last rendered (render due when they differ)
   -- The current clustering of the store's embeddings (NULL before the first fit).
   fit_generation int NOT NULL DEFAULT 0,      -- +1 per fit; labels are written back only for the generation asked
   fit_at         timestamptz,
@@ -214,6 +216,8 @@ SELECT s.id AS source_id, s.chunks AS source, s.ts_config,
        s.null_key_rows
          + (SELECT coalesce(sum(f.chunks), 0) FROM storetopics.file_terms f
              WHERE f.source_id = s.id AND f.store_key IS NULL) AS skipped_null_key_rows,
+       (SELECT coalesce(sum(st.other_dim), 0) FROM storetopics.store_state st WHERE st.source_id = s.id)
+         AS other_dimension_chunks,     -- vectors no cluster can take: another dimension than the store's fit
        (SELECT count(*) FROM storetopics.pending p WHERE p.source_id = s.id) AS pending_events,
        (SELECT min(p.logged_at) FROM storetopics.pending p WHERE p.source_id = s.id) AS oldest_pending,
        s.folded_at, s.attached_at
@@ -652,7 +656,8 @@ BEGIN
     DELETE FROM storetopics.pending WHERE source_id = p_source AND (resync OR deletes);
     DELETE FROM storetopics.file_terms WHERE source_id = p_source;
     DELETE FROM storetopics.store_terms WHERE source_id = p_source;
-    UPDATE storetopics.store_state SET files = 0, chunks = 0, words = 0, skipped = 0, other_dim = 0, folded_at = now()
+    UPDATE storetopics.store_state SET files = 0, chunks = 0, words = 0, skipped = 0, other_dim = 0, folded_at = now(),
+           version = version + 1
      WHERE source_id = p_source;
     UPDATE storetopics.clusters SET chunks = 0, files = 0, outliers = 0, outliers_at_fit = 0
      WHERE source_id = p_source;
@@ -823,7 +828,7 @@ BEGIN
   ON CONFLICT (source_id, store_key) DO UPDATE
      SET files = st.files + excluded.files, chunks = st.chunks + excluded.chunks,
          words = st.words + excluded.words, skipped = st.skipped + excluded.skipped,
-         other_dim = st.other_dim + excluded.other_dim, folded_at = now();
+         other_dim = st.other_dim + excluded.other_dim, folded_at = now(), version = st.version + 1;
   DROP TABLE pg_temp.storetopics_counts;
 
   -- 6. Replace the files' own rows.
@@ -927,6 +932,7 @@ BEGIN
   UPDATE storetopics.sources s
      SET settings = jsonb_strip_nulls(s.settings || changes)
    WHERE s.id = v_source;
+  UPDATE storetopics.store_state SET version = version + 1 WHERE source_id = v_source;   -- labels shown may change
   v_new := storetopics._settings(v_source);
   IF (v_new ->> 'k_min')::int > (v_new ->> 'k_max')::int THEN
     RAISE EXCEPTION 'storetopics: k_min % is above k_max %', v_new ->> 'k_min', v_new ->> 'k_max'
@@ -1201,7 +1207,8 @@ BEGIN
          fit_generation = fit_generation + 1, fit_at = now(), fit_k = (p_fit ->> 'k')::int,
          fit_silhouette = (p_fit ->> 'silhouette')::real, fit_single_theme = (p_fit ->> 'single_theme')::boolean,
          fit_sample = (p_fit ->> 'sample')::int, fit_seed = (p_fit ->> 'seed')::int, fit_dim = (p_fit ->> 'dim')::int,
-         fit_space = p_fit ->> 'space', fit_seconds = (p_fit ->> 'seconds')::real, fit_chunks = v_assigned
+         fit_space = p_fit ->> 'space', fit_seconds = (p_fit ->> 'seconds')::real, fit_chunks = v_assigned,
+         version = version + 1
    WHERE source_id = p_source AND store_key = p_store;
   IF cardinality(v_new) > 0 THEN
     PERFORM storetopics._cluster_keywords(p_source, p_store, v_new);
@@ -1346,7 +1353,13 @@ BEGIN
                                                           * (0.5 + random() / 2))
      WHERE source_id = p_source AND store_key = p_store AND cluster_id = p_cluster;
   END IF;
-  RETURN FOUND;
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  IF v_outcome <> 'error' THEN
+    UPDATE storetopics.store_state SET version = version + 1 WHERE source_id = p_source AND store_key = p_store;
+  END IF;
+  RETURN true;
 END $$;
 
 -- Clustering inside the database, where plpython3u is installed (storetopics._fit_in_database, created at install
@@ -1623,7 +1636,8 @@ BEGIN
                                             FROM storetopics.label_ledger l
                                            WHERE l.source_id = p_source AND l.store_key = p_store)) || v_kw;
 
-  UPDATE storetopics.store_state SET rendered_at = now() WHERE source_id = p_source AND store_key = p_store;
+  UPDATE storetopics.store_state SET rendered_at = now(), rendered_version = st.version
+   WHERE source_id = p_source AND store_key = p_store;
   IF st.store_topics IS NOT DISTINCT FROM v_text AND st.topics IS NOT DISTINCT FROM v_topics THEN
     RETURN false;
   END IF;
@@ -1640,13 +1654,23 @@ END $$;
 -- backfill() brings every store of every source up to date; backfill('key') the stores with that key;
 -- backfill(source => 'public.chunks') one source.  Folds all pending changes of the sources concerned (a file can
 -- move between stores, so a source is folded as a whole), then renders the stores whose state changed.
+-- A store's summary is due for rendering when what it is rendered from changed since (fold, fit, labels and
+-- settings bump store_state.version; a counter, not a clock, so no commit order can hide a change), or when the
+-- store was emptied (render then removes it).
+CREATE FUNCTION storetopics.render_due(st storetopics.store_state) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN st.rendered_version <> st.version OR st.files <= 0;
+
 CREATE FUNCTION storetopics.backfill(store_key text DEFAULT NULL, source regclass DEFAULT NULL)
-RETURNS TABLE (source_id int, store text, files bigint, chunks bigint, changed boolean)
+RETURNS TABLE (source_id int, store text, files bigint, chunks bigint, changed boolean, clusters int)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   s record;
+  v_store record;
   v_started timestamptz := clock_timestamp();
   v_done int;
+  v_in_db boolean := to_regprocedure('storetopics._fit_in_database(int, text)') IS NOT NULL;
+  v_told boolean := false;
 BEGIN
   FOR s IN SELECT x.id FROM storetopics.sources x
             WHERE (backfill.source IS NULL OR x.chunks = backfill.source)
@@ -1664,12 +1688,32 @@ BEGIN
                                            WHERE p.source_id = s.id AND p.logged_at < v_started);
       RAISE NOTICE 'storetopics: source %: folded % files', s.id, v_done;
     END LOOP;
+    FOR v_store IN SELECT st.store_key FROM storetopics.store_state st
+              WHERE st.source_id = s.id AND (backfill.store_key IS NULL OR st.store_key = backfill.store_key)
+                AND st.files > 0 AND storetopics.fit_due(s.id, st.store_key) IS NOT NULL
+              ORDER BY st.store_key LOOP
+      IF v_in_db THEN
+        -- clustering inside the database; labels are the offline ones (no network call inside a transaction)
+        BEGIN
+          PERFORM storetopics.cluster(s.id, v_store.store_key);
+        EXCEPTION WHEN OTHERS THEN
+          RAISE WARNING 'storetopics: clustering store % of source % failed, its summary keeps the keywords: %',
+            v_store.store_key, s.id, SQLERRM;
+        END;
+      ELSIF NOT v_told THEN
+        RAISE NOTICE 'storetopics: stores with embeddings are not clustered: plpython3u is not installed here'
+          USING HINT = 'Run `storetopics backfill` (CLI) or the worker, which cluster outside the database.';
+        v_told := true;
+      END IF;
+    END LOOP;
     RETURN QUERY
-      SELECT y.source_id, y.store_key, y.files, y.chunks, storetopics.render(y.source_id, y.store_key)
-        FROM storetopics.store_state y
-       WHERE y.source_id = s.id AND (backfill.store_key IS NULL OR y.store_key = backfill.store_key)
-         AND (y.rendered_at IS NULL OR y.folded_at >= y.rendered_at OR y.files <= 0)
-       ORDER BY y.store_key;
+      SELECT y2.source_id, y2.store_key, y2.files, y2.chunks, storetopics.render(y2.source_id, y2.store_key),
+             (SELECT count(*)::int FROM storetopics.clusters k
+               WHERE k.source_id = y2.source_id AND k.store_key = y2.store_key AND k.chunks > 0)
+        FROM storetopics.store_state y2
+       WHERE y2.source_id = s.id AND (backfill.store_key IS NULL OR y2.store_key = backfill.store_key)
+         AND storetopics.render_due(y2)
+       ORDER BY y2.store_key;
   END LOOP;
   RAISE NOTICE 'storetopics: backfill took %', clock_timestamp() - v_started;
 END $$;

@@ -1,11 +1,11 @@
-"""Labels are untrusted: validation, the offline labeller, and the Anthropic labeller through the real SDK against a
-local server that speaks the Messages API (no mocked client objects)."""
+"""Labels are untrusted: validation, and the Anthropic labeller through the real SDK against a local server that
+speaks the Messages API (no mocked client objects).  The offline label and the cost ledger live in SQL: see
+tests/test_clusters.py."""
 from __future__ import annotations
 
 import pytest
 
-from storetopics.labels import (AnthropicLabeler, ClusterInput, LabelError, OfflineLabeler, cost_usd,
-                                offline_label, validate_label)
+from storetopics.labels import AnthropicLabeler, ClusterInput, LabelError, validate_label
 from storetopics.messages_server import MessagesServer
 
 CLUSTER = ClusterInput(keywords=["chess", "board", "engine", "opening"],
@@ -33,14 +33,6 @@ def test_validate_label(text, ok):
     clean, reason = validate_label(text)
     assert clean == ok
     assert (reason is None) == (ok is not None)
-
-
-def test_offline_label_is_two_to_five_words_and_deterministic():
-    assert offline_label(["chess", "board", "engine", "opening"]) == "chess board engine"
-    assert offline_label(["solo"]) == "solo topics"
-    assert offline_label([]) == "general topics"
-    assert OfflineLabeler().label(CLUSTER).text == "chess board engine"
-    assert validate_label(offline_label(["a-b", "c'd", "e"]))[0] is not None
 
 
 @pytest.fixture
@@ -103,14 +95,8 @@ def test_malformed_body_raises_label_error(server):
     "<script>alert(1)</script>",
     "A very long label that goes on and on and on forever",
 ])
-def test_hostile_or_malformed_labels_fall_back_to_offline(server, hostile):
+def test_hostile_or_malformed_labels_are_rejected(server, hostile):
     server.plan("text", text=hostile)
     label = labeler(server).label(CLUSTER)
-    assert label.text == "chess board engine" and label.labeller == "offline" and label.rejected
+    assert label.text is None and label.rejected
     assert label.calls == 1 and label.input_tokens > 0     # the call happened and is accounted for
-
-
-def test_cost_from_price_table():
-    assert cost_usd("claude-haiku-4-5", 1_000_000, 0) == pytest.approx(1.0)
-    assert cost_usd("custom", 1000, 1000, {"custom": {"input": 2.0, "output": 4.0}}) == pytest.approx(0.006)
-    assert cost_usd("unknown-model", 1000, 1000) == 0.0

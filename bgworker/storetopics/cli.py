@@ -31,6 +31,7 @@ from psycopg.rows import dict_row
 
 from . import __version__
 from . import install as st_install
+from . import refresh
 from .progress import Progress
 
 DEFAULT_BATCH = 500
@@ -142,6 +143,8 @@ class BackfillResult:
     words: int = 0            # counted words now held by the stores concerned
     full: bool = False        # every source was recounted from scratch (attach, TRUNCATE, resync)
     rendered: int = 0
+    fitted: int = 0           # stores (re-)clustered
+    label_calls: int = 0      # labelling calls made (0 with the offline labeller)
     changed: list[tuple[int, str]] = field(default_factory=list)
     seconds: float = 0.0
     store: str | None = None  # the --store filter, if any
@@ -150,7 +153,9 @@ class BackfillResult:
         # After attach/TRUNCATE every word of the stores was just counted, so words/s is a real rate; after an
         # incremental fold only the touched files were, and the store totals would overstate it.
         rate = f", {_human(self.words / self.seconds)} words/s" if self.full and self.files and self.seconds else ""
-        return (f"backfill: {_n(self.files, 'file')} folded in {self.seconds:.1f}s{rate}; "
+        fits = f"{_n(self.fitted, 'store')} clustered, {_n(self.label_calls, 'labelling call')}; " \
+            if self.fitted or self.label_calls else ""
+        return (f"backfill: {_n(self.files, 'file')} folded in {self.seconds:.1f}s{rate}; {fits}"
                 f"{_n(self.rendered, 'store')} rendered ({len(self.changed)} changed); "
                 f"{'the store holds' if self.store else 'the stores hold'} {_n(self.chunks, 'chunk')}, "
                 f"{_n(self.words, 'word')}")
@@ -233,12 +238,26 @@ def backfill(conn: psycopg.Connection, store: str | None = None, source: str | N
             bar.close()
         result.files += done
 
-        # 2. Render the stores whose state changed since they were last rendered (and drop emptied ones).
-        stale = [r[0] for r in conn.execute(
-            """SELECT store_key FROM storetopics.store_state
-                WHERE source_id = %s AND (%s::text IS NULL OR store_key = %s)
-                  AND (rendered_at IS NULL OR folded_at >= rendered_at OR files <= 0)
-                ORDER BY store_key""", (source_id, store, store))]
+        # 2. Cluster the stores whose fit is due (outside the database, same code as plpython3u's), label the
+        #    clusters that need it (no transaction open during LLM calls).
+        to_fit = refresh.stores_to_fit(conn, source_id, store)
+        if to_fit:
+            fbar = Progress(f"fit    {name}", len(to_fit), unit="stores", stream=stream, enabled=progress)
+            for i, (key, _why) in enumerate(to_fit, 1):
+                report = refresh.fit(conn, source_id, key)
+                if report.get("applied"):
+                    result.fitted += 1
+                fbar.update(i)
+            fbar.close()
+        for key in refresh.stores_to_label(conn, source_id, store):
+            stats = refresh.label(conn, source_id, key)
+            result.label_calls += stats.calls
+            if stats.errors and progress:
+                stream.write(f"backfill: {stats.errors} labelling call(s) failed for store {key!r} "
+                             f"(old labels kept, retried later): {stats.last_error}\n")
+
+        # 3. Render the stores whose state changed since they were last rendered (and drop emptied ones).
+        stale = refresh.stores_to_render(conn, source_id, store)
         if stale:
             rbar = Progress(f"render {name}", len(stale), unit="stores", stream=stream, enabled=progress)
             for i, key in enumerate(stale, 1):

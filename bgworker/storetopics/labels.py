@@ -1,8 +1,11 @@
-"""Cluster labels: the offline labeller (default, no network), the Anthropic labeller, and label validation.
+"""Cluster labels from an LLM (the Anthropic labeller) and their validation.
 
-Labels are untrusted data: they come from documents anyone could upload, and they end up in a router's prompt.
-Every label, whatever made it, passes validate_label(); a rejected LLM label falls back to the offline label and
-the reason is recorded.
+The offline label (the default, no network) is not made here: it is derived in SQL from the cluster's words
+(storetopics.offline_label), so every summary has a label without any call.  An LLM label replaces it when the
+source's settings ask for one.  Labels are untrusted data: they come from documents anyone could upload, and they
+end up in a router's prompt.  Every LLM label passes validate_label(); a rejected one leaves the offline label in
+place and the reason is recorded (storetopics.record_label, which also checks the label once more and keeps the
+cost ledger, priced with the source's settings).
 """
 from __future__ import annotations
 
@@ -13,13 +16,6 @@ from dataclasses import dataclass, field
 
 MAX_LABEL_CHARS = 48
 DEFAULT_MODEL = os.environ.get("STORETOPICS_MODEL", "claude-haiku-4-5")
-# USD per million tokens; override per source with settings->'price_table'.
-DEFAULT_PRICES = {
-    "claude-haiku-4-5": {"input": 1.00, "output": 5.00},
-    "claude-3-5-haiku-latest": {"input": 0.80, "output": 4.00},
-    "claude-sonnet-4-5": {"input": 3.00, "output": 15.00},
-}
-
 _URL = re.compile(r"(https?://|www\.|\b[\w-]+\.(com|org|net|io|ai|dev|xyz|ru|cn)\b)", re.I)
 _MARKUP = re.compile(r"[<>`*#\[\]{}|\\\"“”«»=;:@$%^~]")
 _INSTRUCTION = re.compile(
@@ -70,7 +66,7 @@ class ClusterInput:
 
 @dataclass
 class Label:
-    text: str
+    text: str | None               # None when the LLM's answer was rejected
     labeller: str
     model: str | None = None
     input_tokens: int = 0
@@ -78,31 +74,6 @@ class Label:
     rejected: str | None = None    # why an LLM label was replaced by the offline one
     calls: int = 0
     extra: dict = field(default_factory=dict)
-
-
-class OfflineLabeler:
-    """Builds a 2-5 word label from the cluster's own distinctive keywords; no network, deterministic."""
-    name = "offline"
-
-    def label(self, cluster: ClusterInput) -> Label:
-        return Label(offline_label(cluster.keywords), self.name)
-
-
-def offline_label(keywords: list[str], n: int = 3) -> str:
-    words: list[str] = []
-    for k in keywords:
-        k = re.sub(r"[^\w' -]", "", k).strip()
-        if not k or any(k.lower() == w.lower() for w in words):
-            continue
-        words.append(k)
-        if len(words) == n:
-            break
-    if not words:
-        words = ["general", "topics"]
-    elif len(words) == 1:
-        words.append("topics")
-    label, _ = validate_label(" ".join(words))
-    return label or "general topics"
 
 
 class LabelError(RuntimeError):
@@ -157,26 +128,17 @@ class AnthropicLabeler:
                        extra={"seconds": round(time.monotonic() - started, 3)})
         clean, reason = validate_label(text)
         if clean is None:
-            result.text = offline_label(cluster.keywords)
+            result.text = None
             result.rejected = reason
-            result.labeller = "offline"
         else:
             result.text = clean
         return result
 
 
 def make_labeler(name: str | None, model: str | None = None, **kw):
-    name = (name or "offline").lower()
-    if name == "offline":
-        return OfflineLabeler()
+    """The LLM labeller a source's settings name ('anthropic').  'offline' needs no labeller object: its label is
+    derived in SQL."""
+    name = (name or "").lower()
     if name == "anthropic":
         return AnthropicLabeler(model, **kw)
-    raise ValueError(f"unknown labeller {name!r}: use 'offline' or 'anthropic'")
-
-
-def cost_usd(model: str | None, input_tokens: int, output_tokens: int, prices: dict | None = None) -> float:
-    table = dict(DEFAULT_PRICES, **(prices or {}))
-    p = table.get(model or "", None)
-    if not p:
-        return 0.0
-    return (input_tokens * p["input"] + output_tokens * p["output"]) / 1_000_000
+    raise ValueError(f"no labeller object for {name!r}: 'offline' labels are derived in SQL; LLM: 'anthropic'")
