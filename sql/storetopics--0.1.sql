@@ -1221,7 +1221,8 @@ END $$;
 -- Each cluster's distinctive words, c-TF-IDF (BERTopic's class-based TF-IDF) over the keyword state: a cluster's
 -- term counts are those of its files, each weighted by the share of the file's chunks in the cluster (at most 400
 -- files per cluster, the most committed first, ties by a hash of the key); tf(t, cluster) x log(1 + A / f(t)), A = average words per cluster, f(t) = count of t in all
--- clusters.  A term must occur in two of the cluster's files (one file's names are not the cluster's theme).
+-- clusters, times the term's IDF across the store's files.  A term must occur in two of the cluster's files (one
+-- file's names are not the cluster's theme), and not in every file of the store.
 -- p_clusters: the clusters to update (NULL: all of the store).
 CREATE FUNCTION storetopics._cluster_keywords(p_source int, p_store text, p_clusters int[] DEFAULT NULL,
                                               n_words int DEFAULT 10) RETURNS void
@@ -1249,11 +1250,18 @@ BEGIN
     SELECT ct.cluster_id, sum(ct.n) AS size, (SELECT count(*) FROM pick p WHERE p.cluster_id = ct.cluster_id) AS files
       FROM ct GROUP BY 1
   ), scored AS (
-    SELECT ct.cluster_id, x.lexeme, ct.n / s.size * ln(1 + a.avg / t.total) AS score
+    -- times the term's IDF over the store's files: words every cluster uses ("using", "support") say nothing
+    -- (a store that is one theme has one cluster: its words are then simply its most frequent ones)
+    SELECT ct.cluster_id, x.lexeme,
+           CASE WHEN a.clusters = 1 THEN ct.n
+                ELSE ct.n / s.size * ln(1 + a.avg / t.total) * ln(n.files / st.files::float8) END AS score
       FROM ct JOIN tot t USING (term_id) JOIN sizes s USING (cluster_id)
-      JOIN storetopics.lexemes x ON x.id = ct.term_id,
-           (SELECT avg(sizes.size) AS avg FROM sizes) a
-     WHERE ct.nfiles >= least(2, s.files) AND storetopics.showable_term(x.lexeme)
+      JOIN storetopics.lexemes x ON x.id = ct.term_id
+      JOIN storetopics.store_terms st ON st.source_id = p_source AND st.store_key = p_store AND st.term_id = ct.term_id,
+           (SELECT avg(sizes.size) AS avg, count(*) AS clusters FROM sizes) a,
+           (SELECT greatest(y.files, 1)::float8 AS files FROM storetopics.store_state y
+             WHERE y.source_id = p_source AND y.store_key = p_store) n
+     WHERE (st.files < n.files OR a.clusters = 1) AND ct.nfiles >= least(2, s.files) AND storetopics.showable_term(x.lexeme)
        AND (p_clusters IS NULL OR ct.cluster_id = ANY (p_clusters))
   )
   SELECT * FROM (SELECT sc.*, row_number() OVER (PARTITION BY sc.cluster_id ORDER BY sc.score DESC, sc.lexeme) AS r
@@ -1274,18 +1282,26 @@ BEGIN
   DROP TABLE pg_temp.storetopics_ct;
 END $$;
 
--- The offline label: the cluster's first three distinct words (c-TF-IDF order).  Deterministic, no network.
+-- The offline label: the cluster's first three words (c-TF-IDF order) that say something new: a word is skipped
+-- when it repeats one already taken, or is a part or a compound of one ("octave", "forge", "octave-forge").
+-- Deterministic, no network.
 CREATE FUNCTION storetopics.offline_label(words text[]) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-RETURN (SELECT CASE count(*) WHEN 0 THEN 'general topics'
-                             WHEN 1 THEN min(w.word) || ' topics'
-                             ELSE string_agg(w.word, ' ' ORDER BY w.i) END
-          FROM (SELECT d.word, d.i
-                  FROM (SELECT DISTINCT ON (lower(x.word)) x.word, x.i
-                          FROM unnest(words) WITH ORDINALITY AS x(word, i)
-                         WHERE storetopics.showable_term(x.word)
-                         ORDER BY lower(x.word), x.i) d
-                 ORDER BY d.i LIMIT 3) w);
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  w text;
+  taken text[] := '{}';
+  parts text[] := '{}';
+BEGIN
+  FOREACH w IN ARRAY coalesce(words, '{}') LOOP
+    CONTINUE WHEN NOT storetopics.showable_term(w);
+    CONTINUE WHEN lower(w) = ANY (parts) OR regexp_split_to_array(lower(w), '-') && parts;
+    taken := taken || w;
+    parts := parts || lower(w) || regexp_split_to_array(lower(w), '-');
+    EXIT WHEN cardinality(taken) = 3;
+  END LOOP;
+  RETURN CASE cardinality(taken) WHEN 0 THEN 'general topics' WHEN 1 THEN taken[1] || ' topics'
+                                 ELSE array_to_string(taken, ' ') END;
+END $$;
 
 -- A label as stored must look like one: 1-48 characters, 2-5 words, letters first, no control characters.  The
 -- labeller validates more (URLs, quotes, markup, instructions); this is the last line.
@@ -1576,17 +1592,22 @@ BEGIN
            'share', round(k.share::numeric, 4), 'chunks', k.chunks, 'files', k.files, 'keywords', to_jsonb(k.keywords),
            'representatives', (SELECT coalesce(jsonb_agg(r -> 'id'), '[]') FROM jsonb_array_elements(k.representatives) r),
            'outliers', k.outliers - k.outliers_at_fit) ORDER BY k.chunks DESC, k.cluster_id), '[]'),
-         array_agg(format('%s (%s%%)', k.shown, round(100 * k.share)) ORDER BY k.chunks DESC, k.cluster_id)
-           FILTER (WHERE k.share >= 0.02),
          array_agg(lower(k.shown || ' ' || array_to_string(k.keywords, ' ')))
-    INTO v_clusters, v_topic_list, v_explained
+    INTO v_clusters, v_explained
     FROM (SELECT k.*, CASE WHEN v_cfg ->> 'labeller' = 'offline' OR k.label IS NULL
                            THEN storetopics.offline_label(k.keywords) ELSE k.label END AS shown,
                  k.chunks::float8 / greatest(sum(k.chunks) OVER (), 1) AS share
             FROM storetopics.clusters k
            WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0) k;
   v_explained := regexp_split_to_array(coalesce(array_to_string(v_explained, ' '), ''), '\s+');
-  v_topic_list := v_topic_list[1:8];
+  -- The topic list: clusters that show the same label are one topic to a reader (their shares add up).
+  v_topic_list := ARRAY(SELECT format('%s (%s%%)', t.label, round(100 * t.share))
+                          FROM (SELECT c ->> 'label' AS label, sum((c ->> 'share')::float8) AS share,
+                                       min(o.i) AS first
+                                  FROM jsonb_array_elements(v_clusters) WITH ORDINALITY AS o(c, i)
+                                 GROUP BY 1) t
+                         WHERE t.share >= 0.02
+                         ORDER BY t.share DESC, t.first LIMIT 8);
   -- Distinctive words no cluster explains: the rare file that KMeans absorbs into a big cluster.
   v_dist := ARRAY(SELECT d FROM unnest(v_dist) WITH ORDINALITY AS u(d, i)
                    WHERE lower(d) <> ALL (coalesce(v_explained, '{}')) ORDER BY i);

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Iterable, TextIO
 
+import numpy as np
 import psycopg
 from psycopg import sql
 
@@ -29,6 +30,9 @@ from .localpg import LocalPostgres
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "data" / "debian" / "descriptions.jsonl.gz"
+# all-MiniLM-L6-v2 vectors of every demo chunk, made once by scripts/demo_embeddings.py (int8, scale 127), so the
+# demo clusters real embeddings without shipping a model: what an application would have stored.
+EMBEDDINGS = REPO / "data" / "debian" / "demo-embeddings.npz"
 PGDATA = REPO / ".pgdata" / "data"
 DBNAME = "storetopics_demo"
 TABLE = "demo_chunks"
@@ -122,16 +126,34 @@ def recreate_table(conn: psycopg.Connection) -> None:
         conn.execute(f"CREATE INDEX ON {TABLE} (file)")
 
 
-def load(conn: psycopg.Connection, store: str, records: Iterable[dict]) -> tuple[int, int]:
-    files = chunks = 0
+def read_embeddings(path: Path = EMBEDDINGS) -> dict[tuple[str, int], tuple[bytes, np.ndarray]]:
+    """(package, chunk index) -> (sha1 of the chunk's text, int8 vector).  Empty if the file is missing."""
+    if not path.exists():
+        return {}
+    z = np.load(path)
+    return {(str(p), int(i)): (bytes(h), e) for p, i, h, e in zip(z["package"], z["chunk"], z["sha1"], z["emb"])}
+
+
+def vector_text(rec: dict, i: int, text: str, embeddings: dict) -> str | None:
+    """The chunk's vector as pgvector text, if the shipped file has it for this very text."""
+    hit = embeddings.get((rec["package"], i))
+    if hit is None or hit[0] != hashlib.sha1(text.encode("utf-8")).hexdigest().encode():
+        return None
+    return "[" + ",".join(f"{x / 127:.4f}" for x in hit[1].tolist()) + "]"
+
+
+def load(conn: psycopg.Connection, store: str, records: Iterable[dict], embeddings: dict) -> tuple[int, int, int]:
+    files = chunks = vectors = 0
     with conn.transaction(), conn.cursor() as cur:
-        with cur.copy(f"COPY {TABLE} (store, file, content) FROM STDIN") as copy:
+        with cur.copy(f"COPY {TABLE} (store, file, content, embedding) FROM STDIN") as copy:
             for rec in records:
                 files += 1
-                for text in chunks_of(rec):
-                    copy.write_row((store, rec["package"], text))
+                for i, text in enumerate(chunks_of(rec)):
+                    v = vector_text(rec, i, text, embeddings)
+                    copy.write_row((store, rec["package"], text, v))
                     chunks += 1
-    return files, chunks
+                    vectors += v is not None
+    return files, chunks, vectors
 
 
 def summaries(conn: psycopg.Connection) -> dict[str, dict]:
@@ -196,13 +218,15 @@ def run(dsn: str, *, stores: Iterable[str] = STORES, limit: int | None = None, e
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SET client_min_messages = warning")
         recreate_table(conn)
-        total_files = total_chunks = 0
+        embeddings = read_embeddings()
+        total_files = total_chunks = total_vectors = 0
         for s in stores:
-            files, chunks = load(conn, s, corpus[s][:limit] if limit else corpus[s])
+            files, chunks, vectors = load(conn, s, corpus[s][:limit] if limit else corpus[s], embeddings)
             total_files += files
             total_chunks += chunks
+            total_vectors += vectors
         p.line(f"{TABLE}: {total_files:,} files, {total_chunks:,} chunks (short description + one chunk per "
-               f"paragraph), embeddings NULL for now  [{time.monotonic() - t0:.1f}s]")
+               f"paragraph), {total_vectors:,} with all-MiniLM-L6-v2 embeddings  [{time.monotonic() - t0:.1f}s]")
         source_id = cli.attach(conn, TABLE, store_key="store", file_key="file", content="content",
                                embedding="embedding")
         p.line(f"attached {TABLE} as source {source_id}: store_key => store, file_key => file, content => content")
@@ -220,8 +244,9 @@ def run(dsn: str, *, stores: Iterable[str] = STORES, limit: int | None = None, e
                f"from section {extra_section!r}")
         p.para(f"{extra['package']}: {extra['short']}")
         with conn.transaction(), conn.cursor() as cur:
-            cur.executemany(f"INSERT INTO {TABLE} (store, file, content) VALUES (%s, %s, %s)",
-                            [(target, extra["package"], t) for t in chunks_of(extra)])
+            cur.executemany(f"INSERT INTO {TABLE} (store, file, content, embedding) VALUES (%s, %s, %s, %s)",
+                            [(target, extra["package"], t, vector_text(extra, i, t, embeddings))
+                             for i, t in enumerate(chunks_of(extra))])
         dirty = conn.execute("SELECT dirty FROM storetopics.stores WHERE source_id = %s AND store_key = %s",
                              (source_id, target)).fetchone()[0]
         p.line(f"inserted {len(chunks_of(extra))} chunks (the trigger logged the file; store {target!r} dirty: "
