@@ -63,6 +63,38 @@ def one_off_token(i: int) -> str:
     return "ref" + hashlib.sha1(f"token{i}".encode()).hexdigest()[:7]
 
 
+NOVELTY_SQL = """
+WITH st AS (SELECT greatest(files, 1)::float8 AS n FROM storetopics.store_state
+             WHERE source_id = %(src)s AND store_key = %(store)s),
+     terms AS (SELECT t.term_id, ln(st.n / t.files) AS idf FROM storetopics.store_terms t, st
+                WHERE t.source_id = %(src)s AND t.store_key = %(store)s),
+     nov AS (SELECT f.file_key, sum(u.n * t.idf) / sum(u.n) AS nov
+               FROM storetopics.file_terms f CROSS JOIN LATERAL unnest(f.term_ids, f.counts) AS u(term_id, n)
+               JOIN terms t ON t.term_id = u.term_id
+              WHERE f.source_id = %(src)s AND f.store_key = %(store)s AND f.words > 0 GROUP BY f.file_key),
+     med AS (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY nov) AS med FROM nov),
+     mad AS (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY abs(nov - med)) AS mad, med FROM nov, med
+              GROUP BY med),
+     ranked AS (SELECT file_key, (nov - med) / (1.4826 * mad + 1e-9) AS z,
+                       rank() OVER (ORDER BY nov DESC) AS r, count(*) OVER () AS n FROM nov, mad)
+SELECT z, r, n, (SELECT count(*) FROM ranked WHERE z >= 3.5) FROM ranked WHERE file_key = %(file)s
+"""
+
+
+def novelty(conn, source_id: int, store: str, file: str) -> dict | None:
+    """Diagnostic: the needle file's novelty (mean IDF of its words) as the keyword ranking sees it, read from the
+    extension's state tables: robust z-score, rank among the store's files, and how many files pass z >= 3.5 (the
+    outlier gate; the keyword list takes the top 3).  None if the state tables differ from what this expects."""
+    try:
+        with conn.transaction():
+            row = conn.execute(NOVELTY_SQL, {"src": source_id, "store": store, "file": file}).fetchone()
+    except Exception:
+        return None
+    if not row:
+        return None
+    return {"z": float(row[0]), "rank": int(row[1]), "files": int(row[2]), "files_over_gate": int(row[3])}
+
+
 def run(dsn: str, cfg: NeedleConfig, embedder, log=print) -> dict:
     t_start = time.perf_counter()
     corpus = data.read_sections({*cfg.stores, *cfg.needle_sections, cfg.flood_section})
@@ -118,7 +150,7 @@ def run(dsn: str, cfg: NeedleConfig, embedder, log=print) -> dict:
     with pg.connect(dsn) as conn:
         pg.create_chunks(conn, TABLE, embedder.dim)
         pg.insert(conn, TABLE, ((s, f, c, v) for (s, f, c), v in zip(store_rows, sv)))
-        pg.attach(conn, TABLE)
+        source_id = pg.attach(conn, TABLE)
         t_backfill = pg.refresh(conn)
         base_rows = pg.stores(conn, TABLE)
         sizes = ", ".join(f"{s} {base_rows[s]['files']:,} files" for s in cfg.stores)
@@ -140,6 +172,7 @@ def run(dsn: str, cfg: NeedleConfig, embedder, log=print) -> dict:
                 new = lex_after - lex_before
                 attributed = [d["term"] for d in (after["topics"] or {}).get("distinctive", [])
                               if d.get("file") == fname]
+                nov = novelty(conn, source_id, s, fname)
                 conn.execute(f"DELETE FROM {TABLE} WHERE file = %s", (fname,))
                 pg.refresh(conn)
                 restored = pg.stores(conn, TABLE)[s]
@@ -150,7 +183,7 @@ def run(dsn: str, cfg: NeedleConfig, embedder, log=print) -> dict:
                     "attributed_terms": attributed, "store_topics": after["store_topics"],
                     "restored_exactly": restored["store_topics"] == before["store_topics"]
                                         and restored["topics"] == before["topics"],
-                    "seconds": t_add,
+                    "seconds": t_add, "novelty": nov,
                 })
             hits = sum(t["subject_hit"] for t in trials if t["store"] == s)
             log(f"  {s}: subject in store_topics in {hits}/{len(plans[s])} trials")
@@ -186,7 +219,18 @@ def run(dsn: str, cfg: NeedleConfig, embedder, log=print) -> dict:
         "attributed_rate": sum(bool(t["attributed_terms"]) for t in trials) / n if n else float("nan"),
         "restored_exactly": sum(t["restored_exactly"] for t in trials),
         "trial_seconds_median": float(np.median([t["seconds"] for t in trials])) if trials else None,
+        "novelty": _novelty_summary(trials),
         "flood": flood,
         "timings": {"embed_seconds": t_embed, "backfill_seconds": t_backfill,
                     "total_seconds": time.perf_counter() - t_start},
     }
+
+
+def _novelty_summary(trials: list[dict]) -> dict | None:
+    nv = [t["novelty"] for t in trials if t.get("novelty")]
+    if not nv:
+        return None
+    return {"trials": len(nv), "z_median": float(np.median([x["z"] for x in nv])),
+            "over_gate": sum(x["z"] >= 3.5 for x in nv), "in_top3": sum(x["rank"] <= 3 for x in nv),
+            "rank_median": float(np.median([x["rank"] for x in nv])),
+            "files_over_gate_median": float(np.median([x["files_over_gate"] for x in nv]))}

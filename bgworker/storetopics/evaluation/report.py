@@ -273,8 +273,10 @@ def markdown(res: dict, images: list[str]) -> str:
         if hy and hw:
             keep = hy["store_queries_after"]["value"] - hy["store_queries_before"]["value"]
             lose = hw["store_queries_after"]["value"] - hw["store_queries_before"]["value"]
-            L += [f"Change on the store's queries: hybrid {keep * 100:+.1f} points, stale hand-written "
-                  f"{lose * 100:+.1f} points.", ""]
+            hs = d["per_router"].get("handwritten_short")
+            lose_s = hs["store_queries_after"]["value"] - hs["store_queries_before"]["value"] if hs else float("nan")
+            L += [f"Change on the store's queries: hybrid {keep * 100:+.1f} points; stale hand-written "
+                  f"{lose_s * 100:+.1f} points (short), {lose * 100:+.1f} points (short + long).", ""]
         if "eval-drift.png" in images:
             L += ["![drift](eval-drift.png)", ""]
 
@@ -294,6 +296,14 @@ def markdown(res: dict, images: list[str]) -> str:
               f"{pct(nd['attributed_rate'])} %",
               f"- summary restored byte for byte after deleting the needle: {nd['restored_exactly']}/{sr['n']}",
               f"- median time of insert + backfill + read: {nd['trial_seconds_median']:.2f} s", ""]
+        nv = nd.get("novelty")
+        if nv:
+            L += [f"Why (diagnostic, from the extension's state tables): the keyword side surfaces an outlier file "
+                  f"when its novelty (mean IDF of its words) has a robust z-score ≥ 3.5 and it is among the 3 most "
+                  f"novel files. The planted needle's median z-score was {nv['z_median']:.1f}; it passed the gate "
+                  f"in {nv['over_gate']}/{nv['trials']} trials and was among the top 3 files in {nv['in_top3']}/"
+                  f"{nv['trials']} (median rank {nv['rank_median']:.0f}); the stores already have a median of "
+                  f"{nv['files_over_gate_median']:.0f} files over the gate of their own.", ""]
         misses = [t for t in nd["trials"] if not t["subject_hit"]]
         if misses:
             L += ["Misses (needle: synopsis → what the summary showed of it):", ""]
