@@ -9,6 +9,9 @@ from pathlib import Path
 from .routers import LABELS, ROUTERS
 
 ORDER = (*ROUTERS, "centroid")
+SHORT = {"names": "(a) name", "handwritten_short": "(b) hand-written\nshort", "handwritten": "(b) hand-written\nshort+long",
+         "keywords": "(c) keywords", "clusters": "(d) clusters", "hybrid": "(e) hybrid\nstore_topics",
+         "centroid": "centroid\n(reference)"}
 
 
 def pct(x, digits: int = 1) -> str:
@@ -97,7 +100,7 @@ def plots(res: dict, out_dir: Path) -> list[str]:
         hi.append(100 * (m["ci95"][1] - m["value"]))
         rec.append(100 * e["embedding"][rk]["value"])
         bm.append(100 * e["bm25"]["top1"]["value"] if e.get("bm25") else float("nan"))
-    fig, ax = plt.subplots(figsize=(9, 0.55 * len(names) + 1.6))
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(names) + 2.0))
     y = list(range(len(names)))[::-1]
     ax.barh([v + 0.2 for v in y], t1, height=0.38, xerr=[lo, hi], capsize=3, color="#3b6ea8",
             label="top-1, embedding router (95% CI)")
@@ -108,7 +111,7 @@ def plots(res: dict, out_dir: Path) -> list[str]:
     ax.set_xlim(0, 100)
     ax.set_xlabel("% of queries routed to the right store")
     ax.set_title(f"Routing {r['queries']} held-out queries to {len(r['stores'])} stores")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.4, -0.13), ncol=3, fontsize=8, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(out_dir / "eval-routing.png", dpi=110)
@@ -150,7 +153,7 @@ def plots(res: dict, out_dir: Path) -> list[str]:
             vals = [100 * d["per_router"][k_][field]["value"] for k_ in keys]
             ax.bar([x + (j - 1) * w for x in xs], vals, width=w, label=label, color=color)
         ax.set_xticks(list(xs))
-        ax.set_xticklabels([LABELS[k_].replace(" ", "\n", 1) for k_ in keys], fontsize=7)
+        ax.set_xticklabels([SHORT[k_] for k_ in keys], fontsize=8)
         ax.set_ylabel("top-1 %")
         ax.set_ylim(0, 100)
         ax.set_title(f"Drift: {d['files_replaced']} of the '{d['store']}' store's files replaced by "

@@ -62,6 +62,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--quality-sample", type=int, default=None, help="chunks clustered for NMI/diversity")
     ap.add_argument("--no-bertopic", action="store_true", help="skip BERTopic in the label-quality section")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--report-only", type=Path, metavar="EVAL_JSON",
+                    help="only write report.md and the plots again from an eval.json (next to it unless --out)")
     ap.add_argument("--embedder", choices=("minilm", "hash"), default="minilm",
                     help="hash: deterministic stand-in (tests the pipeline; accuracy numbers mean nothing)")
     return ap
@@ -104,6 +106,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Runs what the parsed arguments ask for (`storetopics eval` calls this with its own parse)."""
+    if args.report_only:
+        import json
+        res = json.loads(args.report_only.read_text())
+        for f in report.write(res, args.out or args.report_only.parent, plots_too=not args.no_plots):
+            print(f"wrote {f}")
+        return 0
     rc, nc, sample = configs(args)
     out_dir = args.out or (REPO / ".cache" / "eval-quick" if args.quick else RESULTS)
     started = dt.datetime.now(dt.timezone.utc)
