@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from storetopics import embedding
-from storetopics.evaluation import data, metrics, needle, quality, report, routers, routing
+from storetopics.evaluation import cost, data, metrics, needle, quality, report, routers, routing
 
 
 def test_wilson_and_ranks():
@@ -102,11 +102,16 @@ def test_harness_end_to_end(make_db, tmp_path):
     assert nd["subject_rate"]["n"] == 2 and nd["restored_exactly"] == 2
     assert set(nd["flood"]) == {"names", "tokens"} and nd["flood"]["names"]["files"] == 30
 
+    co = cost.run(dsn, cfg, emb, log=lambda *a: None)  # the Anthropic labeller via the local Messages API server
+    if co["available"]:
+        assert [p["file_events"] for p in co["phases"]] == [75, 12, 24]
+        assert co["total"]["calls"] == co["server_requests"] == sum(p["calls"] for p in co["phases"])
+
     texts, vecs, truth = pooled
     q = quality.clusterings(texts, vecs, truth, sample=200, with_bertopic=False, log=lambda *a: None)
     assert 0 <= q["ours"]["nmi"] <= 1 and q["bertopic"]["available"] is False
 
-    out = {"routing": res, "needle": nd, "quality": q, "embedder": {"name": emb.name, **emb.stats},
+    out = {"routing": res, "needle": nd, "quality": q, "cost": co, "embedder": {"name": emb.name, **emb.stats},
            "fallback_embedder": True, "elapsed_seconds": 1.0, "timings": {"total": 1.0},
            "environment": {"started": "now", "cpus": 2, "git": "test", "sql_sha1": "x"}}
     files = report.write(out, tmp_path, plots_too=False)

@@ -337,9 +337,7 @@ def markdown(res: dict, images: list[str]) -> str:
     L += ["## Cost and label quality", ""]
     led = r.get("ledger", {})
     if not led.get("available") or not led.get("by_labeller"):
-        L += [f"- LLM calls and tokens: **not available yet** — {led.get('note', 'no ledger')}. With the cluster "
-              "signal and its labellers in the SQL, this section lists calls and tokens per store and per 1,000 file "
-              "events from `storetopics.label_ledger`.", ""]
+        L += [f"- Offline labeller (the routing run): {led.get('note', 'no ledger')} — no LLM call.", ""]
     else:
         L += ["| labeller | model | calls | ok | input tokens | output tokens | calls / store | "
               "calls / 1,000 file events |", "|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -348,6 +346,23 @@ def markdown(res: dict, images: list[str]) -> str:
                      f"{b['output_tokens']:,} | {b['calls_per_store']:.2f} | "
                      f"{b['calls_per_1000_file_events']:.1f} |")
         L += [""]
+    co = res.get("cost")
+    if co and co.get("available"):
+        L += ["", f"Labelling calls counted in `storetopics.label_ledger` with the **{co['labeller']}**, the "
+                  f"{co['stores']} routing stores built again in their own table, then changed (real counts: every "
+                  f"call went through the SDK to the server, {co['server_requests']} requests seen):", "",
+              "| phase | file events | clusters after | calls | ok | input tokens | output tokens | calls / 1,000 "
+              "file events | tokens / 1,000 file events | backfill s |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for ph in co["phases"]:
+            L.append(f"| {ph['phase']} | {ph['file_events']:,} | {ph['clusters']} | {ph['calls']} | {ph['ok']} | "
+                     f"{ph['input_tokens']:,} | {ph['output_tokens']:,} | "
+                     f"{ph['calls_per_1000_file_events']:.1f} | {ph['tokens_per_1000_file_events']:,.0f} | "
+                     f"{ph['backfill_seconds']:.1f} |")
+        L += ["", f"Initial build: {co['calls_per_store_initial']:.1f} calls per store. The offline labeller "
+                  f"(the routing table above) makes no LLM call.", ""]
+    elif co:
+        L += [f"- Anthropic labeller against the local Messages API server: not measured ({co.get('note')})."]
     dbc = r.get("db_clusters", {})
     L += [f"- Clusters held by the database: " + (f"{dbc['stores_with_clusters']} stores have clusters."
                                                    if dbc.get("available") else f"none ({dbc.get('note')}).")]
@@ -372,8 +387,9 @@ def markdown(res: dict, images: list[str]) -> str:
         L.append(f"- {part}: {t:.0f} s")
     L += ["", "## Not measured here", "",
           "- Ingest overhead ratios, backfill time and memory vs. store size: `make bench` (`bench/results/latest.md`).",
-          "- LLM calls vs. files, and the Anthropic labeller against the local Messages API server: need the labellers "
-          "wired into the extension's refresh; the ledger section above says what the run found.", ""]
+          "- A real LLM's labels: no LLM is reachable from this machine; the Anthropic path is exercised end to end "
+          "against the local Messages API server, whose labels are made from the keywords (so label quality is "
+          "not measured, call and token counts are).", ""]
     return "\n".join(L)
 
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from .. import embedding
-from . import needle, pg, quality, report, routing
+from . import cost, needle, pg, quality, report, routing
 
 REPO = Path(__file__).resolve().parents[3]
 RESULTS = REPO / "bench" / "results"
@@ -62,6 +62,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--quality-sample", type=int, default=None, help="chunks clustered for NMI/diversity")
     ap.add_argument("--no-bertopic", action="store_true", help="skip BERTopic in the label-quality section")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--no-cost", action="store_true", help="skip the labelling-cost phase (Anthropic labeller "
+                                                           "against the local Messages API server)")
     ap.add_argument("--report-only", type=Path, metavar="EVAL_JSON",
                     help="only write report.md and the plots again from an eval.json (next to it unless --out)")
     ap.add_argument("--embedder", choices=("minilm", "hash"), default="minilm",
@@ -152,6 +154,14 @@ def run(args: argparse.Namespace) -> int:
             t0 = time.perf_counter()
             res["needle"] = needle.run(dsn, nc, emb, log)
             timings["needle + flood"] = time.perf_counter() - t0
+            if not args.no_cost:
+                t0 = time.perf_counter()
+                try:
+                    res["cost"] = cost.run(dsn, rc, emb, log)
+                except Exception as e:  # reported, not hidden: the labeller path is another engineer's moving part
+                    log(f"cost: FAILED: {e!r}")
+                    res["cost"] = {"available": False, "note": f"the run failed: {e!r}"}
+                timings["LLM cost (ledger)"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             texts, vecs, truth = pooled
             res["quality"] = quality.clusterings(texts, vecs, truth, sample=sample,
