@@ -45,6 +45,24 @@ def sql_digest() -> str:
     return h.hexdigest()[:12]
 
 
+def installed_sql_digest() -> str | None:
+    """SHA-1 of the extension files the server loads (what `make ext-install` last installed): the SQL that made
+    these summaries, which may differ from the working tree while others edit it."""
+    from ..localpg import DEFAULT_BINDIR
+    try:
+        share = subprocess.run([str(Path(DEFAULT_BINDIR) / "pg_config"), "--sharedir"], capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    files = sorted((Path(share) / "extension").glob("storetopics*"))
+    if not files:
+        return None
+    h = hashlib.sha1()
+    for f in files:
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="storetopics eval", description=__doc__.split("\n\n")[0])
     ap.add_argument("what", nargs="?", default="all", choices=("routing", "all"),
@@ -135,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
                  "fallback_embedder": isinstance(emb, embedding.HashEmbedder),
                  "environment": {"started": started.strftime("%Y-%m-%d %H:%M UTC"), "cpus": os.cpu_count(),
                                  "machine": platform.machine(), "python": platform.python_version(),
-                                 "git": git_rev(), "sql_sha1": sql_digest()}}
+                                 "git": git_rev(), "sql_sha1": sql_digest(),
+                                 "installed_extension_sha1": installed_sql_digest()}}
     timings: dict[str, float] = {}
     with pg.database(log) as dsn:
         t0 = time.perf_counter()
