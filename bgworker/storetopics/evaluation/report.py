@@ -169,7 +169,7 @@ def plots(res: dict, out_dir: Path) -> list[str]:
     nd = res.get("needle")
     if nd and nd.get("trials"):
         stores = sorted({t["store"] for t in nd["trials"]})
-        fig, ax = plt.subplots(figsize=(6.5, 3.6))
+        fig, ax = plt.subplots(figsize=(6.5, 4.0))
         for j, (field, label, color) in enumerate((("subject_hit", "subject word in store_topics", "#3b6ea8"),
                                                    ("any_word_hit", "any needle word in store_topics", "#7a9cc6"))):
             vals = [100 * sum(t[field] for t in nd["trials"] if t["store"] == s) /
@@ -181,7 +181,7 @@ def plots(res: dict, out_dir: Path) -> list[str]:
         ax.set_ylim(0, 105)
         ax.set_ylabel("% of trials")
         ax.set_title("Needle: one planted package from a distant section")
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
         fig.tight_layout()
         fig.savefig(out_dir / "eval-needle.png", dpi=110)
         plt.close(fig)
