@@ -43,6 +43,7 @@ pytest: ext-install
 
 bench: ext-install
 	$(PY) -m bench.run
+	$(PY) -m bench.clusters
 
 # Routing evaluation, drift, needle and label quality (real Postgres; all-MiniLM-L6-v2 embeddings cached in
 # .cache/embeddings/).  Installs the optional extra `eval` (CPU torch first) when missing.  Writes
