@@ -73,8 +73,11 @@ def targets(res: dict) -> list[str]:
                + ("**met**" if gap >= 0 else f"**missed by {pct(-gap)} points**") + diff("hybrid - names"))
     for label, v, key in (("short + long", w, "hybrid - handwritten"), ("short", ws, "hybrid - handwritten_short")):
         gap = h - v
+        d = p.get(key)
+        weak = " — met on the point estimate only: the interval includes 0" if gap >= 0 and d and \
+            d["ci95"][0] < 0 else ""
         out.append(f"- hybrid ≥ hand-written ({label}): hybrid {pct(h)} %, hand-written {pct(v)} % → "
-                   + ("**met**" if gap >= 0 else f"**missed by {pct(-gap)} points**") + diff(key))
+                   + ("**met**" if gap >= 0 else f"**missed by {pct(-gap)} points**") + diff(key) + weak)
     return out
 
 
