@@ -31,6 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 DIM = 384
 CENTRES = 20
+# each centre's chunks say two words of their own (so clusters get distinct words and labels), and one shared
+THEMES = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
+          "quebec romeo sierra tango").split()
 
 
 def make_table(conn, name: str, chunks: int, files: int, seed: int, log) -> None:
@@ -53,7 +56,7 @@ def make_table(conn, name: str, chunks: int, files: int, seed: int, log) -> None
                 topic = file_ids % CENTRES
                 x = centres[topic] + rng.normal(scale=0.035, size=(n, DIM)).astype(np.float32)
                 for i, f, t, v in zip(ids.tolist(), file_ids.tolist(), topic.tolist(), x):
-                    copy.write_row((i, "big", f"f{f}", f"theme{t} item{f % 97}", v))
+                    copy.write_row((i, "big", f"f{f}", f"{THEMES[t]} {THEMES[(t + 7) % CENTRES]} notes", v))
                 if start // batch % 4 == 0:
                     log(f"  loaded {start + n:,} rows  [{time.perf_counter() - t0:.0f}s]")
     conn.execute(f"CREATE INDEX ON {name} (file)")

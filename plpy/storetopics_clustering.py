@@ -270,13 +270,18 @@ def space_fingerprint(x: np.ndarray, model: str | None) -> str:
     return f"{dim}-d, mean peaks at {','.join(str(int(i)) for i in sorted(top))}"
 
 
-def inside(centroid: np.ndarray, old: np.ndarray, old_ids: list, radii: list):
-    """The old cluster whose region (its radius around its centroid) holds this centroid, the nearest if several."""
-    if not len(old_ids):
+def heir_of(members: np.ndarray, old: np.ndarray, old_ids: list, radii: list, share: float = 0.5):
+    """The old cluster that most of a new cluster's members belonged to (nearest old centroid, within its radius),
+    if at least `share` of them did: a split or a re-cut of the same region, not a new theme.  Outliers of the
+    old fit (a new theme forming) belong to no old cluster."""
+    if not len(old_ids) or not len(members):
         return None
-    d = 1.0 - unit(old) @ centroid
-    i = int(np.argmin(d))
-    return old_ids[i] if d[i] <= radii[i] else None
+    d = 1.0 - members @ unit(old).T
+    nearest = np.argmin(d, axis=1)
+    inside = d[np.arange(len(members)), nearest] <= np.asarray(radii, dtype=np.float32)[nearest]
+    counts = np.bincount(nearest[inside], minlength=len(old_ids))
+    i = int(np.argmax(counts))
+    return old_ids[i] if counts[i] >= share * len(members) else None
 
 
 def fit_store(db, source: int, store: str) -> str:
@@ -305,7 +310,7 @@ def fit_store(db, source: int, store: str) -> str:
                  "radius": float(c.radius), "size": int(c.size),
                  "representatives": [refs[i] for i in c.representatives],
                  "reuse": old_ids[pairs[j]] if j in pairs else None,
-                 "inherit": None if j in pairs else inside(c.centroid, old, old_ids, radii)}
+                 "inherit": None if j in pairs else heir_of(x[c.members], old, old_ids, radii)}
                 for j, c in enumerate(f.clusters)]
     fit_json = {"generation": int(row["generation"]), "k": f.k, "silhouette": round(float(f.silhouette), 6),
                 "single_theme": bool(f.single_theme), "sample": n, "seed": seed, "dim": int(x.shape[1]),

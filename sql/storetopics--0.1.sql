@@ -150,6 +150,7 @@ CREATE TABLE storetopics.clusters (
   files            bigint NOT NULL DEFAULT 0,
   outliers         bigint NOT NULL DEFAULT 0,
   outliers_at_fit  bigint NOT NULL DEFAULT 0, -- outliers right after the fit: what came since is what counts
+  outliers_seen    bigint NOT NULL DEFAULT 0, -- outliers when its words were last refreshed (more marks it)
   fit_size         int NOT NULL,              -- members in the fit's sample
   keywords         text[] NOT NULL DEFAULT '{}',   -- distinctive words of the cluster (c-TF-IDF), as people write them
   representatives  jsonb NOT NULL DEFAULT '[]',    -- the chunks nearest the centroid: [{"id", "file", "text"}]
@@ -1117,10 +1118,11 @@ RETURN coalesce((SELECT format('c.%I = ANY (%L::%s[])', a.attname, refs, a.attty
 --    "seed", "dim", "space", "seconds",
 --    "clusters": [{"centroid": [..unit vector..], "radius", "size", "representatives": [chunk refs],
 --                  "reuse": id of the old cluster it matched and barely moved from, or null,
---                  "inherit": id of the old cluster whose region (radius) holds its centroid, or null}]}
+--                  "inherit": id of the old cluster most of its members belonged to, or null}]}
 -- A reused cluster keeps its row: centroid, radius, words, representatives and label, so re-fitting unchanged data
--- changes nothing a router sees and costs no labelling call.  A new cluster that lies inside an old one (a split,
--- or KMeans cutting a cluster differently with another seed) inherits its words and label: no call either.  The other old clusters go; new ones come with
+-- changes nothing a router sees and costs no labelling call.  A new cluster whose members mostly lay inside one old
+-- cluster (a split, a merge, KMeans cutting the same region differently with another seed) inherits that cluster's
+-- words and label: no call either.  Only a cluster of what the old fit called outliers is new.  The other old clusters go; new ones come with
 -- representatives and c-TF-IDF words, and need a label.  Then every file of the store is assigned again (one pass
 -- over its chunks) and the cluster sizes are recounted.  Compare-and-set: if another fit was applied since the
 -- input was read, nothing is written.  Returns a jsonb report.
@@ -1210,10 +1212,11 @@ BEGIN
    WHERE f.source_id = p_source AND f.store_key = p_store
      AND NOT EXISTS (SELECT 1 FROM pg_temp.storetopics_assign a WHERE a.file_key = f.file_key);
   DROP TABLE pg_temp.storetopics_assign;
-  UPDATE storetopics.clusters k SET chunks = 0, files = 0, outliers = 0, outliers_at_fit = 0
+  UPDATE storetopics.clusters k SET chunks = 0, files = 0, outliers = 0, outliers_at_fit = 0, outliers_seen = 0
    WHERE k.source_id = p_source AND k.store_key = p_store;
   UPDATE storetopics.clusters k
-     SET chunks = x.chunks, files = x.files, outliers = x.outliers, outliers_at_fit = x.outliers
+     SET chunks = x.chunks, files = x.files, outliers = x.outliers, outliers_at_fit = x.outliers,
+         outliers_seen = x.outliers
     FROM (SELECT u.cluster_id, sum(u.n) AS chunks, count(*) AS files, sum(u.o) AS outliers
             FROM storetopics.file_terms f,
                  unnest(f.cluster_ids, f.cluster_chunks, f.cluster_outliers) AS u(cluster_id, n, o)
@@ -1303,6 +1306,44 @@ BEGIN
      AND k2.source_id = k.source_id AND k2.store_key = k.store_key AND k2.cluster_id = k.cluster_id
      AND (p_clusters IS NULL OR k.cluster_id = ANY (p_clusters));
   DROP TABLE pg_temp.storetopics_ct;
+END $$;
+
+-- Clusters that new outliers joined since their words were last refreshed are marked: their words are computed
+-- again, and when the top words changed by more than the keyword_shift setting (a share of the top 10), the
+-- cluster's label is due again (keyword gate: a burst that leaves the words alone costs no labelling call).
+-- Returns the number of clusters whose label became due.
+CREATE FUNCTION storetopics.refresh_words(p_source int, p_store text) RETURNS int
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_marked int[];
+  v_due int;
+  v_shift float8 := (storetopics._settings(p_source) ->> 'keyword_shift')::float8;
+BEGIN
+  v_marked := ARRAY(SELECT k.cluster_id FROM storetopics.clusters k
+                     WHERE k.source_id = p_source AND k.store_key = p_store AND k.outliers > k.outliers_seen
+                       AND k.chunks > 0);
+  IF cardinality(v_marked) = 0 THEN
+    RETURN 0;
+  END IF;
+  CREATE TEMP TABLE storetopics_words_before ON COMMIT DROP AS
+  SELECT k.cluster_id, k.keywords[1:10] AS words FROM storetopics.clusters k
+   WHERE k.source_id = p_source AND k.store_key = p_store AND k.cluster_id = ANY (v_marked);
+  PERFORM storetopics._cluster_keywords(p_source, p_store, v_marked);
+  UPDATE storetopics.clusters k
+     SET label_needed = true, label_failures = 0, label_retry_at = NULL
+    FROM pg_temp.storetopics_words_before b
+   WHERE k.source_id = p_source AND k.store_key = p_store AND k.cluster_id = b.cluster_id
+     AND (SELECT count(*) FROM unnest(k.keywords[1:10]) w WHERE w <> ALL (b.words))
+         > v_shift * greatest(cardinality(b.words), 1);
+  GET DIAGNOSTICS v_due = ROW_COUNT;
+  UPDATE storetopics.clusters k SET outliers_seen = k.outliers
+   WHERE k.source_id = p_source AND k.store_key = p_store AND k.cluster_id = ANY (v_marked);
+  IF EXISTS (SELECT 1 FROM storetopics.clusters k JOIN pg_temp.storetopics_words_before b USING (cluster_id)
+              WHERE k.source_id = p_source AND k.store_key = p_store AND k.keywords[1:10] IS DISTINCT FROM b.words) THEN
+    UPDATE storetopics.store_state SET version = version + 1 WHERE source_id = p_source AND store_key = p_store;
+  END IF;
+  DROP TABLE pg_temp.storetopics_words_before;
+  RETURN v_due;
 END $$;
 
 -- The offline label: the cluster's first three words (c-TF-IDF order) that say something new: a word is skipped
@@ -1750,6 +1791,10 @@ BEGIN
         v_told := true;
       END IF;
     END LOOP;
+    PERFORM storetopics.refresh_words(s.id, k.store_key)
+       FROM (SELECT DISTINCT c.store_key FROM storetopics.clusters c
+              WHERE c.source_id = s.id AND c.outliers > c.outliers_seen
+                AND (backfill.store_key IS NULL OR c.store_key = backfill.store_key)) k;
     RETURN QUERY
       SELECT y2.source_id, y2.store_key, y2.files, y2.chunks, storetopics.render(y2.source_id, y2.store_key),
              (SELECT count(*)::int FROM storetopics.clusters k

@@ -249,6 +249,8 @@ def backfill(conn: psycopg.Connection, store: str | None = None, source: str | N
                     result.fitted += 1
                 fbar.update(i)
             fbar.close()
+        for key in refresh.stores_with_new_outliers(conn, source_id, store):
+            conn.execute("SELECT storetopics.refresh_words(%s, %s)", (source_id, key))
         for key in refresh.stores_to_label(conn, source_id, store):
             stats = refresh.label(conn, source_id, key)
             result.label_calls += stats.calls

@@ -93,6 +93,14 @@ def stores_to_fit(conn: psycopg.Connection, source: int, store: str | None = Non
             ORDER BY st.store_key""", (source, store, store))]
 
 
+def stores_with_new_outliers(conn: psycopg.Connection, source: int, store: str | None = None) -> list[str]:
+    """Stores with clusters that new outliers joined since their words were refreshed (storetopics.refresh_words)."""
+    return [r[0] for r in conn.execute(
+        """SELECT DISTINCT k.store_key FROM storetopics.clusters k
+            WHERE k.source_id = %s AND (%s::text IS NULL OR k.store_key = %s) AND k.outliers > k.outliers_seen
+            ORDER BY 1""", (source, store, store))]
+
+
 def stores_to_label(conn: psycopg.Connection, source: int, store: str | None = None) -> list[str]:
     return [r[0] for r in conn.execute(
         """SELECT DISTINCT k.store_key FROM storetopics.clusters k
