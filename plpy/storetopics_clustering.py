@@ -131,7 +131,7 @@ def _fit(vectors: np.ndarray, *, seed: int = 0, k_min: int = 5, k_max: int = 30,
             scores[k] = silhouette(grid_x, km.labels_)
 
         # A coarse geometric grid first, then every K between the best grid point's neighbours (at most 3 away),
-        # with two KMeans starts each: these are the close calls, and one start can merge two real clusters.
+        # with four KMeans starts each: these are the close calls, and one start can merge two real clusters.
         grid = k_grid(min(k_min, k_max), k_max)
         for k in grid:
             score(k)
@@ -140,7 +140,7 @@ def _fit(vectors: np.ndarray, *, seed: int = 0, k_min: int = 5, k_max: int = 30,
             i = grid.index(best_grid)
             lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
             for k in range(max(lo + 1, best_grid - 3), min(hi, best_grid + 4)):
-                score(k, n_init=2)
+                score(k, n_init=4)
     best_k = max(scores, key=lambda k: (scores[k], -k)) if scores else 1
     best = scores.get(best_k, 0.0)
     # The floor is relative to the same data with its structure destroyed (each coordinate permuted on its own,
@@ -157,13 +157,17 @@ def _fit(vectors: np.ndarray, *, seed: int = 0, k_min: int = 5, k_max: int = 30,
     if k == 1:
         labels = np.zeros(n, dtype=np.int64)
         centroids = x.mean(axis=0, keepdims=True)
-    elif len(x) == len(grid_x):
-        km = models[k]                            # the grid already fitted this very sample
-        labels = km.labels_.astype(np.int64)
-        centroids = km.cluster_centers_
     else:
-        # the whole sample, started from the grid's centroids for this K: converges in a few passes
-        km = _kmeans(x, k, seed, init=models[k].cluster_centers_)
+        # The chosen K once more with four starts (the lowest inertia wins): one start can merge two real clusters
+        # and split another, and a re-fit with another seed must find the same partition to keep its labels.
+        best_model = _kmeans(grid_x, k, seed, n_init=4)
+        if best_model.inertia_ > models[k].inertia_:
+            best_model = models[k]
+        if len(x) == len(grid_x):
+            km = best_model
+        else:
+            # the whole sample, started from those centroids: converges in a few passes
+            km = _kmeans(x, k, seed, init=best_model.cluster_centers_)
         labels = km.labels_.astype(np.int64)
         centroids = km.cluster_centers_
     centroids = unit(centroids)
@@ -271,9 +275,9 @@ def space_fingerprint(x: np.ndarray, model: str | None) -> str:
 
 
 def heir_of(members: np.ndarray, old: np.ndarray, old_ids: list, radii: list, share: float = 0.5):
-    """The old cluster that most of a new cluster's members belonged to (nearest old centroid, within its radius),
-    if at least `share` of them did: a split or a re-cut of the same region, not a new theme.  Outliers of the
-    old fit (a new theme forming) belong to no old cluster."""
+    """The old cluster most of a new cluster's members belonged to (nearest old centroid, within its radius), when
+    at least `share` of the members lay inside old clusters: a split, a merge or a re-cut of known regions, not a
+    new theme.  Outliers of the old fit (a new theme forming) belong to no old cluster."""
     if not len(old_ids) or not len(members):
         return None
     d = 1.0 - members @ unit(old).T
@@ -281,7 +285,7 @@ def heir_of(members: np.ndarray, old: np.ndarray, old_ids: list, radii: list, sh
     inside = d[np.arange(len(members)), nearest] <= np.asarray(radii, dtype=np.float32)[nearest]
     counts = np.bincount(nearest[inside], minlength=len(old_ids))
     i = int(np.argmax(counts))
-    return old_ids[i] if counts[i] >= share * len(members) else None
+    return old_ids[i] if inside.mean() >= share else None
 
 
 def fit_store(db, source: int, store: str) -> str:

@@ -264,7 +264,13 @@ def test_vectors_of_another_dimension_are_refused_and_counted(make_db):
         source = setup_table(conn, dim=None)                          # untyped column: dimensions can mix
         insert(conn, base_rows())
         insert(conn, [("s1", f"odd-{i}", "kitchen tile grout", "[1,2,3]") for i in range(7)])
+        # a small store of the same source, never fitted: its vectors are not "of another dimension"
+        insert(conn, rows_for("garden", 2, store="s2", prefix="s2-"))
         conn.execute("SELECT * FROM storetopics.backfill()")
+        insert(conn, rows_for("garden", 1, store="s2", prefix="s2b-"))     # folded while s1 has clusters
+        conn.execute("SELECT * FROM storetopics.backfill()")
+        assert conn.execute("SELECT fit_at IS NULL, other_dim FROM storetopics.store_state "
+                            "WHERE store_key = 's2'").fetchone() == (True, 0)
         assert sorted(k[1] for k in clusters(conn)) == [90] * 5
         _, topics = summary(conn)
         assert topics["fit"]["dim"] == DIM and topics["fit"]["other_dimension_chunks"] == 7
