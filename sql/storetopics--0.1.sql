@@ -1653,6 +1653,30 @@ BEGIN
                                FILTER (WHERE k.kind = 'distinctive'), '[]'))
     INTO v_dom, v_dist, v_kw
     FROM pg_temp.storetopics_kw k;
+  -- The main terms a router is shown: the dominant terms that are more frequent here than in the source's other
+  -- stores ("use", "package", "support" are frequent everywhere and tell stores apart no better than nothing).
+  -- Compared with up to 50 sibling stores (chosen by a hash of their key: a few hundred index lookups); a store
+  -- without two siblings keeps them all.
+  v_dom := ARRAY(
+    WITH sib AS (
+      SELECT y.store_key, y.words FROM storetopics.store_state y
+       WHERE y.source_id = p_source AND y.store_key <> p_store AND y.words > 0
+       ORDER BY hashtext(y.store_key), y.store_key LIMIT 50
+    ), base AS (
+      SELECT count(*) AS n, coalesce(sum(sib.words), 0) AS words FROM sib
+    ), lift AS (
+      SELECT k.lexeme, k.rank,
+             (k.total::float8 / greatest(st.words, 1))
+             / ((coalesce((SELECT sum(t.total) FROM storetopics.store_terms t
+                            WHERE t.source_id = p_source AND t.store_key IN (SELECT sib.store_key FROM sib)
+                              AND t.term_id = (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = k.lexeme)), 0)
+                 + 1)::float8 / (b.words + 1)) AS lift
+        FROM pg_temp.storetopics_kw k, base b
+       WHERE k.kind = 'dominant'
+    )
+    SELECT storetopics._show(src.ts_config, l.lexeme) FROM lift l, base b
+     WHERE b.n < 2 OR l.lift >= 1.5
+     ORDER BY l.rank);
   DROP TABLE pg_temp.storetopics_kw;
 
   -- Clusters, largest first, with the label a router sees: the labeller's, or the offline one from the words.
@@ -2089,7 +2113,14 @@ END $$;
 
 -- Per store: idle, dirty (due at due_at), working (leased), failing (labelling or passes failed failing_after()
 -- times in a row; retried with backoff), with the last error, last update and LLM cost.
-CREATE VIEW storetopics.work_status AS
+CREATE FUNCTION storetopics.work_status()
+RETURNS TABLE (source regclass, source_id int, store_key text, state text, dirty_since timestamptz,
+               changed_at timestamptz, due_at timestamptz, leased_by text, lease_expires timestamptz, attempts int,
+               last_error text, next_attempt_at timestamptz, label_failures int, label_retry_at timestamptz,
+               processed bigint, regenerated bigint, takeovers bigint, last_done_at timestamptz,
+               updated_at timestamptz, label_calls bigint, cost_usd numeric)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
 SELECT s.chunks AS source, x.source_id, x.store_key,
        CASE WHEN coalesce(w.attempts, 0) >= storetopics.failing_after()
               OR coalesce(k.label_failures, 0) >= storetopics.failing_after() THEN 'failing'
@@ -2115,13 +2146,20 @@ SELECT s.chunks AS source, x.source_id, x.store_key,
   LEFT JOIN LATERAL (SELECT count(*) AS calls, sum(g.cost_usd) AS cost_usd FROM storetopics.label_ledger g
                       WHERE g.source_id = x.source_id AND g.store_key = x.store_key) l ON true
  WHERE st.files > 0 OR w.dirty_since IS NOT NULL;
+END;
 
--- Workers: alive while their heartbeat is younger than two leases.
-CREATE VIEW storetopics.worker_status AS
+-- Workers (a function, like work_status): alive while their heartbeat is younger than two leases.
+CREATE FUNCTION storetopics.worker_status()
+RETURNS TABLE (id text, host text, pid int, started_at timestamptz, last_seen timestamptz, alive boolean,
+               stopped_at timestamptz, source_id int, store_key text, processed bigint, regenerated bigint,
+               failures bigint, label_calls bigint)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
 SELECT x.id, x.host, x.pid, x.started_at, x.last_seen,
        x.stopped_at IS NULL AND x.last_seen > now() - make_interval(secs => 2 * x.lease_seconds) AS alive,
        x.stopped_at, x.source_id, x.store_key, x.processed, x.regenerated, x.failures, x.label_calls
   FROM storetopics.workers x;
+END;
 
 -- ------------------------------------------------------------------------------------------------------------
 -- Privileges and dumps

@@ -7,6 +7,7 @@
     storetopics [--dsn DSN] detach TABLE
     storetopics [--dsn DSN] backfill [--store KEY] [--source TABLE] [--batch N] [--quiet]
     storetopics [--dsn DSN] status
+    storetopics [--dsn DSN] worker [--once] [--lease S] [--poll S] [--batch N] [--id NAME] [-v]
     storetopics [--dsn DSN] show [--store KEY] [--source TABLE]
     storetopics eval [routing|all] [--quick] [--out DIR] ...   (the evaluation harness; extra `eval`)
 
@@ -386,6 +387,46 @@ def print_status(conn: psycopg.Connection, out: TextIO) -> None:
     table = [([r["source"]] if multi else []) + [r["store_key"], r["files"], r["chunks"], r["dirty"],
                                                  r["updated_at"], truncate(r["store_topics"], 100)] for r in rows]
     out.write(format_table(headers, table, indent="  ") + "\n")
+    print_worker_status(conn, out, multi)
+
+
+def print_worker_status(conn: psycopg.Connection, out: TextIO, multi: bool = False) -> None:
+    """The worker's side of `status`: workers (heartbeats), each store's state (idle, dirty, working, failing, with
+    the last error), passes, and the LLM cost from the label ledger."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute("SELECT * FROM storetopics.worker_status() "
+                    "WHERE stopped_at IS NULL OR stopped_at > now() - interval '1 day' ORDER BY started_at, id")
+        workers = cur.fetchall()
+        cur.execute("SELECT w.*, w.source::text AS source_name FROM storetopics.work_status() w "
+                    "ORDER BY w.source_id, w.store_key")
+        work = cur.fetchall()
+        cur.execute("SELECT count(*) AS calls, coalesce(sum(cost_usd), 0) AS usd, "
+                    "count(*) FILTER (WHERE outcome = 'error') AS errors FROM storetopics.label_ledger")
+        ledger = cur.fetchone()
+    out.write("\nWorkers\n")
+    if not workers:
+        out.write("  none has run yet (start one with `storetopics worker`)\n")
+    else:
+        out.write(format_table(
+            ["worker", "alive", "last seen", "working on", "passes", "changed", "failed", "label calls"],
+            [(w["id"], w["alive"], w["last_seen"],
+              f"{w['source_id']}:{w['store_key']}" if w["store_key"] is not None else None,
+              int(w["processed"]), int(w["regenerated"]), int(w["failures"]), int(w["label_calls"]))
+             for w in workers], indent="  ") + "\n")
+    if work:
+        counts: dict[str, int] = {}
+        for r in work:
+            counts[r["state"]] = counts.get(r["state"], 0) + 1
+        out.write("\nWork (" + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + ")\n")
+        headers = (["table"] if multi else []) + ["store", "state", "dirty since", "due", "passes", "changed",
+                                                  "label calls", "cost usd", "last error"]
+        out.write(format_table(headers, [
+            ([r["source_name"]] if multi else []) +
+            [r["store_key"], r["state"], r["dirty_since"], r["due_at"], int(r["processed"]), int(r["regenerated"]),
+             int(r["label_calls"]), float(r["cost_usd"]), truncate(r["last_error"], 60)] for r in work],
+            indent="  ") + "\n")
+    out.write(f"\nLLM cost: ${float(ledger['usd']):.4f} over {ledger['calls']:,} labelling calls "
+              f"({ledger['errors']:,} failed)\n")
 
 
 def print_show(conn: psycopg.Connection, out: TextIO, store: str | None = None, source: str | None = None) -> int:
@@ -468,6 +509,16 @@ def cmd_status(args) -> int:
     return 0
 
 
+def cmd_worker(args) -> int:
+    from . import worker
+    if args.lease <= 0 or args.poll <= 0 or args.batch < 1:
+        raise CliError("--lease and --poll must be positive and --batch at least 1")
+    with connect(args.dsn) as conn:   # fail fast with the usual one-line error when the database is not there
+        require_installed(conn)
+    return worker.run(worker.Options(dsn=args.dsn, once=args.once, lease=args.lease, poll=args.poll,
+                                     batch=args.batch, worker_id=args.id, verbose=args.verbose))
+
+
 def cmd_show(args) -> int:
     with connect(args.dsn) as conn:
         return print_show(conn, sys.stdout, args.store, args.source)
@@ -524,6 +575,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", parents=[common], help="sources and stores, one line each")
     s.set_defaults(func=cmd_status)
+
+    s = sub.add_parser("worker", parents=[common],
+                       help="keep the summaries fresh: debounced, drift-gated, leases per store (run many)")
+    s.add_argument("--once", action="store_true", help="process what is due now, then exit (cron, tests)")
+    s.add_argument("--lease", type=float, default=60.0, metavar="S",
+                   help="seconds a claimed store stays ours without a heartbeat (default 60): how soon another "
+                        "worker takes over after a crash")
+    s.add_argument("--poll", type=float, default=5.0, metavar="S",
+                   help="seconds between polls when no NOTIFY arrives (default 5)")
+    s.add_argument("--batch", type=int, default=DEFAULT_BATCH, metavar="N",
+                   help=f"files per fold transaction (default {DEFAULT_BATCH})")
+    s.add_argument("--id", metavar="NAME", help="worker name in `status` (default host:pid:random)")
+    s.add_argument("-v", "--verbose", action="store_true", help="log every pass and labelling call")
+    s.set_defaults(func=cmd_worker)
 
     s = sub.add_parser("show", parents=[common], help="the stores and their full summaries")
     s.add_argument("--store", metavar="KEY")
