@@ -1578,9 +1578,11 @@ BEGIN
     FROM (SELECT w.word, w.n, l.lexeme
             FROM (SELECT x.word, count(*) AS n
                     FROM unnest(v_texts) t,
-                         LATERAL (SELECT regexp_split_to_table(lower(t), '[^[:alpha:]''-]+')
+                         -- (quotes and hyphens at either end are punctuation, not part of the word)
+                         LATERAL (SELECT btrim(w, '''-') FROM regexp_split_to_table(lower(t), '[^[:alpha:]''-]+') w
                                   UNION ALL
-                                  SELECT regexp_split_to_table(lower(t), '[^[:alpha:]'']+')) AS x(word)
+                                  SELECT btrim(w, '''') FROM regexp_split_to_table(lower(t), '[^[:alpha:]'']+') w)
+                           AS x(word)
                    WHERE storetopics.usable_text(t) AND length(x.word) BETWEEN 2 AND 40
                    GROUP BY x.word) w,
                  LATERAL (SELECT tsvector_to_array(to_tsvector(src.ts_config, w.word)) AS ls) v,
