@@ -417,3 +417,30 @@ def test_summary_stays_under_200_tokens(make_db):
                          (source, i, "Ђурђевданске народне песме"))
         conn.execute("SELECT storetopics.render(%s, 's1')", (source,))
         assert tokens.count(summary(conn)[0]) <= 200
+
+
+def test_main_terms_leave_out_words_every_sibling_store_uses(conn):
+    """'Main terms' shows dominant terms more frequent in this store than in its sibling stores; the structured
+    dominant list keeps ranking by count."""
+    conn.execute("CREATE TABLE kw (id serial PRIMARY KEY, store text, file text, content text)")
+    conn.execute("SELECT storetopics.attach('kw', 'store', 'file', 'content')")
+    rows = []
+    for store, own in [("cooking", "recipe oven flour"), ("sailing", "boat wind harbour"), ("chess", "pawn rook gambit"),
+                       ("music", "chord melody tempo")]:
+        for f in range(6):
+            rows.append((store, f"{store}-{f}", f"software software software software package package package {own} {own}"))
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO kw (store, file, content) VALUES (%s, %s, %s)", rows)
+    conn.execute("SELECT * FROM storetopics.backfill()")
+    text, topics = conn.execute("SELECT store_topics, topics FROM storetopics.stores WHERE store_key = 'chess'").fetchone()
+    dominant = [d["term"] for d in topics["dominant"]]
+    assert dominant[:2] == ["software", "package"]
+    main = text.split("Main terms: ")[1].split(".")[0].split(", ")
+    assert set(main) == {"pawn", "rook", "gambit"}, text
+    # a lone store has no siblings to compare with: its main terms are its dominant terms (siblings' changes show
+    # at the store's next render: here, asked for)
+    conn.execute("DELETE FROM kw WHERE store <> 'chess'")
+    conn.execute("SELECT * FROM storetopics.backfill()")
+    conn.execute("SELECT storetopics.render(source_id, 'chess') FROM storetopics.stores WHERE store_key = 'chess'")
+    text = conn.execute("SELECT store_topics FROM storetopics.stores WHERE store_key = 'chess'").fetchone()[0]
+    assert text.split("Main terms: ")[1].startswith("software, package"), text
