@@ -1978,15 +1978,17 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_n int;
 BEGIN
+  -- Lock order everywhere: work rows, then the workers row (work_done and worker_stop do the same; the heartbeat
+  -- runs on its own connection beside the worker's).
+  UPDATE storetopics.work SET lease_expires = now() + make_interval(secs => p_lease)
+   WHERE leased_by = p_worker AND lease_expires >= now();
+  GET DIAGNOSTICS v_n = ROW_COUNT;
   INSERT INTO storetopics.workers AS x (id, host, pid, lease_seconds, source_id, store_key)
   VALUES (p_worker, p_host, p_pid, p_lease, p_source, p_store)
   ON CONFLICT (id) DO UPDATE SET last_seen = now(), lease_seconds = excluded.lease_seconds,
                                  source_id = excluded.source_id, store_key = excluded.store_key,
                                  host = coalesce(excluded.host, x.host), pid = coalesce(excluded.pid, x.pid),
                                  stopped_at = NULL;
-  UPDATE storetopics.work SET lease_expires = now() + make_interval(secs => p_lease)
-   WHERE leased_by = p_worker AND lease_expires >= now();
-  GET DIAGNOSTICS v_n = ROW_COUNT;
   RETURN v_n;
 END $$;
 

@@ -102,7 +102,9 @@ class Worker:
     def log(self, msg: str, debug: bool = False) -> None:
         if debug and not self.opts.verbose:
             return
-        self.stream.write(f"{time.strftime('%H:%M:%S')} storetopics worker {self.id}: {msg}\n")
+        now = time.time()
+        stamp = time.strftime('%H:%M:%S', time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+        self.stream.write(f"{stamp} storetopics worker {self.id}: {msg}\n")
         self.stream.flush()
 
     # -- connections -----------------------------------------------------------------------------------------
@@ -168,6 +170,11 @@ class Worker:
             done += n
         return done
 
+    def _releasing(self, source: int, store: str) -> None:
+        # logged before the lease is given back, as `claim` is logged after it was taken: the logged intervals of
+        # one store never overlap unless the leases did (tests check this across processes)
+        self.log(f"release {source}:{store}", debug=True)
+
     def process(self, source: int, store: str, generation: int) -> str | None:
         conn = self.conn
         self.current = (source, store)
@@ -199,33 +206,42 @@ class Worker:
             changed = conn.execute("SELECT storetopics.work_render(%s, %s, %s)", (self.id, source, store)).fetchone()[0]
             if changed is None:
                 raise LeaseLost()
+            self._releasing(source, store)
             outcome = conn.execute("SELECT storetopics.work_done(%s, %s, %s, %s, %s, NULL, %s)",
                                    (self.id, source, store, generation, changed, calls)).fetchone()[0]
             self.stats.passes += 1
             self.stats.regenerated += bool(changed)
             self.stats.outcomes[outcome] = self.stats.outcomes.get(outcome, 0) + 1
-            self.log(f"{source}:{store}: folded {folded} files{', fitted' if fitted else ''}, {calls} labelling "
+            self.log(f"pass {source}:{store}: folded {folded} files{', fitted' if fitted else ''}, {calls} labelling "
                      f"calls, {'summary changed' if changed else 'summary unchanged'}, {outcome} "
                      f"({time.monotonic() - t0:.2f}s)", debug=not changed and not fitted and not calls)
             return outcome
         except LeaseLost:
+            self._releasing(source, store)
             self.log(f"{source}:{store}: lease lost (another worker has it); nothing written")
             return None
         except Stopping:
+            self._releasing(source, store)
             conn.execute("SELECT storetopics.worker_stop(%s)", (self.id,))
             self.log(f"{source}:{store}: stopping; lease given back (the store stays dirty)")
             raise
-        except psycopg.OperationalError:
-            raise
+        except psycopg.OperationalError as e:
+            if not isinstance(e, psycopg.errors.TransactionRollback):   # the connection, not the statement
+                raise
+            return self._failed(source, store, generation, e, calls)
         except Exception as e:  # a failed pass: keep the old summary, back off, retry later
-            msg = " ".join(f"{type(e).__name__}: {e}".split())
-            self.stats.failed += 1
-            self.log(f"{source}:{store}: pass failed: {msg}")
-            conn.execute("SELECT storetopics.work_done(%s, %s, %s, %s, false, %s, %s)",
-                         (self.id, source, store, generation, msg, calls))
-            return "failed"
+            return self._failed(source, store, generation, e, calls)
         finally:
             self.current = None
+
+    def _failed(self, source: int, store: str, generation: int, e: Exception, calls: int) -> str:
+        msg = " ".join(f"{type(e).__name__}: {e}".split())
+        self.stats.failed += 1
+        self.log(f"{source}:{store}: pass failed: {msg}")
+        self._releasing(source, store)
+        self.conn.execute("SELECT storetopics.work_done(%s, %s, %s, %s, false, %s, %s)",
+                          (self.id, source, store, generation, msg, calls))
+        return "failed"
 
     # -- the loop --------------------------------------------------------------------------------------------
     def tick(self) -> bool:
@@ -245,6 +261,7 @@ class Worker:
             source, store, generation, takeover = row
             if takeover:
                 self.log(f"{source}:{store}: taking over an expired lease")
+            self.log(f"claim {source}:{store} generation {generation}", debug=True)
             self.process(source, store, generation)
             did = True
         return did
