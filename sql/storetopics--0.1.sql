@@ -134,6 +134,7 @@ CREATE TABLE storetopics.store_state (
   fit_space      text,                        -- fingerprint of the embedding space (model name if configured)
   fit_chunks     bigint,                      -- chunks clustered right after the fit (the outlier gate's base)
   fit_seconds    real,
+  words_version  bigint NOT NULL DEFAULT 0,   -- the version the clusters' words were computed at
   PRIMARY KEY (source_id, store_key)
 );
 
@@ -150,7 +151,7 @@ CREATE TABLE storetopics.clusters (
   files            bigint NOT NULL DEFAULT 0,
   outliers         bigint NOT NULL DEFAULT 0,
   outliers_at_fit  bigint NOT NULL DEFAULT 0, -- outliers right after the fit: what came since is what counts
-  outliers_seen    bigint NOT NULL DEFAULT 0, -- outliers when its words were last refreshed (more marks it)
+  outliers_seen    bigint NOT NULL DEFAULT 0, -- outliers when its words were last computed
   fit_size         int NOT NULL,              -- members in the fit's sample
   keywords         text[] NOT NULL DEFAULT '{}',   -- distinctive words of the cluster (c-TF-IDF), as people write them
   representatives  jsonb NOT NULL DEFAULT '[]',    -- the chunks nearest the centroid: [{"id", "file", "text"}]
@@ -158,6 +159,7 @@ CREATE TABLE storetopics.clusters (
   labeller         text,
   label_model      text,
   label_needed     boolean NOT NULL DEFAULT true,
+  label_words      text[],                    -- its words when the labeller named it (the keyword gate's base)
   label_error      text,                      -- last failure or rejection, for the status view
   label_failures   int NOT NULL DEFAULT 0,
   label_retry_at   timestamptz,
@@ -1188,9 +1190,9 @@ BEGIN
                    storetopics._chunk_lookup_sql(src.chunks, r.refs))
       INTO v_reps;
     EXECUTE format('INSERT INTO storetopics.clusters (source_id, store_key, centroid, radius, fit_size, representatives, '
-                   'keywords, label, labeller, label_model, label_needed) '
+                   'keywords, label, labeller, label_model, label_needed, label_words) '
                    'SELECT $1, $2, ($3)::text::%I.vector, $4, $5, $6, coalesce(o.keywords, ''{}''), o.label, o.labeller, '
-                   '       o.label_model, coalesce(o.label_needed, true) '
+                   '       o.label_model, coalesce(o.label_needed, true), o.label_words '
                    '  FROM (SELECT 1) one LEFT JOIN pg_temp.storetopics_old o ON o.cluster_id = $7 '
                    'RETURNING cluster_id', v_vs)
       INTO r.cluster_id USING p_source, p_store, r.centroid, r.radius, r.size, v_reps, r.inherit;
@@ -1240,9 +1242,7 @@ BEGIN
          fit_space = p_fit ->> 'space', fit_seconds = (p_fit ->> 'seconds')::real, fit_chunks = v_assigned,
          version = version + 1
    WHERE source_id = p_source AND store_key = p_store;
-  IF cardinality(v_new) > 0 THEN
-    PERFORM storetopics._cluster_keywords(p_source, p_store, v_new);
-  END IF;
+  PERFORM storetopics.refresh_words(p_source, p_store);   -- every cluster's words, for the labeller
   RETURN jsonb_build_object('applied', true, 'generation', st.fit_generation + 1, 'k', (p_fit ->> 'k')::int,
                             'kept', v_kept, 'new', coalesce(cardinality(v_new), 0), 'inherited', v_inherited,
                             'removed', v_removed,
@@ -1313,41 +1313,36 @@ BEGIN
   DROP TABLE pg_temp.storetopics_ct;
 END $$;
 
--- Clusters that new outliers joined since their words were last refreshed are marked: their words are computed
--- again, and when the top words changed by more than the keyword_shift setting (a share of the top 10), the
--- cluster's label is due again (keyword gate: a burst that leaves the words alone costs no labelling call).
--- Returns the number of clusters whose label became due.
+-- The clusters' words are derived state: computed again from the current counts whenever the store changed since
+-- (so a store whose additions were deleted again shows the very words, and offline labels, it had before).  Then
+-- the keyword gate: a cluster named by the labeller whose top 10 words moved by more than keyword_shift (a share)
+-- since it was named is due for a new label; a burst that leaves the words alone costs no labelling call.  New
+-- outliers change a cluster's words: this is how they mark it.  Cheap when nothing changed.  Returns the number of
+-- clusters whose label became due.
 CREATE FUNCTION storetopics.refresh_words(p_source int, p_store text) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  v_marked int[];
+  st storetopics.store_state;
   v_due int;
-  v_shift float8 := (storetopics._settings(p_source) ->> 'keyword_shift')::float8;
+  v_shift float8;
 BEGIN
-  v_marked := ARRAY(SELECT k.cluster_id FROM storetopics.clusters k
-                     WHERE k.source_id = p_source AND k.store_key = p_store AND k.outliers > k.outliers_seen
-                       AND k.chunks > 0);
-  IF cardinality(v_marked) = 0 THEN
+  SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
+  IF NOT FOUND OR st.words_version = st.version
+     OR NOT EXISTS (SELECT 1 FROM storetopics.clusters k WHERE k.source_id = p_source AND k.store_key = p_store) THEN
     RETURN 0;
   END IF;
-  CREATE TEMP TABLE storetopics_words_before ON COMMIT DROP AS
-  SELECT k.cluster_id, k.keywords[1:10] AS words FROM storetopics.clusters k
-   WHERE k.source_id = p_source AND k.store_key = p_store AND k.cluster_id = ANY (v_marked);
-  PERFORM storetopics._cluster_keywords(p_source, p_store, v_marked);
+  PERFORM storetopics._cluster_keywords(p_source, p_store);
+  v_shift := (storetopics._settings(p_source) ->> 'keyword_shift')::float8;
   UPDATE storetopics.clusters k
      SET label_needed = true, label_failures = 0, label_retry_at = NULL
-    FROM pg_temp.storetopics_words_before b
-   WHERE k.source_id = p_source AND k.store_key = p_store AND k.cluster_id = b.cluster_id
-     AND (SELECT count(*) FROM unnest(k.keywords[1:10]) w WHERE w <> ALL (b.words))
-         > v_shift * greatest(cardinality(b.words), 1);
+   WHERE k.source_id = p_source AND k.store_key = p_store AND NOT k.label_needed AND k.label_words IS NOT NULL
+     AND (SELECT count(*) FROM unnest(k.keywords[1:10]) w WHERE w <> ALL (k.label_words))
+         > v_shift * greatest(cardinality(k.label_words), 1);
   GET DIAGNOSTICS v_due = ROW_COUNT;
   UPDATE storetopics.clusters k SET outliers_seen = k.outliers
-   WHERE k.source_id = p_source AND k.store_key = p_store AND k.cluster_id = ANY (v_marked);
-  IF EXISTS (SELECT 1 FROM storetopics.clusters k JOIN pg_temp.storetopics_words_before b USING (cluster_id)
-              WHERE k.source_id = p_source AND k.store_key = p_store AND k.keywords[1:10] IS DISTINCT FROM b.words) THEN
-    UPDATE storetopics.store_state SET version = version + 1 WHERE source_id = p_source AND store_key = p_store;
-  END IF;
-  DROP TABLE pg_temp.storetopics_words_before;
+   WHERE k.source_id = p_source AND k.store_key = p_store AND k.outliers_seen <> k.outliers;
+  UPDATE storetopics.store_state SET words_version = st.version
+   WHERE source_id = p_source AND store_key = p_store;
   RETURN v_due;
 END $$;
 
@@ -1426,11 +1421,13 @@ BEGIN
           v_outcome, left(v_detail, 500));
   IF v_outcome = 'ok' THEN
     UPDATE storetopics.clusters SET label = p_label, labeller = p_labeller, label_model = p_model,
-           label_needed = false, label_error = NULL, label_failures = 0, label_retry_at = NULL
+           label_needed = false, label_error = NULL, label_failures = 0, label_retry_at = NULL,
+           label_words = keywords[1:10]
      WHERE source_id = p_source AND store_key = p_store AND cluster_id = p_cluster;
   ELSIF v_outcome = 'rejected' THEN
     UPDATE storetopics.clusters SET label = NULL, labeller = p_labeller, label_model = p_model,
-           label_needed = false, label_error = 'rejected: ' || v_detail, label_failures = 0, label_retry_at = NULL
+           label_needed = false, label_error = 'rejected: ' || v_detail, label_failures = 0, label_retry_at = NULL,
+           label_words = keywords[1:10]
      WHERE source_id = p_source AND store_key = p_store AND cluster_id = p_cluster;
   ELSE
     UPDATE storetopics.clusters SET label_error = v_detail, label_failures = label_failures + 1,
@@ -1620,6 +1617,7 @@ DECLARE
   v_topics jsonb;
   v_cfg jsonb := storetopics._settings(p_source);
   v_clusters jsonb;
+  v_ignored int;
   v_topic_list text[];
   v_explained text[];
 BEGIN
@@ -1635,6 +1633,7 @@ BEGIN
     PERFORM pg_notify('storetopics_updated', p_source || ':' || p_store);
     RETURN true;
   END IF;
+  v_ignored := storetopics.refresh_words(p_source, p_store);   -- the clusters' words, from the current counts
   CREATE TEMP TABLE storetopics_kw ON COMMIT DROP AS
   SELECT * FROM storetopics.keywords(p_source, p_store);
   PERFORM storetopics._learn_words(p_source, p_store, ARRAY(SELECT k.lexeme FROM pg_temp.storetopics_kw k));
@@ -1822,10 +1821,6 @@ BEGIN
         v_told := true;
       END IF;
     END LOOP;
-    PERFORM storetopics.refresh_words(s.id, k.store_key)
-       FROM (SELECT DISTINCT c.store_key FROM storetopics.clusters c
-              WHERE c.source_id = s.id AND c.outliers > c.outliers_seen
-                AND (backfill.store_key IS NULL OR c.store_key = backfill.store_key)) k;
     RETURN QUERY
       SELECT y2.source_id, y2.store_key, y2.files, y2.chunks, storetopics.render(y2.source_id, y2.store_key),
              (SELECT count(*)::int FROM storetopics.clusters k

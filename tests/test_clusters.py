@@ -200,31 +200,54 @@ def test_outliers_past_five_percent_trigger_a_refit_that_keeps_old_labels(make_d
         assert conn.execute("SELECT storetopics.fit_due(%s, 's1')", (source,)).fetchone()[0] is None
 
 
-def test_outliers_mark_their_cluster_and_the_keyword_gate_decides_on_a_new_label(make_db):
-    with psycopg.connect(make_db(plpython=True), autocommit=True) as conn:
+def test_outliers_move_words_and_the_keyword_gate_decides_on_a_new_label(make_db, messages):
+    with psycopg.connect(make_db(), autocommit=True) as conn:
         source = setup_table(conn)
         insert(conn, base_rows())
-        conn.execute("SELECT * FROM storetopics.backfill()")
-        conn.execute("UPDATE storetopics.clusters SET label_needed = false")   # as if all were labelled
-        # in-topic chunks: a few land beyond the radius (p95), but the cluster's words stay: no label due
+        conn.execute("SELECT storetopics.configure('chunks', '{\"labeller\": \"anthropic\"}')")
+        cli.backfill(conn, progress=False)
+        assert conn.execute("SELECT count(*) FROM storetopics.label_ledger").fetchone()[0] == 5
+        before = summary(conn)[0]
+        # in-topic chunks join their cluster; its words stay: no label due, no call
         insert(conn, rows_for("guitar", 20, prefix="more-"))
-        conn.execute("SELECT * FROM storetopics.backfill()")
-        assert conn.execute("SELECT count(*) FROM storetopics.clusters WHERE outliers > outliers_seen").fetchone()[0] == 0
+        cli.backfill(conn, progress=False)
+        assert conn.execute("SELECT count(*) FROM storetopics.label_ledger").fetchone()[0] == 5
         assert conn.execute("SELECT count(*) FROM storetopics.clusters WHERE label_needed").fetchone()[0] == 0
-        # chess files (under the 5% re-fit gate) join the nearest cluster as outliers and bring their own words
+        # chess files (under the 5% re-fit gate) join the nearest cluster as outliers and bring their own words:
+        # that cluster's words move, and its label is due again (one call)
         insert(conn, rows_for("chess", 4, chunks=3))
         conn.execute("SELECT storetopics.fold(%s)", (source,))
-        marked = conn.execute("SELECT cluster_id, keywords FROM storetopics.clusters "
-                              "WHERE outliers > outliers_seen").fetchall()
-        assert len(marked) >= 1
-        due = conn.execute("SELECT sum(storetopics.refresh_words(%s, 's1'))", (source,)).fetchone()[0]
         assert conn.execute("SELECT storetopics.fit_due(%s, 's1')", (source,)).fetchone()[0] is None
-        after = dict(conn.execute("SELECT cluster_id, keywords FROM storetopics.clusters").fetchall())
-        changed = [cid for cid, words in marked if any(w in FAR["chess"].split() for w in after[cid])]
-        assert changed and due == len(changed)
-        assert {r[0] for r in conn.execute("SELECT cluster_id FROM storetopics.clusters WHERE label_needed")} \
-            == set(changed)
-        assert conn.execute("SELECT count(*) FROM storetopics.clusters WHERE outliers > outliers_seen").fetchone()[0] == 0
+        assert conn.execute("SELECT sum(outliers - outliers_seen) FROM storetopics.clusters").fetchone()[0] >= 10
+        due = conn.execute("SELECT storetopics.refresh_words(%s, 's1')", (source,)).fetchone()[0]
+        moved = conn.execute("SELECT cluster_id FROM storetopics.clusters WHERE keywords && %s",
+                             (FAR["chess"].split(),)).fetchall()
+        assert due == len(moved) == 1
+        cli.backfill(conn, progress=False)
+        assert conn.execute("SELECT count(*) FROM storetopics.label_ledger").fetchone()[0] == 6
+        # delete them again: the words are what they were, so that cluster's label is due once more (the local
+        # server labels from the words) and the summary is the one before
+        conn.execute("DELETE FROM chunks WHERE file LIKE 'chess-%' OR file LIKE 'more-%'")
+        cli.backfill(conn, progress=False)
+        assert conn.execute("SELECT count(*) FROM storetopics.label_ledger").fetchone()[0] == 7
+        assert summary(conn)[0] == before
+
+
+def test_a_needle_that_joins_a_cluster_leaves_no_trace_once_deleted(make_db):
+    with psycopg.connect(make_db(plpython=True), autocommit=True) as conn:
+        setup_table(conn)
+        insert(conn, base_rows())
+        conn.execute("SELECT * FROM storetopics.backfill()")
+        before = summary(conn)
+        insert(conn, rows_for("chess", 2, chunks=3))
+        conn.execute("SELECT * FROM storetopics.backfill()")
+        during = summary(conn)
+        assert during[0] != before[0]
+        conn.execute("DELETE FROM chunks WHERE file LIKE 'chess-%'")
+        conn.execute("SELECT * FROM storetopics.backfill()")
+        after = summary(conn)
+        assert after[0] == before[0]
+        assert [c["keywords"] for c in after[1]["clusters"]] == [c["keywords"] for c in before[1]["clusters"]]
 
 
 def test_refit_of_unchanged_data_with_another_seed_changes_nothing_a_router_sees(make_db):

@@ -250,7 +250,7 @@ def backfill(conn: psycopg.Connection, store: str | None = None, source: str | N
                     result.fitted += 1
                 fbar.update(i)
             fbar.close()
-        for key in refresh.stores_with_new_outliers(conn, source_id, store):
+        for key in refresh.stores_with_stale_words(conn, source_id, store):
             conn.execute("SELECT storetopics.refresh_words(%s, %s)", (source_id, key))
         for key in refresh.stores_to_label(conn, source_id, store):
             stats = refresh.label(conn, source_id, key)
@@ -511,12 +511,13 @@ def cmd_status(args) -> int:
 
 def cmd_worker(args) -> int:
     from . import worker
-    if args.lease <= 0 or args.poll <= 0 or args.batch < 1:
-        raise CliError("--lease and --poll must be positive and --batch at least 1")
+    try:
+        opts = worker.options(args)
+    except ValueError as e:
+        raise CliError(str(e)) from None
     with connect(args.dsn) as conn:   # fail fast with the usual one-line error when the database is not there
         require_installed(conn)
-    return worker.run(worker.Options(dsn=args.dsn, once=args.once, lease=args.lease, poll=args.poll,
-                                     batch=args.batch, worker_id=args.id, verbose=args.verbose))
+    return worker.run(opts)
 
 
 def cmd_show(args) -> int:
@@ -578,16 +579,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("worker", parents=[common],
                        help="keep the summaries fresh: debounced, drift-gated, leases per store (run many)")
-    s.add_argument("--once", action="store_true", help="process what is due now, then exit (cron, tests)")
-    s.add_argument("--lease", type=float, default=60.0, metavar="S",
-                   help="seconds a claimed store stays ours without a heartbeat (default 60): how soon another "
-                        "worker takes over after a crash")
-    s.add_argument("--poll", type=float, default=5.0, metavar="S",
-                   help="seconds between polls when no NOTIFY arrives (default 5)")
-    s.add_argument("--batch", type=int, default=DEFAULT_BATCH, metavar="N",
-                   help=f"files per fold transaction (default {DEFAULT_BATCH})")
-    s.add_argument("--id", metavar="NAME", help="worker name in `status` (default host:pid:random)")
-    s.add_argument("-v", "--verbose", action="store_true", help="log every pass and labelling call")
+    from . import worker as st_worker
+    st_worker.add_arguments(s)
     s.set_defaults(func=cmd_worker)
 
     s = sub.add_parser("show", parents=[common], help="the stores and their full summaries")

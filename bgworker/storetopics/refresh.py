@@ -93,11 +93,14 @@ def stores_to_fit(conn: psycopg.Connection, source: int, store: str | None = Non
             ORDER BY st.store_key""", (source, store, store))]
 
 
-def stores_with_new_outliers(conn: psycopg.Connection, source: int, store: str | None = None) -> list[str]:
-    """Stores with clusters that new outliers joined since their words were refreshed (storetopics.refresh_words)."""
+def stores_with_stale_words(conn: psycopg.Connection, source: int, store: str | None = None) -> list[str]:
+    """Stores whose clusters' words predate their last change (storetopics.refresh_words recomputes them and runs
+    the keyword gate: labels due where the words moved)."""
     return [r[0] for r in conn.execute(
-        """SELECT DISTINCT k.store_key FROM storetopics.clusters k
-            WHERE k.source_id = %s AND (%s::text IS NULL OR k.store_key = %s) AND k.outliers > k.outliers_seen
+        """SELECT st.store_key FROM storetopics.store_state st
+            WHERE st.source_id = %s AND (%s::text IS NULL OR st.store_key = %s) AND st.words_version <> st.version
+              AND EXISTS (SELECT 1 FROM storetopics.clusters k
+                           WHERE k.source_id = st.source_id AND k.store_key = st.store_key)
             ORDER BY 1""", (source, store, store))]
 
 
