@@ -1,6 +1,6 @@
 """LLM calls and tokens of the labels, counted from storetopics.label_ledger (real counts, not estimates).
 
-The routing stores are built a second time in their own table with the Anthropic labeller configured
+A sample of the routing stores (DEFAULT_STORES; all with stores=None) is built a second time in its own table with the Anthropic labeller configured
 (`storetopics.configure(table, '{"labeller": "anthropic"}')`), the real `anthropic` SDK talking to the local
 Messages API server (storetopics.messages_server: no LLM is reachable from here; it answers like a small model).
 Three phases, each followed by the CLI backfill (fit when due, label what is due, render):
@@ -49,14 +49,20 @@ def _clusters(conn) -> int:
                              ON s.id = k.source_id WHERE s.chunks = %s::regclass""", (TABLE,)).fetchone()[0]
 
 
-def run(dsn: str, cfg: RoutingConfig, embedder, log=print, churn_share: float = 0.1) -> dict:
+DEFAULT_STORES = ("editors", "games", "kde", "math", "perl", "sound")  # a sample of the routing stores
+
+
+def run(dsn: str, cfg: RoutingConfig, embedder, log=print, churn_share: float = 0.1,
+        stores: tuple[str, ...] | None = DEFAULT_STORES) -> dict:
     from ..messages_server import MessagesServer
 
     with pg.connect(dsn) as conn:
         if conn.execute("SELECT to_regclass('storetopics.label_ledger')").fetchone()[0] is None:
             return {"available": False, "note": "storetopics.label_ledger does not exist in the installed SQL"}
     t_start = time.perf_counter()
-    sections = sorted(cfg.sections)
+    sections = sorted(s for s in cfg.sections if stores is None or s in stores) or sorted(cfg.sections)
+    if cfg.drift_store and cfg.drift_store not in sections:
+        sections = sorted({*sections, cfg.drift_store})
     corpus = data.read_sections([*sections, cfg.drift_from] if cfg.drift_store else sections)
     sp = data.split(corpus, held_share=cfg.held_share, store_cap=cfg.store_cap,
                     queries_per_section=cfg.queries_per_section)

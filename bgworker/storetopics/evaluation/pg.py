@@ -63,8 +63,17 @@ def insert(conn: psycopg.Connection, table: str, rows: Iterable[tuple[str, str, 
     return n
 
 
+# Settings applied with storetopics.configure() right after each attach (None: the extension's defaults, which
+# is what the evaluation measures; the tests shrink the K search to stay fast).
+ATTACH_SETTINGS: dict | None = None
+
+
 def attach(conn: psycopg.Connection, table: str) -> int:
-    return cli.attach(conn, table, store_key="store", file_key="file", content="content", embedding="embedding")
+    source = cli.attach(conn, table, store_key="store", file_key="file", content="content", embedding="embedding")
+    if ATTACH_SETTINGS:
+        import json
+        conn.execute("SELECT storetopics.configure(%s::regclass, %s::jsonb)", (table, json.dumps(ATTACH_SETTINGS)))
+    return source
 
 
 def refresh(conn: psycopg.Connection) -> float:

@@ -353,7 +353,7 @@ def markdown(res: dict, images: list[str]) -> str:
     co = res.get("cost")
     if co and co.get("available"):
         L += ["", f"Labelling calls counted in `storetopics.label_ledger` with the **{co['labeller']}**, the "
-                  f"{co['stores']} routing stores built again in their own table, then changed (real counts: every "
+                  f"{co['stores']} of the routing stores built again in their own table, then changed (real counts: every "
                   f"call went through the SDK to the server, {co['server_requests']} requests seen):", "",
               "| phase | file events | clusters after | calls | ok | input tokens | output tokens | calls / 1,000 "
               "file events | tokens / 1,000 file events | backfill s |",
