@@ -3,6 +3,7 @@
 #   make demo    embedded local Postgres + real data + summaries
 #   make test    every test: SQL regression (pg_regress) and pytest, each against a real throwaway Postgres
 #   make bench   side-by-side measurements, written to bench/results/
+#   make soak    opt-in: the worker under 10 minutes of churn, memory bounded
 #   make eval    routing accuracy of the summaries vs names and hand-written descriptions, needle, report
 EXTENSION  = storetopics
 DATA       = $(wildcard sql/storetopics--*.sql) plpy/storetopics_clustering.py
@@ -44,6 +45,12 @@ pytest: ext-install
 bench: ext-install
 	$(PY) -m bench.run
 	$(PY) -m bench.clusters
+	$(PY) -m bench.worker
+
+# Opt-in: 10 minutes of steady churn on a 50k-chunk 1536-d store under a running worker; its memory is sampled
+# (target <= 1 GB).  Writes bench/results/worker-soak-latest.md.
+soak: ext-install
+	$(PY) -m bench.worker --soak 600
 
 # Routing evaluation, drift, needle and label quality (real Postgres; all-MiniLM-L6-v2 embeddings cached in
 # .cache/embeddings/).  Installs the optional extra `eval` (CPU torch first) when missing.  Writes

@@ -66,7 +66,7 @@ class WorkerProc:
         self.log_path = logdir / f"{name}-{time.monotonic_ns()}.log"
         self.log_file = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "storetopics.cli", "--dsn", dsn, "worker", "-v", "--id", name, *args],
+            [sys.executable, "-m", "storetopics.worker", "--dsn", dsn, "-v", "--id", name, *args],
             stdout=self.log_file, stderr=subprocess.STDOUT, env=dict(os.environ, **(env or {})))
 
     def log(self) -> str:
@@ -161,7 +161,7 @@ FAST = ("--lease", "2", "--poll", "0.3")
 def test_burst_of_50_uploads_gives_one_regeneration_and_a_stream_is_bounded_by_max_staleness(dsn, workers):
     with connect(dsn) as conn:
         docs_table(conn)
-        configure(conn, "docs", debounce=1.5, max_staleness=4)
+        configure(conn, "docs", debounce=1.5, max_staleness=2.5)
         conn.execute("INSERT INTO docs (store, file, content) VALUES ('s', 'f0', 'kitchen tiles and grout')")
         w = workers(dsn, *FAST)
         wait_for(lambda: work(conn, "s") and work(conn, "s")[:2] == (1, 1) and quiescent(conn), 30, "first pass")
@@ -180,14 +180,14 @@ def test_burst_of_50_uploads_gives_one_regeneration_and_a_stream_is_bounded_by_m
         notes = [n.payload for n in listener.notifies(timeout=0.5)]
         assert notes.count(f"{conn.execute('SELECT id FROM storetopics.sources').fetchone()[0]}:s") == 1, notes
 
-        # A continuous stream (a write every 0.4 s, never quiet for 1.5 s): max_staleness (4 s) still refreshes it.
+        # A continuous stream (a write every 0.4 s, never quiet for 1.5 s): max_staleness (2.5 s) still refreshes it.
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 9:
+        while time.monotonic() - t0 < 6:
             conn.execute("INSERT INTO docs (store, file, content) VALUES ('s', %s, 'football match')",
                          (f"st{time.monotonic_ns()}",))
             time.sleep(0.4)
         during = work(conn, "s")[0] - 2
-        assert 1 <= during <= 3, during   # refreshed by staleness (every ~4 s), not per write
+        assert 1 <= during <= 3, during   # refreshed by staleness (every ~2.5 s), not per write
         listener.close()
         assert w.term() == 0
 
@@ -291,10 +291,10 @@ class Writers(threading.Thread):
                     elif r < 0.8:
                         conn.execute("UPDATE docs SET store = %s WHERE file = (SELECT file FROM docs ORDER BY "
                                      "random() LIMIT 1)", (store,))
-                    elif r < 0.9:
+                    elif r < 0.84:
                         self.emb_stores += 1
                         self.emb_store(conn, f"b{self.emb_stores:03d}")
-                    elif self.emb_stores > 3:
+                    elif r < 0.86 and self.emb_stores > 3:
                         conn.execute("DELETE FROM emb WHERE store = (SELECT store FROM emb ORDER BY random() "
                                      "LIMIT 1)")
                     self.writes += 1
@@ -315,7 +315,7 @@ def test_kill_9_twenty_times_while_writers_write(make_db, workers):
     with MessagesServer() as server, connect(dsn) as conn:
         env = {"ANTHROPIC_BASE_URL": server.base_url, "ANTHROPIC_API_KEY": "test-key"}
         for _ in range(2000):           # slow answers: kills land mid-call too
-            server.plan("delay", seconds=0.15)
+            server.plan("delay", seconds=0.4)
         setup_chaos_tables(conn)
         writers = Writers(dsn)
         writers.start()
@@ -324,7 +324,8 @@ def test_kill_9_twenty_times_while_writers_write(make_db, workers):
         last_steps = []
         for i in range(20):
             w = workers(dsn, "--lease", "1.5", "--poll", "0.2", env=env, name=f"k{i}")
-            time.sleep(rng.uniform(0.8, 3.0))
+            # short lives land mostly in start-up, folds and fits; longer ones let fits finish and labels start
+            time.sleep(rng.uniform(0.6, 2.0) if i % 2 else rng.uniform(2.0, 6.0))
             w.kill9()
             log = [ln for ln in w.log().splitlines() if " storetopics worker " in ln]
             calls = [ln for ln in log if re.search(r": label (call|done) ", ln)]
@@ -334,7 +335,7 @@ def test_kill_9_twenty_times_while_writers_write(make_db, workers):
         writers.stop.set()
         writers.join(30)
         assert writers.error is None, writers.error
-        assert writers.writes > 100 and writers.emb_stores >= 3, (writers.writes, writers.emb_stores)
+        assert writers.writes > 100 and writers.emb_stores >= 2, (writers.writes, writers.emb_stores)
         # the kills did land inside passes (claimed, not yet released), not only between them
         assert sum(step in ("claim", "label", "fit") for step in last_steps) >= 3, last_steps
 
@@ -374,6 +375,10 @@ def test_kill_9_twenty_times_while_writers_write(make_db, workers):
         assert chaos.keys() == expected.keys()
         for key in expected:
             assert chaos[key] == expected[key], key
+        takeovers = conn.execute("SELECT sum(takeovers) FROM storetopics.work").fetchone()[0]
+        print(f"\nkill -9: {writers.writes} writes, {writers.emb_stores} stores with clusters; last step before "
+              f"each kill: {last_steps}; {in_flight} kills mid-call, {repeats} repeated calls; {takeovers} leases "
+              f"taken over; {len(expected)} stores equal to the clean run")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -501,7 +506,7 @@ def test_sigterm_gives_the_lease_back_and_once_finishes(dsn, workers, capsys):
         configure(conn, "docs", debounce=0, labeller="anthropic", k_min=2, k_max=4)
         insert_emb(conn, emb_rows(["kitchen", "astronomy"]))
         for _ in range(2):
-            server.plan("delay", seconds=3)
+            server.plan("delay", seconds=2)
         w = workers(dsn, "--lease", "30", "--poll", "0.2", env=env)
         wait_for(lambda: " label call " in w.log(), 60, "a labelling call")
         t0 = time.monotonic()

@@ -1,6 +1,7 @@
 """`storetopics worker`: keeps every store's summary fresh, debounced and drift-gated, safely from many processes.
 
     storetopics worker [--once] [--lease S] [--poll S] [--batch N] [--id NAME] [-v]
+    python -m storetopics.worker [--dsn DSN] ...    (the same, without loading the rest of the CLI: starts faster)
 
 The loop (one worker process; run as many as you like, on as many machines):
   * wake on NOTIFY storetopics_dirty (a hint only) or after --poll seconds, whichever comes first;
@@ -189,6 +190,9 @@ class Worker:
                 self.log(f"fit {source}:{store} ({why})", debug=True)
                 report = refresh.fit(conn, source, store)
                 fitted = bool(report.get("applied"))
+                self.log(f"fitted {source}:{store}: k={report.get('k')} applied={fitted} in "
+                         f"{report.get('seconds')}s (read {report.get('seconds_read_sample')}s, fit "
+                         f"{report.get('seconds_fit')}s, apply {report.get('seconds_apply')}s)", debug=True)
                 self.check(source, store)
             if conn.execute("SELECT EXISTS (SELECT 1 FROM storetopics.clusters k WHERE k.source_id = %s "
                             "AND k.store_key = %s AND k.outliers > k.outliers_seen)", (source, store)).fetchone()[0]:
@@ -312,6 +316,8 @@ class Worker:
                     self.conn = self._connect_with_backoff()
                     # whatever we held is stale: give it back (the stores stay dirty), then carry on
                     self.conn.execute("SELECT storetopics.worker_stop(%s)", (self.id,))
+                    self.conn.execute("SELECT storetopics.worker_heartbeat(%s, %s, %s, %s)",
+                                      (self.id, socket.gethostname(), os.getpid(), self.opts.lease))
                     self.log("reconnected; listening again")
         except Stopping:
             pass
@@ -332,3 +338,41 @@ class Worker:
 
 def run(opts: Options, stream: TextIO | None = None) -> int:
     return Worker(opts, stream).run()
+
+
+def add_arguments(p) -> None:
+    """The worker's flags (shared by `storetopics worker` and `python -m storetopics.worker`)."""
+    p.add_argument("--once", action="store_true", help="process what is due now, then exit (cron, tests)")
+    p.add_argument("--lease", type=float, default=60.0, metavar="S",
+                   help="seconds a claimed store stays ours without a heartbeat (default 60): how soon another "
+                        "worker takes over after a crash")
+    p.add_argument("--poll", type=float, default=5.0, metavar="S",
+                   help="seconds between polls when no NOTIFY arrives (default 5)")
+    p.add_argument("--batch", type=int, default=500, metavar="N", help="files per fold transaction (default 500)")
+    p.add_argument("--id", metavar="NAME", help="worker name in `status` (default host:pid:random)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every pass and labelling call")
+
+
+def options(args) -> Options:
+    if args.lease <= 0 or args.poll <= 0 or args.batch < 1:
+        raise ValueError("--lease and --poll must be positive and --batch at least 1")
+    return Options(dsn=args.dsn, once=args.once, lease=args.lease, poll=args.poll, batch=args.batch,
+                   worker_id=args.id, verbose=args.verbose)
+
+
+def main(argv=None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m storetopics.worker", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dsn", default=os.environ.get("DATABASE_URL", ""),
+                   help="libpq connection string or URL (default: $DATABASE_URL, else the PG* variables)")
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        opts = options(args)
+    except ValueError as e:
+        p.error(str(e))
+    return run(opts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
