@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -109,7 +110,8 @@ def wait_quiet(conn, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if conn.execute("""SELECT NOT EXISTS (SELECT 1 FROM storetopics.pending)
-                             AND NOT EXISTS (SELECT 1 FROM storetopics.work_status() WHERE state <> 'idle')""").fetchone()[0]:
+                             AND NOT EXISTS (SELECT 1 FROM storetopics.work_status() WHERE state <> 'idle')"""
+                        ).fetchone()[0]:
             return
         time.sleep(0.5)
     raise TimeoutError("the worker did not catch up")
@@ -138,7 +140,7 @@ def bench_freshness(args, log) -> dict:
         k0 = conn.execute("SELECT count(*) FROM storetopics.clusters WHERE chunks > 0").fetchone()[0]
         calls0 = ledger_calls(conn)
         out["initial"] = {"k": k0, "label_calls": calls0}
-        logpath = RESULTS / "worker-bench-worker.log"
+        logpath = Path(tempfile.gettempdir()) / f"storetopics-bench-worker-{os.getpid()}.log"
         proc = start_worker(dsn, env, logpath, "--lease", "30", "--poll", "2")
         listener = psycopg.connect(dsn, autocommit=True)
         listener.execute("LISTEN storetopics_updated")
@@ -220,7 +222,8 @@ def bench_soak(args, log) -> dict:
         from pgvector.psycopg import register_vector
         conn = psycopg.connect(dsn, autocommit=True)
         register_vector(conn)
-        proc = start_worker(dsn, {}, RESULTS / "worker-soak-worker.log", "--lease", "60", "--poll", "1")
+        logpath = Path(tempfile.gettempdir()) / f"storetopics-soak-worker-{os.getpid()}.log"
+        proc = start_worker(dsn, {}, logpath, "--lease", "60", "--poll", "1")
         samples, stop = [], threading.Event()
 
         def sample():
@@ -276,7 +279,8 @@ def main(argv=None) -> int:
     if args.soak:
         res = {"soak": bench_soak(args, log)}
         s = res["soak"]
-        md = ["# Worker soak", "", f"{s['seconds']:.0f} s of steady churn on a {s['chunks']:,}-chunk {s['dim']}-d store "
+        md = ["# Worker soak", "",
+              f"{s['seconds']:.0f} s of steady churn on a {s['chunks']:,}-chunk {s['dim']}-d store "
               f"({s['churn_rounds']} rounds of +20/-20 files, {s['fits']} fits): worker RSS first "
               f"{s['rss_mb_first']} MB, last {s['rss_mb_last']} MB, max {s['rss_mb_max']} MB, peak (VmHWM) "
               f"{s['peak_hwm_mb']} MB; target <= {s['target_mb']} MB."]

@@ -119,7 +119,8 @@ def quiescent(conn) -> bool:
     return conn.execute(
         """SELECT NOT EXISTS (SELECT 1 FROM storetopics.pending)
               AND NOT EXISTS (SELECT 1 FROM storetopics.work_status() WHERE state <> 'idle')
-              AND NOT EXISTS (SELECT 1 FROM storetopics.store_state st WHERE storetopics.render_due(st))""").fetchone()[0]
+              AND NOT EXISTS (SELECT 1 FROM storetopics.store_state st WHERE storetopics.render_due(st))"""
+    ).fetchone()[0]
 
 
 def work(conn, store: str):
@@ -537,3 +538,35 @@ def test_sigterm_gives_the_lease_back_and_once_finishes(dsn, workers, capsys):
         out = capsys.readouterr().out
         assert "Workers" in out and re.search(r"^\s+s\s+idle\s", out, re.M), out
         assert re.search(r"LLM cost: \$0\.\d{4} over \d+ labelling calls", out), out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# A worker role that is no superuser (storetopics.grant_worker)
+# ------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["extension", "script"])
+def test_worker_runs_as_a_role_that_is_no_superuser(make_db, how):
+    from psycopg import conninfo
+    dsn = make_db(how)
+    role = "st_worker_role"
+    with connect(dsn) as admin:
+        admin.execute(f"DROP ROLE IF EXISTS {role}")   # roles are cluster-wide
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        admin.execute("SELECT storetopics.grant_worker(%s)", (role,))
+        docs_table(admin)
+        configure(admin, "docs", debounce=0)
+        admin.execute(f"GRANT SELECT ON docs TO {role}")
+        admin.execute("INSERT INTO docs (store, file, content) VALUES ('s', 'f1', 'kitchen tiles and grout'), "
+                      "('t', 'f2', 'telescope galaxy nebula')")
+        try:
+            r = subprocess.run([sys.executable, "-m", "storetopics.worker", "--once",
+                                "--dsn", conninfo.make_conninfo(dsn, user=role)],
+                               capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stderr
+            assert quiescent(admin), r.stderr
+            assert "telescope" in admin.execute("SELECT store_topics FROM storetopics.stores WHERE store_key = 't'"
+                                                ).fetchone()[0]
+            assert admin.execute("SELECT count(*) FROM storetopics.worker_status() WHERE processed = 2"
+                                 ).fetchone()[0] == 1
+        finally:
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")

@@ -98,6 +98,7 @@ class Worker:
         self.current: tuple[int, str] | None = None
         self._hb_stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
+        self._fold_warned: set[int] = set()
 
     # -- logging ---------------------------------------------------------------------------------------------
     def log(self, msg: str, debug: bool = False) -> None:
@@ -165,7 +166,8 @@ class Worker:
         while time.monotonic() - started < FOLD_SECONDS:
             if self.stopping.is_set():
                 raise Stopping()
-            n = self.conn.execute("SELECT storetopics.fold(%s, max_files => %s)", (source, self.opts.batch)).fetchone()[0]
+            n = self.conn.execute("SELECT storetopics.fold(%s, max_files => %s)",
+                                  (source, self.opts.batch)).fetchone()[0]
             if not n:
                 break
             done += n
@@ -254,9 +256,17 @@ class Worker:
         for (source,) in self.conn.execute("SELECT storetopics.sources_to_fold()").fetchall():
             if self.stopping.is_set():
                 raise Stopping()
-            if self.fold_source(source):
-                self.stats.folded_sources += 1
-                did = True
+            try:
+                if self.fold_source(source):
+                    self.stats.folded_sources += 1
+                    did = True
+            except psycopg.OperationalError as e:
+                if not isinstance(e, psycopg.errors.TransactionRollback):
+                    raise
+            except psycopg.Error as e:   # e.g. its table was dropped without detach: say so once, carry on
+                if source not in self._fold_warned:
+                    self._fold_warned.add(source)
+                    self.log(f"cannot fold source {source}: {' '.join(str(e).split())}")
         while not self.stopping.is_set():
             row = self.conn.execute("SELECT source_id, store_key, generation, takeover FROM storetopics.claim(%s, %s)",
                                     (self.id, self.opts.lease)).fetchone()
