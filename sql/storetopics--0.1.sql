@@ -1252,8 +1252,7 @@ END $$;
 -- Each cluster's distinctive words, c-TF-IDF (BERTopic's class-based TF-IDF) over the keyword state: a cluster's
 -- term counts are those of its files, each weighted by the share of the file's chunks in the cluster (at most 400
 -- files per cluster, the most committed first, ties by a hash of the key); tf(t, cluster) x log(1 + A / f(t)), A = average words per cluster, f(t) = count of t in all
--- clusters, times the term's IDF across the store's files.  A term must occur in two of the cluster's files (one
--- file's names are not the cluster's theme), and not in every file of the store.
+-- clusters.  A term must occur in two of the cluster's files (one file's names are not the cluster's theme).
 -- p_clusters: the clusters to update (NULL: all of the store).
 CREATE FUNCTION storetopics._cluster_keywords(p_source int, p_store text, p_clusters int[] DEFAULT NULL,
                                               n_words int DEFAULT 10) RETURNS void
@@ -1281,18 +1280,15 @@ BEGIN
     SELECT ct.cluster_id, sum(ct.n) AS size, (SELECT count(*) FROM pick p WHERE p.cluster_id = ct.cluster_id) AS files
       FROM ct GROUP BY 1
   ), scored AS (
-    -- times the term's IDF over the store's files: words every cluster uses ("using", "support") say nothing
-    -- (a store that is one theme has one cluster: its words are then simply its most frequent ones)
+    -- (a store that is one theme has one cluster: its words are then simply its most frequent ones).  No factor
+    -- for the term's rarity in the store: a word every file of the store shares ("perl" in a Perl store) is what
+    -- tells this store from others, and the routing benchmark lost 7 points of top-1 when labels lost such words.
     SELECT ct.cluster_id, x.lexeme,
-           CASE WHEN a.clusters = 1 THEN ct.n
-                ELSE ct.n / s.size * ln(1 + a.avg / t.total) * ln(n.files / st.files::float8) END AS score
+           CASE WHEN a.clusters = 1 THEN ct.n ELSE ct.n / s.size * ln(1 + a.avg / t.total) END AS score
       FROM ct JOIN tot t USING (term_id) JOIN sizes s USING (cluster_id)
-      JOIN storetopics.lexemes x ON x.id = ct.term_id
-      JOIN storetopics.store_terms st ON st.source_id = p_source AND st.store_key = p_store AND st.term_id = ct.term_id,
-           (SELECT avg(sizes.size) AS avg, count(*) AS clusters FROM sizes) a,
-           (SELECT greatest(y.files, 1)::float8 AS files FROM storetopics.store_state y
-             WHERE y.source_id = p_source AND y.store_key = p_store) n
-     WHERE (st.files < n.files OR a.clusters = 1) AND ct.nfiles >= least(2, s.files) AND storetopics.showable_term(x.lexeme)
+      JOIN storetopics.lexemes x ON x.id = ct.term_id,
+           (SELECT avg(sizes.size) AS avg, count(*) AS clusters FROM sizes) a
+     WHERE ct.nfiles >= least(2, s.files) AND storetopics.showable_term(x.lexeme)
        AND (p_clusters IS NULL OR ct.cluster_id = ANY (p_clusters))
   )
   SELECT * FROM (SELECT sc.*, row_number() OVER (PARTITION BY sc.cluster_id ORDER BY sc.score DESC, sc.lexeme) AS r
