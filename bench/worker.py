@@ -216,9 +216,9 @@ def bench_soak(args, log) -> dict:
         st_install.install(dsn, log=lambda *a: None)
         data = Data(dim)
         # sample_size 50k: every fit reads all 50k x 1536-d vectors (the case the 1 GB bound is about);
-        # refit_outliers 0.01 so the churn keeps causing re-fits
-        setup(dsn, data, chunks, {"debounce": 2, "sample_size": 50000, "k_min": 10, "k_max": 20,
-                                  "refit_outliers": 0.01}, log)
+        # refit_outliers 0.01 so the churn keeps causing re-fits; max_staleness 15 s (the churn never stops)
+        setup(dsn, data, chunks, {"debounce": 2, "max_staleness": 15, "sample_size": 50000, "k_min": 10,
+                                  "k_max": 20, "refit_outliers": 0.01}, log)
         from pgvector.psycopg import register_vector
         conn = psycopg.connect(dsn, autocommit=True)
         register_vector(conn)
