@@ -1255,7 +1255,7 @@ END $$;
 -- clusters.  A term must occur in two of the cluster's files (one file's names are not the cluster's theme).
 -- p_clusters: the clusters to update (NULL: all of the store).
 CREATE FUNCTION storetopics._cluster_keywords(p_source int, p_store text, p_clusters int[] DEFAULT NULL,
-                                              n_words int DEFAULT 10) RETURNS void
+                                              n_words int DEFAULT 15) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
@@ -1311,8 +1311,9 @@ END $$;
 
 -- The clusters' words are derived state: computed again from the current counts whenever the store changed since
 -- (so a store whose additions were deleted again shows the very words, and offline labels, it had before).  Then
--- the keyword gate: a cluster named by the labeller whose top 10 words moved by more than keyword_shift (a share)
--- since it was named is due for a new label; a burst that leaves the words alone costs no labelling call.  New
+-- the keyword gate: a cluster named by the labeller whose words moved by more than keyword_shift (a share of its
+-- top 10 words that are not even among the other's top 15, counted both ways) since it was named is due for a new
+-- label; a burst that leaves the words alone costs no labelling call.  New
 -- outliers change a cluster's words: this is how they mark it.  Cheap when nothing changed.  Returns the number of
 -- clusters whose label became due.
 CREATE FUNCTION storetopics.refresh_words(p_source int, p_store text) RETURNS int
@@ -1332,8 +1333,11 @@ BEGIN
   UPDATE storetopics.clusters k
      SET label_needed = true, label_failures = 0, label_retry_at = NULL
    WHERE k.source_id = p_source AND k.store_key = p_store AND NOT k.label_needed AND k.label_words IS NOT NULL
-     AND (SELECT count(*) FROM unnest(k.keywords[1:10]) w WHERE w <> ALL (k.label_words))
-         > v_shift * greatest(cardinality(k.label_words), 1);
+     -- moved: words of one top 10 that are not even in the other's top 15, both ways (so near-ties swapping
+     -- places around the 10th word do not count)
+     AND (SELECT count(*) FROM unnest(k.label_words[1:10]) w WHERE w <> ALL (k.keywords[1:15]))
+         + (SELECT count(*) FROM unnest(k.keywords[1:10]) w WHERE w <> ALL (k.label_words[1:15]))
+         > v_shift * 10;
   GET DIAGNOSTICS v_due = ROW_COUNT;
   UPDATE storetopics.clusters k SET outliers_seen = k.outliers
    WHERE k.source_id = p_source AND k.store_key = p_store AND k.outliers_seen <> k.outliers;
@@ -1418,12 +1422,12 @@ BEGIN
   IF v_outcome = 'ok' THEN
     UPDATE storetopics.clusters SET label = p_label, labeller = p_labeller, label_model = p_model,
            label_needed = false, label_error = NULL, label_failures = 0, label_retry_at = NULL,
-           label_words = keywords[1:10]
+           label_words = keywords[1:15]
      WHERE source_id = p_source AND store_key = p_store AND cluster_id = p_cluster;
   ELSIF v_outcome = 'rejected' THEN
     UPDATE storetopics.clusters SET label = NULL, labeller = p_labeller, label_model = p_model,
            label_needed = false, label_error = 'rejected: ' || v_detail, label_failures = 0, label_retry_at = NULL,
-           label_words = keywords[1:10]
+           label_words = keywords[1:15]
      WHERE source_id = p_source AND store_key = p_store AND cluster_id = p_cluster;
   ELSE
     UPDATE storetopics.clusters SET label_error = v_detail, label_failures = label_failures + 1,
