@@ -49,13 +49,17 @@ def parse_vectors(blob: bytes, n: int) -> np.ndarray:
     rec = 4 + 4 * dim
     if len(blob) != n * rec:
         raise ValueError("vectors of different dimensions in one sample")
-    raw = np.frombuffer(blob, dtype=np.uint8).reshape(n, rec)[:, 4:]
-    return raw.copy().view(">f4").astype(np.float32).reshape(n, dim)
+    # a strided big-endian view of the floats (no copy), converted once: one float32 array is the only new memory
+    floats = np.ndarray((n, dim), dtype=">f4", buffer=blob, offset=4, strides=(rec, 4))
+    return floats.astype(np.float32)
 
 
-def unit(x: np.ndarray) -> np.ndarray:
+def unit(x: np.ndarray, in_place: bool = False) -> np.ndarray:
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     norms[norms == 0] = 1.0
+    if in_place and x.dtype == np.float32:
+        x /= norms
+        return x
     return (x / norms).astype(np.float32)
 
 
@@ -312,7 +316,9 @@ def fit_store(db, source: int, store: str) -> str:
     if n < int(cfg["min_vectors"]):
         return json.dumps({"applied": False, "reason": f"{n} vectors, fewer than min_vectors {cfg['min_vectors']}"})
     t_read = time.monotonic() - t0
-    x = unit(parse_vectors(bytes(row["vectors"]), n))
+    blob = row.pop("vectors")
+    x = unit(parse_vectors(blob if isinstance(blob, bytes) else bytes(blob), n), in_place=True)
+    del blob                                    # the sample's bytes are not needed once parsed
     refs = list(row["refs"])
     seed = int(cfg["seed"])
     f = fit(x, seed=seed, k_min=int(cfg["k_min"]), k_max=int(cfg["k_max"]), floor=float(cfg["silhouette_floor"]),
