@@ -1291,7 +1291,9 @@ BEGIN
      WHERE ct.nfiles >= least(2, s.files) AND storetopics.showable_term(x.lexeme)
        AND (p_clusters IS NULL OR ct.cluster_id = ANY (p_clusters))
   )
-  SELECT * FROM (SELECT sc.*, row_number() OVER (PARTITION BY sc.cluster_id ORDER BY sc.score DESC, sc.lexeme) AS r
+  -- (scores rounded before ranking: float sums depend on row order, equal words must tie whatever the order)
+  SELECT * FROM (SELECT sc.*, row_number() OVER (PARTITION BY sc.cluster_id
+                                                 ORDER BY round(sc.score::numeric, 9) DESC, sc.lexeme) AS r
                    FROM scored sc) y
    WHERE y.r <= n_words * 2;   -- room for words two lexemes share
   PERFORM storetopics._learn_words(p_source, p_store, ARRAY(SELECT DISTINCT c.lexeme FROM pg_temp.storetopics_ct c));
@@ -1497,7 +1499,10 @@ BEGIN ATOMIC
       JOIN terms t ON t.term_id = u.term_id
      WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0
   ), novelty AS (
-    SELECT w.file_key, sum(w.n * w.idf) / sum(w.n) AS nov FROM file_words w GROUP BY w.file_key
+    -- rounded: a float sum depends on the order rows arrive in, and files with the same words must tie exactly
+    -- whatever the table's physical order (the same state renders the same text)
+    SELECT w.file_key, round((sum(w.n * w.idf) / sum(w.n))::numeric, 9)::float8 AS nov
+      FROM file_words w GROUP BY w.file_key
   ), spread AS (
     SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY nov) AS med FROM novelty
   ), mad AS (
