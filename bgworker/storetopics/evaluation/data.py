@@ -6,14 +6,12 @@ per source package (scripts/debian_corpus.py), so no two files are near-duplicat
 """
 from __future__ import annotations
 
-import gzip
 import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..demo import CORPUS, chunks_of
+from ..demo import CORPUS, chunks_of, read_corpus
 
 REPO = Path(__file__).resolve().parents[3]
 SECTION_DESCRIPTIONS = REPO / "data" / "debian" / "section-descriptions"
@@ -43,15 +41,9 @@ def is_held_out(name: str, share: float) -> bool:
 
 
 def read_sections(sections, path: Path = CORPUS) -> dict[str, list[Package]]:
-    wanted = set(sections)
-    out: dict[str, list[Package]] = {s: [] for s in wanted}
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            rec = json.loads(line)
-            if rec["section"] in wanted:
-                out[rec["section"]].append(Package(rec["package"], rec["section"], rec["short"], rec["long"],
-                                                   chunks_of(rec)))
-    missing = [s for s in wanted if not out[s]]
+    out = {s: [Package(r["package"], r["section"], r["short"], r["long"], chunks_of(r)) for r in recs]
+           for s, recs in read_corpus(sections, path).items()}
+    missing = [s for s in out if not out[s]]
     if missing:
         raise SystemExit(f"eval: no packages for section(s) {', '.join(sorted(missing))} in {path}")
     return out
