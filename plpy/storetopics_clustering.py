@@ -55,7 +55,7 @@ def parse_vectors(blob: bytes, n: int) -> np.ndarray:
 
 
 def unit(x: np.ndarray, in_place: bool = False) -> np.ndarray:
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    norms = np.sqrt(np.einsum("ij,ij->i", x, x))[:, None]      # no temporary the size of x (np.linalg.norm makes one)
     norms[norms == 0] = 1.0
     if in_place and x.dtype == np.float32:
         x /= norms
@@ -67,7 +67,10 @@ def _kmeans(x: np.ndarray, k: int, seed: int, n_init: int = 1, init=None):
     from sklearn.cluster import KMeans
 
     if init is not None:
-        return KMeans(n_clusters=k, init=init, n_init=1, random_state=seed, max_iter=100).fit(x)
+        # the fit on the whole sample, with no second copy of it: centred in place and restored (copy_x=False), and
+        # tol=0 (stop when no label changes) because a relative tolerance costs np.var(x), a temporary as big as x
+        return KMeans(n_clusters=k, init=init, n_init=1, random_state=seed, max_iter=100, copy_x=False,
+                      tol=0).fit(x)
     return KMeans(n_clusters=k, n_init=n_init, random_state=seed, max_iter=100).fit(x)
 
 
@@ -125,7 +128,9 @@ def silhouette(x: np.ndarray, labels: np.ndarray) -> float:
 
 def _fit(vectors: np.ndarray, *, seed: int = 0, k_min: int = 5, k_max: int = 30, floor: float = FLOOR,
          radius_percentile: float = 95.0, n_representatives: int = 3) -> Fit:
-    x = unit(np.asarray(vectors, dtype=np.float32))
+    x = np.asarray(vectors, dtype=np.float32)
+    if len(x) and not np.allclose(np.einsum("ij,ij->i", x, x), 1.0, atol=1e-4):
+        x = unit(x)                             # a unit copy; unit vectors (the usual case) are used as they are
     n = len(x)
     rng = np.random.default_rng(seed)
     scores: dict[int, float] = {}
@@ -248,12 +253,20 @@ class PlpyDatabase:
         self.plpy = plpy
         self._plans = {}
 
-    def one(self, query: str, types: list[str], args: list):
+    def _plan(self, query: str, types: list[str]):
         plan = self._plans.get(query)
         if plan is None:
             plan = self._plans[query] = self.plpy.prepare(query, types)
-        rows = self.plpy.execute(plan, args)
+        return plan
+
+    def one(self, query: str, types: list[str], args: list):
+        rows = self.plpy.execute(self._plan(query, types), args)
         return dict(rows[0]) if len(rows) else None
+
+    def rows(self, query: str, types: list[str], args: list):
+        """The rows one at a time (a cursor), not all of them in memory at once."""
+        for row in self.plpy.cursor(self._plan(query, types), args):
+            yield dict(row)
 
 
 class PsycopgDatabase:
@@ -268,8 +281,17 @@ class PsycopgDatabase:
         from psycopg.rows import dict_row
 
         with self.conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(re.sub(r"\$\d+", "%s", query), args)
+            cur.execute(re.sub(r"\$\d+", "%s", query), args, binary=True)
             return cur.fetchone()
+
+    def rows(self, query: str, types: list[str], args: list):
+        """The rows one at a time (libpq's single-row mode), in binary: a bytea arrives as its bytes, not as hex."""
+        import re
+
+        from psycopg.rows import dict_row
+
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            yield from cur.stream(re.sub(r"\$\d+", "%s", query), args, binary=True)
 
 
 def _jsonish(v):
@@ -304,22 +326,40 @@ def heir_of(members: np.ndarray, old: np.ndarray, old_ids: list, radii: list, sh
     return old_ids[i] if inside.mean() >= share else None
 
 
+def read_sample(db, source: int, store: str):
+    """storetopics._fit_input read part by part into one preallocated float32 array: (part 0's row, the vectors,
+    their chunk refs).  Only one part's bytes are in memory besides the array."""
+    head, x, refs = None, None, []
+    for r in db.rows("SELECT * FROM storetopics._fit_input($1, $2)", ["int", "text"], [source, store]):
+        if head is None:
+            head = r
+            n, dim = int(r["n"] or 0), int(r["dim"] or 0)
+            x = np.empty((n, dim), dtype=np.float32)
+        blob = r.pop("vectors")
+        if blob is None:
+            continue
+        part = list(r["refs"])
+        x[len(refs):len(refs) + len(part)] = parse_vectors(blob if isinstance(blob, bytes) else bytes(blob),
+                                                           len(part))
+        refs += part
+    if head is None or len(refs) != len(x):
+        raise RuntimeError(f"storetopics._fit_input gave {len(refs)} vectors of {0 if x is None else len(x)}")
+    return head, x, refs
+
+
 def fit_store(db, source: int, store: str) -> str:
     """Fit one store's clusters and apply them; returns apply_fit's jsonb report (as text for plpython)."""
     import json
     import time
 
     t0 = time.monotonic()
-    row = db.one("SELECT * FROM storetopics._fit_input($1, $2)", ["int", "text"], [source, store])
+    row, x, refs = read_sample(db, source, store)
     cfg = _jsonish(row["settings"])
-    n = int(row["n"] or 0)
+    n = len(refs)
     if n < int(cfg["min_vectors"]):
         return json.dumps({"applied": False, "reason": f"{n} vectors, fewer than min_vectors {cfg['min_vectors']}"})
     t_read = time.monotonic() - t0
-    blob = row.pop("vectors")
-    x = unit(parse_vectors(blob if isinstance(blob, bytes) else bytes(blob), n), in_place=True)
-    del blob                                    # the sample's bytes are not needed once parsed
-    refs = list(row["refs"])
+    x = unit(x, in_place=True)
     seed = int(cfg["seed"])
     f = fit(x, seed=seed, k_min=int(cfg["k_min"]), k_max=int(cfg["k_max"]), floor=float(cfg["silhouette_floor"]),
             radius_percentile=float(cfg["radius_percentile"]))

@@ -1060,10 +1060,14 @@ RETURN (
 --   Sampling: a store with at most sample_size chunks is read whole.  A larger one is sampled with TABLESAMPLE
 --   SYSTEM (pages chosen by the seed, so only about sample_size/store_chunks of the table is read), then thinned
 --   to sample_size by a hash of the chunk ref and the seed.  Only the dimension most of the sample has is kept.
-CREATE FUNCTION storetopics._fit_input(p_source int, p_store text)
-RETURNS TABLE (settings jsonb, dim int, n int, vectors bytea, refs text[], old_ids int[], old_centroids bytea,
-               old_radii real[],
-               method text, generation int, space text)
+-- A store's sample for a fit, in parts: part 0 carries everything (the settings, the sample's size n and dimension,
+-- the previous fit's clusters, the sampling method, the fit generation it was read at) and the first vectors; parts
+-- 1, 2, ... carry only the next vectors (concatenated pgvector binary sends, `part_size` of them per part) and their
+-- chunk refs.  Parts keep every message and every allocation small: one 50k x 1536-d bytea made the worker's
+-- client library hold the sample three times (1.9 GB peak); read part by part it is held once.
+CREATE FUNCTION storetopics._fit_input(p_source int, p_store text, part_size int DEFAULT 4096)
+RETURNS TABLE (part int, settings jsonb, dim int, n int, vectors bytea, refs text[], old_ids int[],
+               old_centroids bytea, old_radii real[], method text, generation int, space text)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '256MB' AS $$
 DECLARE
   src storetopics.sources;
@@ -1106,11 +1110,8 @@ BEGIN
     v_seed, src.file_sql, v_limit);
   EXECUTE format('SELECT %1$I.vector_dims(e) FROM pg_temp.storetopics_sample GROUP BY 1 ORDER BY count(*) DESC, 1 LIMIT 1',
                  v_vs) INTO dim;
-  EXECUTE format($q$SELECT count(*)::int, string_agg(%1$I.vector_send(e), ''::bytea ORDER BY ref),
-                           array_agg(ref ORDER BY ref)
-                      FROM pg_temp.storetopics_sample WHERE %1$I.vector_dims(e) = $1$q$, v_vs)
-    INTO n, vectors, refs USING dim;
-  DROP TABLE pg_temp.storetopics_sample;
+  EXECUTE format('SELECT count(*)::int FROM pg_temp.storetopics_sample WHERE %1$I.vector_dims(e) = $1', v_vs)
+    INTO n USING dim;
   EXECUTE format($q$SELECT array_agg(k.cluster_id ORDER BY k.cluster_id),
                            string_agg(%1$I.vector_send(k.centroid), ''::bytea ORDER BY k.cluster_id),
                            array_agg(k.radius ORDER BY k.cluster_id)
@@ -1118,7 +1119,23 @@ BEGIN
                      WHERE k.source_id = $1 AND k.store_key = $2 AND %1$I.vector_dims(k.centroid) = $3$q$, v_vs)
     INTO old_ids, old_centroids, old_radii USING p_source, p_store, dim;
   settings := cfg;
-  RETURN NEXT;
+  part := 0;
+  IF coalesce(n, 0) = 0 THEN
+    refs := '{}';
+    RETURN NEXT;
+  END IF;
+  FOR part, vectors, refs IN EXECUTE format($q$
+      SELECT (s.i / $2)::int, string_agg(%1$I.vector_send(s.e), ''::bytea ORDER BY s.i), array_agg(s.ref ORDER BY s.i)
+        FROM (SELECT x.ref, x.e, row_number() OVER (ORDER BY x.ref) - 1 AS i
+                FROM pg_temp.storetopics_sample x WHERE %1$I.vector_dims(x.e) = $1) s
+       GROUP BY 1 ORDER BY 1$q$, v_vs) USING dim, greatest(part_size, 1)
+  LOOP
+    RETURN NEXT;
+    -- the rest only once, in part 0
+    settings := NULL; dim := NULL; n := NULL; old_ids := NULL; old_centroids := NULL; old_radii := NULL;
+    method := NULL; generation := NULL; space := NULL;
+  END LOOP;
+  DROP TABLE pg_temp.storetopics_sample;
 END $$;
 
 -- The WHERE condition that finds chunks by the refs _chunk_ref_sql gave (an index or TID scan).

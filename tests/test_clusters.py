@@ -310,11 +310,22 @@ def test_sampling_is_reproducible_and_bounded(make_db):
         conn.execute("SELECT storetopics.configure('chunks', '{\"sample_size\": 200}')")
         conn.execute("SELECT * FROM storetopics.fold(%s)", (source,))
         conn.execute("ANALYZE chunks")
-        a = conn.execute("SELECT n, refs, method FROM storetopics._fit_input(%s, 's1')", (source,)).fetchone()
-        b = conn.execute("SELECT n, refs, method FROM storetopics._fit_input(%s, 's1')", (source,)).fetchone()
-        assert a == b and a[0] <= 200 and a[0] >= 100
+        sample = ("SELECT max(n), array_agg(r ORDER BY part, o), max(method), count(DISTINCT part) "
+                  "FROM storetopics._fit_input(%s, 's1', %s), unnest(refs) WITH ORDINALITY AS u(r, o)")
+        a = conn.execute(sample, (source, 4096)).fetchone()
+        b = conn.execute(sample, (source, 4096)).fetchone()
+        assert a == b and a[0] <= 200 and a[0] >= 100 and a[3] == 1 and len(a[1]) == a[0]
+        # read in parts of 64 vectors: the same sample, in order, part 0 alone carrying the metadata
+        parts = conn.execute(sample, (source, 64)).fetchone()
+        assert parts[:3] == a[:3] and parts[3] == -(-a[0] // 64)
+        meta = conn.execute("SELECT part, n IS NOT NULL, settings IS NOT NULL, cardinality(refs), "
+                            "length(vectors) / cardinality(refs) FROM storetopics._fit_input(%s, 's1', 64)",
+                            (source,)).fetchall()
+        assert [m[0] for m in meta] == list(range(len(meta)))
+        assert [m[1:3] for m in meta] == [(True, True)] + [(False, False)] * (len(meta) - 1)
+        assert sum(m[3] for m in meta) == a[0] and {m[4] for m in meta} == {4 + 4 * DIM}
         conn.execute("SELECT storetopics.configure('chunks', '{\"seed\": 5}')")
-        c = conn.execute("SELECT n, refs FROM storetopics._fit_input(%s, 's1')", (source,)).fetchone()
+        c = conn.execute(sample, (source, 4096)).fetchone()
         assert c[1] != a[1]
 
 

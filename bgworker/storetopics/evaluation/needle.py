@@ -95,6 +95,20 @@ def novelty(conn, source_id: int, store: str, file: str) -> dict | None:
     return {"z": float(row[0]), "rank": int(row[1]), "files": int(row[2]), "files_over_gate": int(row[3])}
 
 
+def _unit(m: np.ndarray) -> np.ndarray:
+    return m / np.maximum(np.linalg.norm(m, axis=-1, keepdims=True), 1e-12)
+
+
+def isolation_rank(store_files: np.ndarray, needle: np.ndarray) -> int:
+    """Diagnostic: how isolated the needle is in embedding space.  store_files: unit mean vectors of the store's
+    files; needle: the needle's.  Each file's isolation is the cosine similarity to its nearest other file; the
+    rank is 1 + the number of store files more isolated than the needle (1 = the most isolated file of all)."""
+    sims = store_files @ store_files.T
+    np.fill_diagonal(sims, -np.inf)
+    nearest = sims.max(axis=1)
+    return 1 + int((nearest < float((store_files @ needle).max())).sum())
+
+
 def run(dsn: str, cfg: NeedleConfig, embedder, log=print) -> dict:
     t_start = time.perf_counter()
     corpus = data.read_sections({*cfg.stores, *cfg.needle_sections, cfg.flood_section})
@@ -145,6 +159,11 @@ def run(dsn: str, cfg: NeedleConfig, embedder, log=print) -> dict:
     for (name, c), v in zip(needle_rows, nv):
         nvec.setdefault(name, []).append((c, v))
     t_embed = time.perf_counter() - t0
+    # per store, the files' unit mean vectors (for the isolation diagnostic)
+    owner = {}
+    for (s, f, _), v in zip(store_rows, sv):
+        owner.setdefault(s, {}).setdefault(f, []).append(v)
+    file_vecs = {s: _unit(np.array([np.mean(vs, axis=0) for vs in fs.values()])) for s, fs in owner.items()}
 
     trials = []
     with pg.connect(dsn) as conn:
@@ -184,6 +203,8 @@ def run(dsn: str, cfg: NeedleConfig, embedder, log=print) -> dict:
                     "restored_exactly": restored["store_topics"] == before["store_topics"]
                                         and restored["topics"] == before["topics"],
                     "seconds": t_add, "novelty": nov,
+                    "isolation_rank": isolation_rank(file_vecs[s], _unit(np.mean([v for _, v in nvec[p.name]],
+                                                                                 axis=0))),
                 })
             hits = sum(t["subject_hit"] for t in trials if t["store"] == s)
             log(f"  {s}: subject in store_topics in {hits}/{len(plans[s])} trials")
@@ -220,6 +241,9 @@ def run(dsn: str, cfg: NeedleConfig, embedder, log=print) -> dict:
         "restored_exactly": sum(t["restored_exactly"] for t in trials),
         "trial_seconds_median": float(np.median([t["seconds"] for t in trials])) if trials else None,
         "novelty": _novelty_summary(trials),
+        "isolation": {"rank_median": float(np.median([t["isolation_rank"] for t in trials])),
+                      "most_isolated": sum(t["isolation_rank"] == 1 for t in trials),
+                      "top3": sum(t["isolation_rank"] <= 3 for t in trials), "trials": n} if trials else None,
         "flood": flood,
         "timings": {"embed_seconds": t_embed, "backfill_seconds": t_backfill,
                     "total_seconds": time.perf_counter() - t_start},

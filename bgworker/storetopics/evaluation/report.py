@@ -311,6 +311,15 @@ def markdown(res: dict, images: list[str]) -> str:
                   f"in {nv['over_gate']}/{nv['trials']} trials and was among the top 3 files in {nv['in_top3']}/"
                   f"{nv['trials']} (median rank {nv['rank_median']:.0f}); the stores already have a median of "
                   f"{nv['files_over_gate_median']:.0f} files over the gate of their own.", ""]
+        iso = nd.get("isolation")
+        if iso:
+            L += [f"Nor does the embedding side see it: ranked by isolation (cosine similarity of a file's mean "
+                  f"vector to its nearest other file), the needle was the most isolated file of its store in "
+                  f"{iso['most_isolated']}/{iso['trials']} trials and among the 3 most isolated in "
+                  f"{iso['top3']}/{iso['trials']} (median rank {iso['rank_median']:.0f}). Debian's sections "
+                  f"overlap: a package of a \"distant\" section usually has close neighbours in the store (a sound "
+                  f"tool among science packages, a mail client among net packages), so within the store the "
+                  f"needle is one ordinary file among a thousand, by words and by meaning.", ""]
         misses = [t for t in nd["trials"] if not t["subject_hit"]]
         if misses:
             L += ["Misses (needle: synopsis → what the summary showed of it):", ""]
