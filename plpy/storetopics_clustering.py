@@ -63,6 +63,17 @@ def unit(x: np.ndarray, in_place: bool = False) -> np.ndarray:
     return (x / norms).astype(np.float32)
 
 
+def in_file_context(x: np.ndarray, files) -> np.ndarray:
+    """Each row as the unit sum of its own direction and its file's mean direction: what storetopics clusters (the
+    extension computes the same in SQL, in _fit_input and _assign_sql).  For callers holding vectors and file ids
+    (the evaluation)."""
+    u = unit(np.asarray(x, dtype=np.float32))
+    _, owner = np.unique(np.asarray(files), return_inverse=True)
+    means = np.zeros((owner.max() + 1, u.shape[1]), dtype=np.float32)
+    np.add.at(means, owner, u)
+    return unit(u + unit(means)[owner], in_place=True)
+
+
 def _kmeans(x: np.ndarray, k: int, seed: int, n_init: int = 1, init=None):
     from sklearn.cluster import KMeans
 

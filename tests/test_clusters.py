@@ -80,14 +80,19 @@ def summary(conn, store="s1"):
 
 
 def recount_clusters(conn, source: int, store: str = "s1") -> dict[int, tuple[int, int, int]]:
-    """From scratch: every live chunk of the store to its nearest centroid, independent of fold's arrays."""
+    """From scratch: every live chunk of the store, in its file's context (the unit sum of its direction and its
+    file's mean direction), to its nearest centroid, independent of fold's arrays."""
     rows = conn.execute("""
-        SELECT a.cluster_id, count(*), count(DISTINCT c.file), count(*) FILTER (WHERE a.d > a.radius)
-          FROM chunks c
-          CROSS JOIN LATERAL (SELECT k.cluster_id, k.radius, k.centroid <=> c.emb AS d FROM storetopics.clusters k
-                               WHERE k.source_id = %s AND k.store_key = c.store
-                               ORDER BY k.centroid <=> c.emb, k.cluster_id LIMIT 1) a
-         WHERE c.store = %s GROUP BY 1""", (source, store)).fetchall()
+        WITH fm AS (SELECT file, l2_normalize(avg(l2_normalize(emb))) AS m FROM chunks WHERE store = %(store)s
+                     GROUP BY file),
+             q AS (SELECT c.file, l2_normalize(l2_normalize(c.emb) + fm.m) AS q
+                     FROM chunks c JOIN fm USING (file) WHERE c.store = %(store)s)
+        SELECT a.cluster_id, count(*), count(DISTINCT q.file), count(*) FILTER (WHERE a.d > a.radius)
+          FROM q
+          CROSS JOIN LATERAL (SELECT k.cluster_id, k.radius, k.centroid <=> q.q AS d FROM storetopics.clusters k
+                               WHERE k.source_id = %(source)s AND k.store_key = %(store)s
+                               ORDER BY k.centroid <=> q.q, k.cluster_id LIMIT 1) a
+         GROUP BY 1""", {"source": source, "store": store}).fetchall()
     return {r[0]: (r[1], r[2], r[3]) for r in rows}
 
 
@@ -124,6 +129,31 @@ def test_backfill_clusters_inside_the_database_with_plpython(make_db):
         # nothing due any more: a second backfill changes nothing
         assert conn.execute("SELECT storetopics.fit_due(%s, 's1')", (source,)).fetchone()[0] is None
         assert conn.execute("SELECT count(*) FROM storetopics.backfill()").fetchone()[0] == 0
+
+
+def test_a_chunk_is_assigned_in_its_files_context(make_db):
+    """A chunk that says nothing on its own (a vector far from every topic) goes where its file goes; alone in a
+    file it is an outlier of whichever cluster is nearest."""
+    with psycopg.connect(make_db(plpython=True), autocommit=True) as conn:
+        source = setup_table(conn)
+        insert(conn, base_rows())
+        conn.execute("SELECT * FROM storetopics.backfill()")
+        ids = {topic_of_keywords(k[4]): k[0] for k in clusters(conn)}
+        rng = np.random.default_rng(3)
+        noise = rng.normal(size=DIM)
+        noise -= sum((noise @ c) * c for c in CENTERS.values())       # orthogonal to every topic
+        noise_vec = "[" + ",".join(f"{x:.5f}" for x in noise / np.linalg.norm(noise)) + "]"
+        insert(conn, rows_for("garden", 1, chunks=3, prefix="ctx-")
+               + [("s1", "ctx-garden-0", "Licence: see the file COPYING.", noise_vec),
+                  ("s1", "lone", "Licence: see the file COPYING.", noise_vec)])
+        conn.execute("SELECT * FROM storetopics.backfill()")
+        files = {r[0]: r[1:] for r in conn.execute(
+            """SELECT file_key, cluster_ids, cluster_chunks, cluster_outliers FROM storetopics.file_terms
+                WHERE source_id = %s AND file_key IN ('ctx-garden-0', 'lone')""", (source,))}
+        assert files["ctx-garden-0"][:2] == ([ids["garden"]], [4])      # all four chunks in garden
+        assert files["lone"][1:] == ([1], [1])                          # alone: an outlier
+        assert files["lone"][0] != [ids["garden"]]                       # ... of another cluster
+        assert state_clusters(conn, source) == recount_clusters(conn, source)
 
 
 def test_without_plpython_sql_says_so_and_the_cli_clusters_outside(make_db):

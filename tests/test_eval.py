@@ -110,9 +110,11 @@ def test_harness_end_to_end(make_db, tmp_path, monkeypatch):
         assert co["stores"] == 1 and [p["file_events"] for p in co["phases"]] == [25, 4, 24]
         assert co["total"]["calls"] == co["server_requests"] == sum(p["calls"] for p in co["phases"])
 
-    texts, vecs, truth = pooled
-    q = quality.clusterings(texts, vecs, truth, sample=200, with_bertopic=False, log=lambda *a: None)
-    assert 0 <= q["ours"]["nmi"] <= 1 and q["bertopic"]["available"] is False
+    texts, vecs, truth, files = pooled
+    q = quality.clusterings(texts, vecs, truth, files, sample=200, with_bertopic=False, log=lambda *a: None)
+    assert 0 <= q["ours"]["nmi"] <= 1 and 0 <= q["ours_chunks_alone"]["nmi"] <= 1
+    assert q["ours"]["method"] == quality.OURS and q["bertopic"]["available"] is False
+    assert q["bertopic_file_context"]["available"] is False
 
     out = {"routing": res, "needle": nd, "quality": q, "cost": co, "embedder": {"name": emb.name, **emb.stats},
            "fallback_embedder": True, "elapsed_seconds": 1.0, "timings": {"total": 1.0},

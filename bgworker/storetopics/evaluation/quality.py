@@ -68,7 +68,12 @@ def _our_module():
     return storetopics_clustering
 
 
-def ours(texts: list[str], vecs: np.ndarray, truth: list[str], seed: int = 0) -> dict:
+OURS = "storetopics: chunks in their file's context, KMeans, K by silhouette"
+OURS_ALONE = "storetopics clustering of the chunk vectors alone (no file context)"
+
+
+def ours(texts: list[str], vecs: np.ndarray, truth: list[str], seed: int = 0, method: str = OURS_ALONE) -> dict:
+    """Our clustering of `vecs` (KMeans, K by silhouette, c-TF-IDF words); `method` names what vecs are."""
     mod = _our_module()
     t0 = time.perf_counter()
     f = mod.fit(vecs, seed=seed, k_min=5, k_max=30)
@@ -77,13 +82,14 @@ def ours(texts: list[str], vecs: np.ndarray, truth: list[str], seed: int = 0) ->
     for t, c in zip(texts, labels.tolist()):
         terms[int(c)].update(words(t))
     kw = mod.ctfidf({c: dict(v) for c, v in terms.items()}, top=10)
-    return {"method": "storetopics clustering (KMeans, K by silhouette, c-TF-IDF)", "topics": int(f.k),
+    return {"method": method, "topics": int(f.k),
             "silhouette": f.silhouette, "nmi": nmi(truth, labels.tolist()),
             "diversity": diversity(list(kw.values())), "keywords": {str(c): v for c, v in kw.items()},
             "seconds": time.perf_counter() - t0}
 
 
-def bertopic(texts: list[str], vecs: np.ndarray, truth: list[str], seed: int = 0) -> dict:
+def bertopic(texts: list[str], vecs: np.ndarray, truth: list[str], seed: int = 0,
+             method: str = "BERTopic 0.17 defaults (UMAP 5-d + HDBSCAN + c-TF-IDF), same embeddings") -> dict:
     if importlib.util.find_spec("bertopic") is None:
         return {"method": "BERTopic", "available": False, "note": "bertopic is not installed (extra `eval`)"}
     import warnings
@@ -102,8 +108,7 @@ def bertopic(texts: list[str], vecs: np.ndarray, truth: list[str], seed: int = 0
     kws = [[w for w, _ in (model.get_topic(t) or [])][:10] for t in sorted(set(topics.tolist())) if t != -1]
     inl = topics != -1
     truth_a = np.asarray(truth)
-    return {"method": "BERTopic 0.17 defaults (UMAP 5-d + HDBSCAN + c-TF-IDF), same embeddings",
-            "available": True, "topics": int(len(kws)), "outlier_share": float(np.mean(~inl)),
+    return {"method": method, "available": True, "topics": int(len(kws)), "outlier_share": float(np.mean(~inl)),
             "nmi": nmi(truth, topics.tolist()),
             "nmi_inliers": nmi(truth_a[inl].tolist(), topics[inl].tolist()) if inl.any() else None,
             "diversity": diversity(kws),
@@ -112,30 +117,41 @@ def bertopic(texts: list[str], vecs: np.ndarray, truth: list[str], seed: int = 0
             "seconds": time.perf_counter() - t0}
 
 
-def clusterings(texts: list[str], vecs: np.ndarray, truth: list[str], *, sample: int, with_bertopic: bool,
-                seed: int = 0, log=print) -> dict:
+def clusterings(texts: list[str], vecs: np.ndarray, truth: list[str], files=None, *, sample: int,
+                with_bertopic: bool, seed: int = 0, log=print) -> dict:
+    """NMI and diversity of: our clustering (chunks in their file's context, as the extension clusters them, when
+    `files` is given; file contexts come from all of a file's chunks, the sample only picks which chunks are
+    scored), ours on the chunk vectors alone, BERTopic's default pipeline on the chunk vectors, and BERTopic given
+    the same file-context vectors as ours (so the comparison separates the method from the context)."""
     n = len(texts)
     idx = np.sort(np.random.default_rng(seed).choice(n, size=min(sample, n), replace=False))
     t = [texts[i] for i in idx]
     v = vecs[idx]
     y = [truth[i] for i in idx]
     out = {"chunks": len(idx), "sections": len(set(y))}
-    out["ours"] = ours(t, v, y, seed)
-    log(f"quality: our clustering K={out['ours']['topics']}, NMI {out['ours']['nmi']:.3f}, diversity "
-        f"{out['ours']['diversity']:.2f} [{out['ours']['seconds']:.0f}s]")
-    if with_bertopic:
+    ctx = _our_module().in_file_context(vecs, files)[idx] if files is not None else None
+    runs = [("ours", ctx, OURS), ("ours_chunks_alone", v, OURS_ALONE)] if ctx is not None else [("ours", v, OURS_ALONE)]
+    for key, vv, method in runs:
+        o = out[key] = ours(t, vv, y, seed=seed, method=method)
+        log(f"quality: {key} K={o['topics']}, NMI {o['nmi']:.3f}, diversity {o['diversity']:.2f} "
+            f"[{o['seconds']:.0f}s]")
+    b_runs = [("bertopic", v, "BERTopic 0.17 defaults (UMAP 5-d + HDBSCAN + c-TF-IDF), same chunk embeddings")]
+    if ctx is not None:
+        b_runs.append(("bertopic_file_context", ctx, "BERTopic 0.17 defaults on our file-context vectors"))
+    for key, vv, method in b_runs:
+        if not with_bertopic:
+            out[key] = {"method": method, "available": False, "note": "not run (--no-bertopic)"}
+            continue
         try:
-            out["bertopic"] = bertopic(t, v, y, seed)
+            out[key] = bertopic(t, vv, y, seed, method=method)
         except Exception as e:  # report, do not hide, a BERTopic failure
-            out["bertopic"] = {"method": "BERTopic", "available": False, "note": f"failed: {e!r}"}
-        b = out["bertopic"]
+            out[key] = {"method": method, "available": False, "note": f"failed: {e!r}"}
+        b = out[key]
         if b.get("available"):
-            log(f"quality: BERTopic {b['topics']} topics, NMI {b['nmi']:.3f}, diversity {b['diversity']:.2f} "
+            log(f"quality: {key} {b['topics']} topics, NMI {b['nmi']:.3f}, diversity {b['diversity']:.2f} "
                 f"[{b['seconds']:.0f}s]")
         else:
-            log(f"quality: BERTopic not run: {b.get('note')}")
-    else:
-        out["bertopic"] = {"method": "BERTopic", "available": False, "note": "not run (--no-bertopic)"}
+            log(f"quality: {key} not run: {b.get('note')}")
     return out
 
 

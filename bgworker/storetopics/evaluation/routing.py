@@ -274,7 +274,7 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print) -> dict:
     timings["total_seconds"] = time.perf_counter() - t_start
     result["timings"] = timings
     result["embedder"] = {"name": embedder.name, **embedder.stats}
-    pooled = ([c for _, _, c in store_rows], store_vecs, [s for s, _, _ in store_rows])
+    pooled = ([c for _, _, c in store_rows], store_vecs, [s for s, _, _ in store_rows], [f for _, f, _ in store_rows])
     return result, pooled
 
 

@@ -182,8 +182,8 @@ def run(args: argparse.Namespace) -> int:
                     res["cost"] = {"available": False, "note": f"the run failed: {e!r}"}
                 timings["LLM cost (ledger)"] = time.perf_counter() - t0
             t0 = time.perf_counter()
-            texts, vecs, truth = pooled
-            res["quality"] = quality.clusterings(texts, vecs, truth, sample=sample,
+            texts, vecs, truth, files = pooled
+            res["quality"] = quality.clusterings(texts, vecs, truth, files, sample=sample,
                                                  with_bertopic=not args.no_bertopic, log=log)
             timings["label quality (clusterings)"] = time.perf_counter() - t0
     res["embedder"] = {"name": emb.name, **emb.stats}
