@@ -139,6 +139,7 @@ def main(argv=None) -> int:
                 out["backfill_1m"] = {
                     "fold_seconds": round(fold_s, 1), "cluster_seconds": round(fit_s, 1),
                     "label_seconds": round(label_s, 1), "render_seconds": round(render_s, 1),
+                    "backfill_seconds": round(fold_s + fit_s + label_s + render_s, 1),
                     "backfill_seconds_without_fold": round(fit_s + label_s + render_s, 1),
                     "backend_peak_mb": round(peak / 1024) if peak else None, "k": k, "llm_calls": calls,
                     "sampling": report.get("sampling"), "table_size": size, "summary": text,
@@ -191,11 +192,13 @@ def main(argv=None) -> int:
     b, s, c = out["backfill_1m"], out["stability"], out["llm_calls_by_size"]
     md = [f"# Clusters benchmark ({started:%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs)", "",
           "| what | measured | target |", "|---|---|---|",
-          f"| 1M-chunk store: clustering inside Postgres (sample, fit, reassign 1M chunks) | {b['cluster_seconds']} s "
-          f"| |",
-          f"| 1M-chunk store: backfill without the keyword fold (cluster + label + render) | "
-          f"{b['backfill_seconds_without_fold']} s | ≤ 60 s |",
-          f"| 1M-chunk store: keyword fold of the short synthetic texts (information) | {b['fold_seconds']} s | — |",
+          f"| 1M-chunk store: backfill (keyword fold + clustering + labels + render) | {b['backfill_seconds']} s "
+          f"| ≤ 60 s |",
+          f"| … keyword fold of the short synthetic texts | {b['fold_seconds']} s | |",
+          f"| … clustering inside Postgres (sample, fit, reassign 1M chunks in their files' context) | "
+          f"{b['cluster_seconds']} s | |",
+          f"| … labels ({b['llm_calls']} calls to the local Messages API server) + render | "
+          f"{round(b['label_seconds'] + b['render_seconds'], 1)} s | |",
           f"| backend peak memory (VmHWM) during clustering | {b['backend_peak_mb']} MB | ≤ 1024 MB |",
           f"| LLM calls for the 1M-chunk store | {b['llm_calls']} (K = {b['k']}) | ≤ K |",
           f"| LLM calls, 100-file vs {args.files:,}-file store | {c['files_100']['llm_calls']} vs "

@@ -74,15 +74,39 @@ def in_file_context(x: np.ndarray, files) -> np.ndarray:
     return unit(u + unit(means)[owner], in_place=True)
 
 
-def _kmeans(x: np.ndarray, k: int, seed: int, n_init: int = 1, init=None):
+def _kmeans(x: np.ndarray, k: int, seed: int, n_init: int = 1):
     from sklearn.cluster import KMeans
 
-    if init is not None:
-        # the fit on the whole sample, with no second copy of it: centred in place and restored (copy_x=False), and
-        # tol=0 (stop when no label changes) because a relative tolerance costs np.var(x), a temporary as big as x
-        return KMeans(n_clusters=k, init=init, n_init=1, random_state=seed, max_iter=100, copy_x=False,
-                      tol=0).fit(x)
     return KMeans(n_clusters=k, n_init=n_init, random_state=seed, max_iter=100).fit(x)
+
+
+def lloyd(x: np.ndarray, centroids: np.ndarray, max_iter: int = 100, tol: float = 1e-6,
+          block: int = 8192) -> tuple[np.ndarray, np.ndarray]:
+    """KMeans on unit vectors from given centroids (Lloyd's iterations, cosine: nearest = largest dot product,
+    centroid = unit mean of its members), over blocks of rows so that nothing but x itself is as big as x
+    (scikit-learn's KMeans copies x to centre it and again for its tolerance: 2 x 307 MB at 50k x 1536-d).  Stops
+    when no centroid moves by more than `tol` in cosine distance.  Returns (labels, unit centroids)."""
+    c = unit(np.asarray(centroids, dtype=np.float32))
+    labels = np.empty(len(x), dtype=np.int64)
+    for _ in range(max_iter):
+        sums = np.zeros_like(c, dtype=np.float64)
+        for a in range(0, len(x), block):
+            part = x[a:a + block]
+            lab = np.argmax(part @ c.T, axis=1)
+            labels[a:a + block] = lab
+            onehot = np.zeros((len(c), len(part)), dtype=np.float32)
+            onehot[lab, np.arange(len(part))] = 1.0
+            sums += onehot @ part                  # per-centroid sums (np.add.at: 30x slower)
+        empty = ~sums.any(axis=1)
+        sums[empty] = c[empty]                     # an emptied centroid stays where it was
+        new = unit(sums.astype(np.float32))
+        moved = float(np.max(1.0 - np.einsum("ij,ij->i", new, c)))
+        c = new
+        if moved <= tol:
+            break
+    for a in range(0, len(x), block):                # the members of the final centroids
+        labels[a:a + block] = np.argmax(x[a:a + block] @ c.T, axis=1)
+    return labels, c
 
 
 def _one_thread():
@@ -199,9 +223,7 @@ def _fit(vectors: np.ndarray, *, seed: int = 0, k_min: int = 5, k_max: int = 30,
         # back in the vectors' own space: the projected clusters' means start KMeans on the whole sample, which
         # converges in a few passes
         start = np.vstack([grid_full[best_model.labels_ == i].mean(axis=0) for i in range(k)])
-        km = _kmeans(x, k, seed, init=unit(start))
-        labels = km.labels_.astype(np.int64)
-        centroids = km.cluster_centers_
+        labels, centroids = lloyd(x, start)
     centroids = unit(centroids)
     clusters = []
     for i in range(k):

@@ -83,7 +83,7 @@ def recount_clusters(conn, source: int, store: str = "s1") -> dict[int, tuple[in
     """From scratch: every live chunk of the store, in its file's context (the unit sum of its direction and its
     file's mean direction), to its nearest centroid, independent of fold's arrays."""
     rows = conn.execute("""
-        WITH fm AS (SELECT file, l2_normalize(avg(l2_normalize(emb))) AS m FROM chunks WHERE store = %(store)s
+        WITH fm AS (SELECT file, l2_normalize(sum(l2_normalize(emb))) AS m FROM chunks WHERE store = %(store)s
                      GROUP BY file),
              q AS (SELECT c.file, l2_normalize(l2_normalize(c.emb) + fm.m) AS q
                      FROM chunks c JOIN fm USING (file) WHERE c.store = %(store)s)
