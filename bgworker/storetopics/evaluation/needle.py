@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..embedding import normalise
 from . import data, pg
 
 TABLE = "eval_needle"
@@ -95,10 +96,6 @@ def novelty(conn, source_id: int, store: str, file: str) -> dict | None:
     return {"z": float(row[0]), "rank": int(row[1]), "files": int(row[2]), "files_over_gate": int(row[3])}
 
 
-def _unit(m: np.ndarray) -> np.ndarray:
-    return m / np.maximum(np.linalg.norm(m, axis=-1, keepdims=True), 1e-12)
-
-
 def isolation_rank(store_files: np.ndarray, needle: np.ndarray) -> int:
     """Diagnostic: how isolated the needle is in embedding space.  store_files: unit mean vectors of the store's
     files; needle: the needle's.  Each file's isolation is the cosine similarity to its nearest other file; the
@@ -163,7 +160,7 @@ def run(dsn: str, cfg: NeedleConfig, embedder, log=print) -> dict:
     owner = {}
     for (s, f, _), v in zip(store_rows, sv):
         owner.setdefault(s, {}).setdefault(f, []).append(v)
-    file_vecs = {s: _unit(np.array([np.mean(vs, axis=0) for vs in fs.values()])) for s, fs in owner.items()}
+    file_vecs = {s: normalise(np.array([np.mean(vs, axis=0) for vs in fs.values()])) for s, fs in owner.items()}
 
     trials = []
     with pg.connect(dsn) as conn:
@@ -203,8 +200,8 @@ def run(dsn: str, cfg: NeedleConfig, embedder, log=print) -> dict:
                     "restored_exactly": restored["store_topics"] == before["store_topics"]
                                         and restored["topics"] == before["topics"],
                     "seconds": t_add, "novelty": nov,
-                    "isolation_rank": isolation_rank(file_vecs[s], _unit(np.mean([v for _, v in nvec[p.name]],
-                                                                                 axis=0))),
+                    "isolation_rank": isolation_rank(file_vecs[s],
+                                                     normalise(np.mean([v for _, v in nvec[p.name]], axis=0)[None])[0]),
                 })
             hits = sum(t["subject_hit"] for t in trials if t["store"] == s)
             log(f"  {s}: subject in store_topics in {hits}/{len(plans[s])} trials")
