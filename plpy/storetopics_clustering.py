@@ -65,7 +65,7 @@ def unit(x: np.ndarray, in_place: bool = False) -> np.ndarray:
 
 def in_file_context(x: np.ndarray, files) -> np.ndarray:
     """Each row as the unit sum of its own direction and its file's mean direction: what storetopics clusters (the
-    extension computes the same in SQL, in _fit_input and _assign_sql).  For callers holding vectors and file ids
+    extension computes the same in SQL, in _fit_input and _assign).  For callers holding vectors and file ids
     (the evaluation)."""
     u = unit(np.asarray(x, dtype=np.float32))
     _, owner = np.unique(np.asarray(files), return_inverse=True)

@@ -167,6 +167,17 @@ CREATE TABLE storetopics.clusters (
   PRIMARY KEY (source_id, store_key, cluster_id)
 );
 
+-- Scratch for the assignment pass (_assign): each file's mean direction, written and deleted again within one
+-- fold() or apply_fit(), so no other transaction ever sees a row.  A table, not a temp table, because parallel workers
+-- cannot read temp tables; unlogged, because its rows never outlive a transaction.
+CREATE UNLOGGED TABLE storetopics.file_means (
+  source_id int NOT NULL,
+  store_key text NOT NULL,
+  file_key  text NOT NULL,
+  dims      int NOT NULL,
+  m         vector NOT NULL
+);
+
 -- Every labelling call, with its usage as the API reported it and its estimated cost (settings' price table).
 CREATE TABLE storetopics.label_ledger (
   id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -779,10 +790,11 @@ BEGIN
     ADD cluster_chunks int[] NOT NULL DEFAULT '{}', ADD cluster_outliers int[] NOT NULL DEFAULT '{}',
     ADD other_dim int NOT NULL DEFAULT 0;
   IF src.embedding IS NOT NULL AND EXISTS (SELECT 1 FROM storetopics.clusters k WHERE k.source_id = p_source) THEN
-    EXECUTE format('UPDATE pg_temp.storetopics_new_files nf SET cluster_ids = a.cluster_ids, '
-                   'cluster_chunks = a.cluster_chunks, cluster_outliers = a.cluster_outliers, other_dim = a.other_dim '
-                   'FROM (%s) a WHERE a.store_key = nf.store_key AND a.file_key = nf.file_key',
-                   storetopics._assign_sql(src, v_filter));
+    PERFORM storetopics._assign(src, v_filter);
+    UPDATE pg_temp.storetopics_new_files nf SET cluster_ids = a.cluster_ids, cluster_chunks = a.cluster_chunks,
+           cluster_outliers = a.cluster_outliers, other_dim = a.other_dim
+      FROM pg_temp.storetopics_assign a WHERE a.store_key = nf.store_key AND a.file_key = nf.file_key;
+    DROP TABLE pg_temp.storetopics_assign;
   END IF;
 
   -- 4. Store-wide term statistics: subtract the files' old counts, add the new ones.
@@ -1001,55 +1013,86 @@ RETURN coalesce((SELECT format('c.%I::text', a.attname)
 -- Debian descriptions (16 sections, chunks = paragraphs) this raised the NMI of the clusters against the sections
 -- from 0.377 to 0.49.  Both the fit (_fit_input) and the assignment below use it, so distances and radii agree.
 --
--- SQL giving, per (store, file) of the chunk rows matching `filter`, the chunks per nearest cluster of the store's
--- fit, the outliers among them, and the chunks whose vector no cluster can take (another dimension).  pgvector
--- computes the distances; with K <= 30 centroids a sequential pass over them is what an index would do anyway.
--- The files' mean directions come from a first pass over the same rows (hashed: no sort of the vectors).
-CREATE FUNCTION storetopics._assign_sql(src storetopics.sources, filter text) RETURNS text
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN format($q$
-  SELECT x.store_key, x.file_key,
-         coalesce(array_agg(x.cluster_id ORDER BY x.cluster_id) FILTER (WHERE x.joined), '{}') AS cluster_ids,
-         coalesce(array_agg(x.n ORDER BY x.cluster_id) FILTER (WHERE x.joined), '{}') AS cluster_chunks,
-         coalesce(array_agg(x.o ORDER BY x.cluster_id) FILTER (WHERE x.joined), '{}') AS cluster_outliers,
-         coalesce(sum(x.n) FILTER (WHERE x.other_dim), 0)::int AS other_dim
-    FROM (SELECT (%1$s)::text AS store_key, (%2$s)::text AS file_key,
-                 a.d IS NOT NULL AS joined,
-                 a.cluster_id IS NOT NULL AND a.d IS NULL AND %4$s IS NOT NULL AS other_dim,
-                 CASE WHEN a.d IS NOT NULL THEN a.cluster_id END AS cluster_id,
-                 count(*)::int AS n, (count(*) FILTER (WHERE a.d > a.radius))::int AS o
-            FROM %3$s AS c
-            -- the file's mean direction (per dimension: a file may hold vectors of two); sum, not avg: its state is a
-            -- float4 vector, half of avg's, so 100k files' states fit in work_mem (avg's spilled to disk: 3x slower)
-            LEFT JOIN (SELECT (%1$s)::text AS store_key, (%2$s)::text AS file_key, %5$I.vector_dims(%4$s) AS dims,
-                              %5$I.l2_normalize(%5$I.sum(%5$I.l2_normalize(%4$s))) AS m
-                         FROM %3$s AS c
-                        WHERE %7$s AND (%1$s) IS NOT NULL AND %4$s IS NOT NULL
-                        GROUP BY 1, 2, 3) fm
-                   ON fm.store_key = (%1$s)::text AND fm.file_key = (%2$s)::text
-                  AND fm.dims = %5$I.vector_dims(%4$s)
-            -- q, not normalised again, and its length (OFFSET 0: computed once per row, not inlined into the distance
-            -- to each centroid, which made the pass 8x slower)
-            CROSS JOIN LATERAL (SELECT v.q, %5$I.vector_norm(v.q) AS qn
-                                  FROM (SELECT CASE WHEN fm.m IS NULL THEN %4$s
-                                                    ELSE %5$I.l2_normalize(%4$s) OPERATOR(%5$I.+) fm.m END AS q) v
-                                OFFSET 0) b
-            -- the nearest cluster of the row's store; d is NULL when the vector is NULL or of another dimension.
-            -- Centroids are unit vectors, so the cosine distance is 1 + (c <#> q) / |q|: one inner product per
-            -- centroid instead of cosine's three sums (a zero vector is NaN, as cosine makes it: an outlier).
-            LEFT JOIN LATERAL (
-                 SELECT k.cluster_id, k.radius, z.d
-                   FROM storetopics.clusters k,
-                        LATERAL (SELECT CASE WHEN %5$I.vector_dims(k.centroid) <> %5$I.vector_dims(b.q) THEN NULL
-                                             WHEN b.qn > 0 THEN 1 + (k.centroid OPERATOR(%5$I.<#>) b.q) / b.qn
-                                             ELSE 'NaN'::float8 END AS d) z
-                  WHERE k.source_id = %6$s AND k.store_key = (%1$s)::text
-                  ORDER BY z.d NULLS LAST, k.cluster_id LIMIT 1) a ON true
-           WHERE %7$s AND (%1$s) IS NOT NULL
-           GROUP BY 1, 2, 3, 4, 5) x
-   GROUP BY 1, 2$q$,
-  src.store_sql, src.file_sql, src.chunks, storetopics._embedding_sql(src), storetopics._vector_schema(), src.id,
-  filter);
+-- Assigns the chunk rows matching `filter` to their store's clusters, into pg_temp.storetopics_assign: per (store,
+-- file), the chunks per nearest cluster of the store's fit, the outliers among them, and the chunks whose vector no
+-- cluster can take (another dimension).
+--
+-- Two passes over the rows, both parallel query.  The first writes each file's mean direction to
+-- storetopics.file_means (a table: parallel workers cannot read temp tables); the second computes each chunk's vector
+-- in context once, its inner product with every centroid of its store, and the nearest with least() over
+-- [inner product, slot] pairs (ties: the lower cluster id).  Everything per row is an expression or a function scan:
+-- a LIMIT or aggregate subquery per row is never run by parallel workers, and that plan took 43 s for 1M chunks where
+-- this one takes 8 s on 2 cores.  Centroids are unit vectors, so the cosine distance is 1 + (c <#> q) / |q| (a zero
+-- vector is NaN, as cosine makes it: an outlier).
+CREATE FUNCTION storetopics._assign(src storetopics.sources, filter text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET jit = off SET enable_nestloop = on
+AS $$
+DECLARE
+  v_vs name := storetopics._vector_schema();
+  v_e text := storetopics._embedding_sql(src);
+  v_slots int;
+  v_saved text[] := ARRAY[current_setting('parallel_setup_cost'), current_setting('parallel_tuple_cost'),
+                          current_setting('min_parallel_table_scan_size'), current_setting('enable_sort')];
+BEGIN
+  -- the most clusters a store of the source has: one least() argument per slot (a store with fewer: NULL slots)
+  SELECT max(n) INTO v_slots
+    FROM (SELECT count(*) AS n FROM storetopics.clusters k WHERE k.source_id = src.id GROUP BY k.store_key) x;
+  DROP TABLE IF EXISTS pg_temp.storetopics_assign;
+  PERFORM set_config('parallel_setup_cost', '0', true), set_config('parallel_tuple_cost', '0', true),
+          set_config('min_parallel_table_scan_size', '0', true), set_config('enable_sort', 'off', true);
+  -- the file's mean direction (per dimension: a file may hold vectors of two); sum, not avg: its state is a float4
+  -- vector, half of avg's, so 100k files' states fit in work_mem; hashed, not sorted (sorting the vectors spilled)
+  DELETE FROM storetopics.file_means WHERE source_id = src.id;
+  EXECUTE format($q$
+    INSERT INTO storetopics.file_means (source_id, store_key, file_key, dims, m)
+    SELECT %1$s, (%2$s)::text, (%3$s)::text, %4$I.vector_dims(%5$s), %4$I.l2_normalize(%4$I.sum(%4$I.l2_normalize(%5$s)))
+      FROM %6$s AS c
+     WHERE %7$s AND (%2$s) IS NOT NULL AND %5$s IS NOT NULL
+     GROUP BY 2, 3, 4$q$, src.id, src.store_sql, src.file_sql, v_vs, v_e, src.chunks, filter);
+  EXECUTE format($q$
+    CREATE TEMP TABLE storetopics_assign ON COMMIT DROP AS
+    SELECT x.store_key, x.file_key,
+           coalesce(array_agg(x.cluster_id ORDER BY x.cluster_id) FILTER (WHERE x.joined), '{}') AS cluster_ids,
+           coalesce(array_agg(x.n ORDER BY x.cluster_id) FILTER (WHERE x.joined), '{}') AS cluster_chunks,
+           coalesce(array_agg(x.o ORDER BY x.cluster_id) FILTER (WHERE x.joined), '{}') AS cluster_outliers,
+           coalesce(sum(x.n) FILTER (WHERE x.other_dim), 0)::int AS other_dim
+      FROM (SELECT y.store_key, y.file_key, y.joined, y.other_dim, y.cluster_id,
+                   count(*)::int AS n, (count(*) FILTER (WHERE y.d > y.radius))::int AS o
+              FROM (SELECT (%1$s)::text AS store_key, (%2$s)::text AS file_key,
+                           a.m IS NOT NULL AS joined,
+                           a.m IS NULL AND ks.dims IS NOT NULL AND %4$s IS NOT NULL AS other_dim,
+                           ks.ids[a.m[2]::int] AS cluster_id, ks.radii[a.m[2]::int] AS radius,
+                           CASE WHEN b.qn > 0 THEN 1 + a.m[1] / b.qn ELSE 'NaN'::float8 END AS d
+                      FROM %3$s AS c
+                      -- the store's clusters as arrays, in cluster id order
+                      LEFT JOIN (SELECT k.store_key, array_agg(k.centroid ORDER BY k.cluster_id) AS cen,
+                                        array_agg(k.cluster_id ORDER BY k.cluster_id) AS ids,
+                                        array_agg(k.radius ORDER BY k.cluster_id) AS radii,
+                                        min(%5$I.vector_dims(k.centroid)) AS dims
+                                   FROM storetopics.clusters k WHERE k.source_id = %6$s GROUP BY 1) ks
+                             ON ks.store_key = (%1$s)::text
+                      LEFT JOIN storetopics.file_means fm
+                             ON fm.source_id = %6$s AND fm.store_key = (%1$s)::text AND fm.file_key = (%2$s)::text
+                            AND fm.dims = %5$I.vector_dims(%4$s)
+                      -- q: the chunk in its file's context (not normalised again) and its length, each computed once
+                      -- per row (a function scan's result is not inlined into the expressions that use it)
+                      CROSS JOIN LATERAL unnest(ARRAY[CASE WHEN fm.m IS NULL THEN %4$s
+                                                           ELSE %5$I.l2_normalize(%4$s) OPERATOR(%5$I.+) fm.m END]) AS q(q)
+                      CROSS JOIN LATERAL unnest(ARRAY[%5$I.vector_norm(q.q)]) AS b(qn)
+                      -- m = [inner product, slot] of the nearest centroid; NULL for a NULL vector, one of another
+                      -- dimension, or a store without clusters
+                      CROSS JOIN LATERAL unnest(ARRAY[ROW(CASE WHEN %5$I.vector_dims(q.q) = ks.dims
+                                                               THEN least(%8$s) END)]) AS a(m float8[])
+                     WHERE %7$s AND (%1$s) IS NOT NULL) y
+             GROUP BY 1, 2, 3, 4, 5) x
+     GROUP BY 1, 2$q$,
+    src.store_sql, src.file_sql, src.chunks, v_e, v_vs, src.id, filter,
+    coalesce((SELECT string_agg(format('ARRAY[ks.cen[%s] OPERATOR(%I.<#>) q.q, %s]', i, v_vs, i), ', ')
+                FROM generate_series(1, v_slots) i), 'NULL::float8[]'));
+  DELETE FROM storetopics.file_means WHERE source_id = src.id;
+  PERFORM set_config('parallel_setup_cost', v_saved[1], true), set_config('parallel_tuple_cost', v_saved[2], true),
+          set_config('min_parallel_table_scan_size', v_saved[3], true), set_config('enable_sort', v_saved[4], true);
+END $$;
 
 -- fold()'s step for clusters: subtract the files' old cluster arrays, add the new ones (in pg_temp's new files).
 CREATE FUNCTION storetopics._add_to_clusters(p_source int, p_files text[]) RETURNS void
@@ -1144,7 +1187,7 @@ BEGIN
      LIMIT %8$s$q$,
     storetopics._chunk_ref_sql(src.chunks), storetopics._embedding_sql(src), v_from, src.store_sql, p_store,
     v_seed, src.file_sql, v_limit);
-  -- each chunk in its file's context, as _assign_sql puts it (the file's mean over the chunks the sample holds:
+  -- each chunk in its file's context, as _assign puts it (the file's mean over the chunks the sample holds:
   -- all of them when the store is read whole; with TABLESAMPLE, those on the pages read, often all of a file's)
   EXECUTE format($q$
     UPDATE pg_temp.storetopics_sample s SET e = %1$I.l2_normalize(%1$I.l2_normalize(s.e) OPERATOR(%1$I.+) f.m)
@@ -1276,8 +1319,7 @@ BEGIN
   DROP TABLE pg_temp.storetopics_fit, pg_temp.storetopics_old;
 
   -- Every file of the store, assigned to the clusters now in place.
-  EXECUTE format('CREATE TEMP TABLE storetopics_assign ON COMMIT DROP AS %s',
-                 storetopics._assign_sql(src, format('(%s)::text = %L', src.store_sql, p_store)));
+  PERFORM storetopics._assign(src, format('(%s)::text = %L', src.store_sql, p_store));
   ANALYZE pg_temp.storetopics_assign;
   UPDATE storetopics.file_terms f
      SET cluster_ids = a.cluster_ids, cluster_chunks = a.cluster_chunks, cluster_outliers = a.cluster_outliers,
