@@ -1017,9 +1017,10 @@ RETURN coalesce((SELECT format('c.%I::text', a.attname)
 -- file), the chunks per nearest cluster of the store's fit, the outliers among them, and the chunks whose vector no
 -- cluster can take (another dimension).
 --
--- Two passes over the rows, both parallel query.  The first writes each file's mean direction to
--- storetopics.file_means (a table: parallel workers cannot read temp tables); the second computes each chunk's vector
--- in context once, its inner product with every centroid of its store, and the nearest with least() over
+-- Two passes over the rows.  The first writes each file's mean direction to storetopics.file_means (one core:
+-- PostgreSQL 15 runs no INSERT in parallel; a table, because parallel workers cannot read temp tables); the second,
+-- parallel query, computes each chunk's vector in context once, its inner product with every centroid of its store,
+-- and the nearest with least() over
 -- [inner product, slot] pairs (ties: the lower cluster id).  Everything per row is an expression or a function scan:
 -- a LIMIT or aggregate subquery per row is never run by parallel workers, and that plan took 43 s for 1M chunks where
 -- this one takes 8 s on 2 cores.  Centroids are unit vectors, so the cosine distance is 1 + (c <#> q) / |q| (a zero
