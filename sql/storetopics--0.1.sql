@@ -1024,7 +1024,8 @@ RETURN coalesce((SELECT format('c.%I::text', a.attname)
 -- [inner product, slot] pairs (ties: the lower cluster id).  Everything per row is an expression or a function scan:
 -- a LIMIT or aggregate subquery per row is never run by parallel workers, and that plan took 43 s for 1M chunks where
 -- this one takes 8 s on 2 cores.  Centroids are unit vectors, so the cosine distance is 1 + (c <#> q) / |q| (a zero
--- vector is NaN, as cosine makes it: an outlier).
+-- vector is NaN, as cosine makes it: an outlier).  enable_nestloop is on here even when the caller turned it off
+-- (apply_fit, for its own joins): the per-row function scans are nested loops, and a penalised plan is a worse one.
 CREATE FUNCTION storetopics._assign(src storetopics.sources, filter text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET jit = off SET enable_nestloop = on
 AS $$
