@@ -95,7 +95,7 @@ def configs(args) -> tuple[routing.RoutingConfig, needle.NeedleConfig, int]:
         rc.sections = ("math", "science", "games", "sound", "gnome", "kde")
         rc.store_cap, rc.queries_per_section, rc.drift_store, rc.drift_from = 40, 10, "games", "fonts"
         rc.lengths = (5, 20)
-        nc.stores, nc.trials_per_store, nc.min_store_files, nc.flood_files = ("science",), 4, 1000, 150
+        nc.stores, nc.trials_per_store, nc.min_store_files, nc.flood_files = ("rust",), 4, 1000, 150
         sample = 1500
     if args.sections:
         rc.sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
