@@ -1592,9 +1592,9 @@ END $$;
 --       the store's own distribution (robust z-score >= 3.5) give their top terms by count x IDF.  This is how one
 --       football file among 100k renovation files surfaces: ranked per file, not on store-wide sums.  A file the
 --       clustering also finds apart (every chunk beyond its nearest cluster's radius) needs only z >= 2.5: two
---       independent signals, each moderately extreme (measured on Debian library sections: the planted package
---       had z 2.5-4.4 and all chunks outside the clusters, while 2 of 1,076 files of the store had both).  The 3
---       most novel such files are shown.  A store made of one-off tokens (names) has no outlier file, so its names
+--       independent signals, each moderately extreme (measured in Debian's haskell section: packages planted from
+--       other sections mostly had z 2.5-4.4 with every chunk outside the clusters; 2 of the section's own 1,076
+--       files had both).  The 3 most novel such files are shown.  A store made of one-off tokens (names) has no outlier file, so its names
 --       do not flood the list;
 --     * recurring dense terms: (total_sq / total) x IDF, for terms in at least three files whose occurrences come
 --       in clusters (total_sq / total >= 2, i.e. one-off mentions are ignored; a name two files share is not a
