@@ -1020,8 +1020,7 @@ RETURN coalesce((SELECT format('c.%I::text', a.attname)
 -- Two passes over the rows.  The first writes each file's mean direction to storetopics.file_means (one core:
 -- PostgreSQL 15 runs no INSERT in parallel; a table, because parallel workers cannot read temp tables); the second,
 -- parallel query, computes each chunk's vector in context once, its inner product with every centroid of its store,
--- and the nearest with least() over
--- [inner product, slot] pairs (ties: the lower cluster id).  Everything per row is an expression or a function scan:
+-- and the nearest with least() over [inner product, slot] pairs (ties: the lower cluster id).  Everything per row is an expression or a function scan:
 -- a LIMIT or aggregate subquery per row is never run by parallel workers, and that plan took 43 s for 1M chunks where
 -- this one takes 8 s on 2 cores.  Centroids are unit vectors, so the cosine distance is 1 + (c <#> q) / |q| (a zero
 -- vector is NaN, as cosine makes it: an outlier).  enable_nestloop is on here even when the caller turned it off
@@ -1588,14 +1587,14 @@ END $$;
 -- Two ranked lists per store, both computed from the exact counts, deterministic (ties broken by term):
 --   dominant:    by total count (what the store is mostly about);
 --   distinctive: what is dense and rare.  Two sources, in this order:
---     * outlier files: a file's novelty is the mean IDF of its counted words.  Files whose novelty stands out from
---       the store's own distribution (robust z-score >= 3.5) give their top terms by count x IDF.  This is how one
---       football file among 100k renovation files surfaces: ranked per file, not on store-wide sums.  A file the
---       clustering also finds apart (every chunk beyond its nearest cluster's radius) needs only z >= 2.5: two
---       independent signals, each moderately extreme (measured in Debian's haskell section: packages planted from
---       other sections mostly had z 2.5-4.4 with every chunk outside the clusters; 2 of the section's own 1,076
---       files had both).  The 3 most novel such files are shown.  A store made of one-off tokens (names) has no outlier file, so its names
---       do not flood the list;
+--     * outlier files: a file's novelty is the mean IDF of its counted words.  Files whose novelty stands out from the
+--       store's own distribution (robust z-score >= 3.5) give their top terms by count x IDF.  This is how one football
+--       file among 100k renovation files surfaces: ranked per file, not on store-wide sums.  A file the clustering also
+--       finds apart (every chunk beyond its nearest cluster's radius) needs only z >= 2.5: two independent signals,
+--       each moderately extreme (measured in Debian's haskell section: packages planted from other sections mostly had
+--       z 2.5-4.4 with every chunk outside the clusters; 2 of the section's own 1,076 files had both).  The 3 most
+--       novel such files are shown.  A store made of one-off tokens (names) has no outlier file, so its names do not
+--       flood the list;
 --     * recurring dense terms: (total_sq / total) x IDF, for terms in at least three files whose occurrences come
 --       in clusters (total_sq / total >= 2, i.e. one-off mentions are ignored; a name two files share is not a
 --       theme).
@@ -1631,14 +1630,14 @@ BEGIN ATOMIC
   ), mad AS (
     SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY abs(v.nov - s.med)) AS mad, s.med
       FROM novelty v, spread s GROUP BY s.med
-  ), isolated AS (
+  ), apart AS (
     -- files the clustering gives no topic: every one of their chunks lies beyond its nearest cluster's radius
     SELECT f.file_key FROM storetopics.file_terms f
      WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0 AND cardinality(f.cluster_chunks) > 0
        AND (SELECT sum(o) FROM unnest(f.cluster_outliers) o) = (SELECT sum(c) FROM unnest(f.cluster_chunks) c)
   ), outliers AS (
-    SELECT v.file_key, v.nov FROM novelty v CROSS JOIN mad m LEFT JOIN isolated i ON i.file_key = v.file_key
-     WHERE (v.nov - m.med) / (1.4826 * m.mad + 1e-9) >= CASE WHEN i.file_key IS NULL THEN 3.5 ELSE 2.5 END
+    SELECT v.file_key, v.nov FROM novelty v CROSS JOIN mad m LEFT JOIN apart a ON a.file_key = v.file_key
+     WHERE (v.nov - m.med) / (1.4826 * m.mad + 1e-9) >= CASE WHEN a.file_key IS NULL THEN 3.5 ELSE 2.5 END
      ORDER BY v.nov DESC, v.file_key LIMIT 3
   ), outlier_terms AS (
     -- the top 3 terms of each outlier file; a term two outlier files share is kept once, with its best file

@@ -1,14 +1,14 @@
 """Needle and flood benchmarks.
 
 Needle: a uniform store (a whole Debian section of >= 1,000 packages) plus ONE planted package from a distant
-section.  The default stores are library sections, where every package is of one kind (Rust crates, Haskell
-libraries): uniform, as the issue asks.  Mixed sections such as science or net are not: a package of another section
+section. The default stores are library sections, where every package is of one kind (Rust crates, Haskell
+libraries): uniform, as the issue asks. Mixed sections such as science or net are not: a package of another section
 usually has close neighbours there (a sound tool among science packages), by words and by meaning; run them with
-`--needle-stores science,net`.  Each trial inserts the needle's chunks, backfills (incrementally: one file folded), reads store_topics,
-deletes the needle and backfills again (the summary must come back byte for byte).  A trial succeeds when a word
-of the needle's subject (its one-line synopsis and package name, as Postgres lexemes) appears in store_topics and
-was not there before.  Also counted: any of the needle's words newly in store_topics, and terms that topics
-attributes to the needle file (`distinctive[].file`).
+`--needle-stores science,net`. Each trial inserts the needle's chunks, backfills (incrementally: one file folded),
+reads store_topics, deletes the needle and backfills again (the summary must come back byte for byte). A trial
+succeeds when a word of the needle's subject (its one-line synopsis and package name, as Postgres lexemes) appears
+in store_topics and was not there before. Also counted: any of the needle's words newly in store_topics, and terms
+that topics attributes to the needle file (`distinctive[].file`).
 
 Flood: stores whose files each carry a person's name (a surname no other file has) or a one-off token; the
 question is whether those names/tokens flood the distinctive list.  Counted: how many one-off names/tokens
