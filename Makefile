@@ -6,7 +6,12 @@
 #   make soak    opt-in: the worker under 10 minutes of churn, memory bounded
 #   make eval    routing accuracy of the summaries vs names and hand-written descriptions, needle, report
 EXTENSION  = storetopics
-DATA       = $(wildcard sql/storetopics--*.sql) plpy/storetopics_clustering.py
+EXTVERSION = $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" storetopics.control)
+PREVIOUS   = 0.1
+# sql/storetopics--$(EXTVERSION).sql and the upgrade from $(PREVIOUS) are built from sql/incremental and
+# sql/idempotent by `make sql` (and committed: the Python package ships them); older versioned scripts are frozen.
+SQL_BUILT  = sql/storetopics--$(EXTVERSION).sql sql/storetopics--$(PREVIOUS)--$(EXTVERSION).sql
+DATA       = $(sort $(wildcard sql/storetopics--*.sql) $(SQL_BUILT)) plpy/storetopics_clustering.py
 REGRESS    = $(patsubst test/sql/%.sql,%,$(sort $(wildcard test/sql/*.sql)))
 REGRESS_OPTS = --inputdir=test --outputdir=$(REGRESS_OUTDIR) --load-extension=vector
 REGRESS_OUTDIR ?= test/out
@@ -20,9 +25,16 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo test pytest regress bench soak ext-install eval
+.PHONY: setup demo test pytest regress bench soak ext-install eval sql
 setup:
 	@bash scripts/setup.sh
+
+SQL_SOURCES = sql/build.sh $(wildcard sql/incremental/*/*.sql) $(wildcard sql/idempotent/*.sql)
+sql: $(SQL_BUILT)
+sql/storetopics--$(EXTVERSION).sql: $(SQL_SOURCES)
+	sh sql/build.sh install $(EXTVERSION) > $@
+sql/storetopics--$(PREVIOUS)--$(EXTVERSION).sql: $(SQL_SOURCES)
+	sh sql/build.sh upgrade $(PREVIOUS) $(EXTVERSION) > $@
 
 # Installs the extension files into the server's share directory (root needed, hence sudo when not root).
 ext-install: setup

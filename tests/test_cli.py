@@ -12,6 +12,9 @@ import psycopg
 import pytest
 
 from storetopics import cli, demo, testing
+from storetopics import install as st_install
+
+VERSION = st_install.default_version()
 
 REPO = Path(__file__).resolve().parents[1]
 STORETOPICS_BIN = Path(sys.executable).parent / "storetopics"
@@ -72,9 +75,9 @@ def fresh_db(pg_admin_dsn):
 def test_install_plain_script_on_empty_database(fresh_db, capsys):
     rc, out, err = run(capsys, "--dsn", fresh_db, "install")
     assert rc == 0, err
-    assert out.strip() == "storetopics 0.1 installed (plain script)"
+    assert out.strip() == f"storetopics {VERSION} installed (plain script)"
     with psycopg.connect(fresh_db) as c:
-        assert c.execute("SELECT value FROM storetopics.meta WHERE key = 'version'").fetchone()[0] == "0.1"
+        assert c.execute("SELECT value FROM storetopics.meta WHERE key = 'version'").fetchone()[0] == VERSION
         assert c.execute("SELECT count(*) FROM pg_extension WHERE extname = 'storetopics'").fetchone()[0] == 0
     # Idempotent.
     rc, out, err = run(capsys, "--dsn", fresh_db, "install")
@@ -87,9 +90,9 @@ def test_install_plain_script_on_empty_database(fresh_db, capsys):
 def test_install_extension_on_empty_database(fresh_db, capsys):
     rc, out, err = run(capsys, "--dsn", fresh_db, "install", "--extension")
     assert rc == 0, err
-    assert out.strip() == "storetopics 0.1 installed (extension)"
+    assert out.strip() == f"storetopics {VERSION} installed (extension)"
     with psycopg.connect(fresh_db) as c:
-        assert c.execute("SELECT extversion FROM pg_extension WHERE extname = 'storetopics'").fetchone()[0] == "0.1"
+        assert c.execute("SELECT extversion FROM pg_extension WHERE extname = 'storetopics'").fetchone()[0] == VERSION
         assert c.execute("SELECT count(*) FROM pg_extension WHERE extname = 'vector'").fetchone()[0] == 1
     rc, out, err = run(capsys, "--dsn", fresh_db, "status")
     assert rc == 0 and "no attached tables" in out

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plpy"))
-import storetopics_clustering as sc  # noqa: E402
+from storetopics.plpy import storetopics_clustering as sc
 
 
 def blobs(k: int, per: int, dim: int = 32, spread: float = 0.06, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

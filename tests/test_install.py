@@ -9,6 +9,8 @@ import helpers
 from storetopics import install as st_install
 from storetopics import testing
 
+VERSION = st_install.default_version()
+
 SEARCH_PATH = "search_path=pg_catalog, pg_temp"
 # Functions without a SET search_path: SQL-standard bodies (RETURN ...), parsed and bound to their objects when
 # created, so the caller's search_path cannot change what they call; a SET clause would stop the planner from
@@ -59,8 +61,8 @@ def test_create_extension_cascade_in_a_fresh_database(fresh_db):
     with _connect(fresh_db) as conn:
         conn.execute("CREATE EXTENSION storetopics CASCADE")
         assert conn.execute("SELECT extname, extversion FROM pg_extension WHERE extname IN ('storetopics', 'vector') "
-                            "ORDER BY 1").fetchall()[0] == ("storetopics", "0.1")
-        assert st_install.installed(conn) == ("extension", "0.1")
+                            "ORDER BY 1").fetchall()[0] == ("storetopics", VERSION)
+        assert st_install.installed(conn) == ("extension", VERSION)
         _no_plpython(conn)
         _end_to_end(conn)
 
@@ -68,16 +70,16 @@ def test_create_extension_cascade_in_a_fresh_database(fresh_db):
 @pytest.mark.parametrize("how", ["extension", "script"])
 def test_end_to_end_without_plpython(make_db, how):
     with _connect(make_db(how)) as conn:
-        assert st_install.installed(conn) == (how, "0.1")
+        assert st_install.installed(conn) == (how, VERSION)
         _no_plpython(conn)
         _end_to_end(conn)
         _no_plpython(conn)
 
 
 def test_plain_script_into_a_fresh_database(fresh_db):
-    assert st_install.install(fresh_db, log=lambda *a: None) == "0.1"
+    assert st_install.install(fresh_db, log=lambda *a: None) == VERSION
     with _connect(fresh_db) as conn:
-        assert st_install.installed(conn) == ("script", "0.1")
+        assert st_install.installed(conn) == ("script", VERSION)
         assert conn.execute("SELECT count(*) FROM pg_extension WHERE extname = 'storetopics'").fetchone()[0] == 0
         _no_plpython(conn)
         _end_to_end(conn)
@@ -171,12 +173,12 @@ def test_plain_install_is_idempotent(make_db):
         before = _catalog(conn)
         meta = conn.execute("SELECT * FROM storetopics.meta ORDER BY 1").fetchall()
     logs = []
-    assert st_install.install(dsn, log=logs.append) == "0.1"
-    assert st_install.install(dsn, log=logs.append) == "0.1"
-    assert logs == ["storetopics install: 0.1 already installed"] * 2
+    assert st_install.install(dsn, log=logs.append) == VERSION
+    assert st_install.install(dsn, log=logs.append) == VERSION
+    assert logs == [f"storetopics install: {VERSION} already installed"] * 2
     with _connect(dsn) as conn:
         assert _catalog(conn) == before
-        assert conn.execute("SELECT * FROM storetopics.meta ORDER BY 1").fetchall() == meta == [("version", "0.1")]
+        assert conn.execute("SELECT * FROM storetopics.meta ORDER BY 1").fetchall() == meta == [("version", VERSION)]
         _end_to_end(conn)
 
 
@@ -185,7 +187,7 @@ def test_plain_install_refuses_where_the_extension_is(make_db):
     with pytest.raises(st_install.InstallError, match="installed as an extension"):
         st_install.install(dsn, log=lambda *a: None)
     with _connect(dsn) as conn:
-        assert st_install.installed(conn) == ("extension", "0.1")
+        assert st_install.installed(conn) == ("extension", VERSION)
         _end_to_end(conn)
 
 
@@ -194,7 +196,7 @@ def test_extension_refuses_where_the_plain_script_is(make_db):
     with pytest.raises(st_install.InstallError, match="installed as a plain script"):
         st_install.install(dsn, extension=True, log=lambda *a: None)
     with _connect(dsn) as conn:
-        assert st_install.installed(conn) == ("script", "0.1")
+        assert st_install.installed(conn) == ("script", VERSION)
 
 
 def _catalog(conn) -> dict:
@@ -236,3 +238,18 @@ def test_both_install_paths_create_the_same_objects(make_db):
         for kind in a:
             assert a[kind] == b[kind], kind
         assert a == b
+
+
+def test_the_versioned_scripts_are_built_from_the_sources():
+    """sql/storetopics--<version>.sql and the upgrade into it are what `make sql` builds from sql/incremental and
+    sql/idempotent (they are committed: the Python package ships them)."""
+    import subprocess
+    from pathlib import Path
+    sql_dir = Path(__file__).resolve().parents[1] / "sql"
+    built = {f"storetopics--{VERSION}.sql": ["install", VERSION]}
+    for p in sql_dir.glob(f"storetopics--*--{VERSION}.sql"):
+        built[p.name] = ["upgrade", p.name.split("--")[1], VERSION]
+    assert len(built) >= 2
+    for name, args in built.items():
+        out = subprocess.run(["sh", str(sql_dir / "build.sh"), *args], capture_output=True, text=True, check=True)
+        assert out.stdout == (sql_dir / name).read_text(), f"{name} is stale: run `make sql`"

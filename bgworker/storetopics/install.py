@@ -7,27 +7,30 @@ recorded in storetopics.meta, so `storetopics install` on an older plain install
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from importlib import resources
 
 import psycopg
 
-SQL_DIR = Path(__file__).resolve().parent / "sql"
+# The versioned scripts: package data of the subpackage storetopics.sql (the repository's sql/ folder).
+SQL_DIR = resources.files("storetopics.sql")
 
 
 class InstallError(RuntimeError):
     pass
 
 
+def _scripts() -> list[str]:
+    return sorted(p.name for p in SQL_DIR.iterdir() if p.name.startswith("storetopics--") and p.name.endswith(".sql"))
+
+
+def _key(version: str) -> list[int]:
+    return [int(x) for x in version.split(".")]
+
+
 def default_version() -> str:
-    control = SQL_DIR.resolve().parent / "storetopics.control"
-    text = control.read_text() if control.exists() else ""
-    m = re.search(r"default_version\s*=\s*'([^']+)'", text)
-    return m.group(1) if m else latest_base_version()
-
-
-def latest_base_version() -> str:
-    versions = [p.name[len("storetopics--"):-4] for p in SQL_DIR.glob("storetopics--*.sql") if "--" not in p.name[13:]]
-    return sorted(versions, key=lambda v: [int(x) for x in v.split(".")])[-1]
+    """The newest install script shipped (storetopics.control's default_version names the same one)."""
+    versions = [name[len("storetopics--"):-4] for name in _scripts() if "--" not in name[len("storetopics--"):]]
+    return max(versions, key=_key)
 
 
 def script(name: str) -> str:
@@ -39,12 +42,12 @@ def script(name: str) -> str:
 def upgrade_path(current: str, target: str) -> list[str]:
     steps, version = [], current
     while version != target:
-        nxt = [p for p in SQL_DIR.glob(f"storetopics--{version}--*.sql")]
+        nxt = [name for name in _scripts() if name.startswith(f"storetopics--{version}--")]
         if not nxt:
             raise InstallError(f"no upgrade script from storetopics {version} towards {target}")
-        step = sorted(nxt)[-1]
-        steps.append(step.name)
-        version = step.name[:-4].split("--")[2]
+        step = max(nxt, key=lambda name: _key(name[:-4].split("--")[2]))
+        steps.append(step)
+        version = step[:-4].split("--")[2]
     return steps
 
 

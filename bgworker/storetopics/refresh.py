@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from . import clustering
+from .plpy import storetopics_clustering as clustering
 from .labels import ClusterInput, LabelError, make_labeler
 
 

@@ -61,10 +61,7 @@ def nmi(a, b) -> float:
 
 
 def _our_module():
-    path = REPO / "plpy"
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-    import storetopics_clustering
+    from ..plpy import storetopics_clustering
     return storetopics_clustering
 
 

@@ -1,1 +1,0 @@
-../../plpy/storetopics_clustering.py

@@ -1,0 +1,1 @@
+"""The extension's versioned SQL scripts, shipped as package data (storetopics.install reads them)."""

@@ -1,0 +1,41 @@
+-- ------------------------------------------------------------------------------------------------------------
+-- Helpers
+-- ------------------------------------------------------------------------------------------------------------
+-- Text worth tokenising: not NULL, has a letter or digit, no control characters (binary junk), and small enough
+-- for a tsvector (1 MB).  Other rows are counted as skipped.
+CREATE OR REPLACE FUNCTION storetopics.usable_text(t text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN t IS NOT NULL AND octet_length(t) < 1048576 AND t ~ '[[:alnum:]]' AND t !~ '[\x01-\x08\x0e-\x1f]';
+
+-- A term worth showing to a person: letters (any script), at least 3 of them, maybe inner hyphens or apostrophes.
+CREATE OR REPLACE FUNCTION storetopics.showable_term(t text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN t ~ '^[[:alpha:]][[:alpha:]''-]*[[:alpha:]]$' AND length(t) >= 3 AND length(t) <= 40;
+
+-- A key given to attach(): an existing column becomes c."col"; anything else is an SQL expression over the chunk
+-- row, which must call the row `c` (e.g. `c.cmetadata->>'source'`), wrapped in parentheses.
+CREATE OR REPLACE FUNCTION storetopics._key_sql(tbl regclass, key text) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN CASE
+  WHEN EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = tbl AND a.attname = key AND a.attnum > 0
+                AND NOT a.attisdropped)
+  THEN format('c.%I', key)
+  ELSE format('(%s)', key)
+END;
+
+-- The type of an expression over the table's rows, checked by the planner (clear errors for bad expressions).
+CREATE OR REPLACE FUNCTION storetopics._expr_type(tbl regclass, expr text, what text) RETURNS regtype
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  t regtype;
+BEGIN
+  EXECUTE format('CREATE TEMP VIEW storetopics_probe AS SELECT %s AS k FROM %s AS c', expr, tbl);
+  SELECT a.atttypid::regtype INTO t FROM pg_attribute a
+   WHERE a.attrelid = 'pg_temp.storetopics_probe'::regclass AND a.attname = 'k';
+  DROP VIEW pg_temp.storetopics_probe;
+  RETURN t;
+EXCEPTION WHEN OTHERS THEN
+  RAISE EXCEPTION 'storetopics: % is not a column or valid expression over %: %', what, tbl, SQLERRM
+    USING ERRCODE = 'invalid_parameter_value',
+          HINT = 'Give a column name, or an SQL expression that calls the chunk row c, e.g. c.cmetadata->>''source''.';
+END $$;

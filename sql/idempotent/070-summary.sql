@@ -1,0 +1,313 @@
+-- ------------------------------------------------------------------------------------------------------------
+-- Keyword lists and the rendered summary
+-- ------------------------------------------------------------------------------------------------------------
+-- Two ranked lists per store, both computed from the exact counts, deterministic (ties broken by term):
+--   dominant:    by total count (what the store is mostly about);
+--   distinctive: what is dense and rare.  Two sources, in this order:
+--     * outlier files: a file's novelty is the mean IDF of its counted words.  Files whose novelty stands out from the
+--       store's own distribution (robust z-score >= 3.5) give their top terms by count x IDF.  This is how one football
+--       file among 100k renovation files surfaces: ranked per file, not on store-wide sums.  A file the clustering also
+--       finds apart (every chunk beyond its nearest cluster's radius) needs only z >= 2.5: two independent signals,
+--       each moderately extreme (measured in Debian's haskell section: packages planted from other sections mostly had
+--       z 2.5-4.4 with every chunk outside the clusters; 2 of the section's own 1,076 files had both).  The 3 most
+--       novel such files are shown.  A store made of one-off tokens (names) has no outlier file, so its names do not
+--       flood the list;
+--     * recurring dense terms: (total_sq / total) x IDF, for terms in at least three files whose occurrences come
+--       in clusters (total_sq / total >= 2, i.e. one-off mentions are ignored; a name two files share is not a
+--       theme).
+CREATE OR REPLACE FUNCTION storetopics.keywords(p_source int, p_store text, n_dominant int DEFAULT 10,
+                                     n_distinctive int DEFAULT 8)
+RETURNS TABLE (kind text, rank int, lexeme text, score float8, files int, total bigint, file_key text)
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  WITH st AS (
+    SELECT greatest(s.files, 1)::float8 AS n FROM storetopics.store_state s
+     WHERE s.source_id = p_source AND s.store_key = p_store
+  ), terms AS (
+    SELECT t.term_id, x.lexeme AS term, t.files, t.total, t.total_sq, ln(st.n / t.files) AS idf
+      FROM storetopics.store_terms t JOIN storetopics.lexemes x ON x.id = t.term_id, st
+     WHERE t.source_id = p_source AND t.store_key = p_store
+  ), dominant AS (
+    SELECT 'dominant'::text AS kind, t.term, t.total::float8 AS score, t.files, t.total, NULL::text AS file_key
+      FROM terms t WHERE storetopics.showable_term(t.term)
+     ORDER BY t.total DESC, t.term LIMIT n_dominant
+  ), file_words AS (
+    SELECT f.file_key, t.term, u.n, t.idf, t.files, t.total
+      FROM storetopics.file_terms f
+     CROSS JOIN LATERAL unnest(f.term_ids, f.counts) AS u(term_id, n)
+      JOIN terms t ON t.term_id = u.term_id
+     WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0
+  ), novelty AS (
+    -- rounded: a float sum depends on the order rows arrive in, and files with the same words must tie exactly
+    -- whatever the table's physical order (the same state renders the same text)
+    SELECT w.file_key, round((sum(w.n * w.idf) / sum(w.n))::numeric, 9)::float8 AS nov
+      FROM file_words w GROUP BY w.file_key
+  ), spread AS (
+    SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY nov) AS med FROM novelty
+  ), mad AS (
+    SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY abs(v.nov - s.med)) AS mad, s.med
+      FROM novelty v, spread s GROUP BY s.med
+  ), apart AS (
+    -- files the clustering gives no topic: every one of their chunks lies beyond its nearest cluster's radius
+    SELECT f.file_key FROM storetopics.file_terms f
+     WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0 AND cardinality(f.cluster_chunks) > 0
+       AND (SELECT sum(o) FROM unnest(f.cluster_outliers) o) = (SELECT sum(c) FROM unnest(f.cluster_chunks) c)
+  ), outliers AS (
+    SELECT v.file_key, v.nov FROM novelty v CROSS JOIN mad m LEFT JOIN apart a ON a.file_key = v.file_key
+     WHERE (v.nov - m.med) / (1.4826 * m.mad + 1e-9) >= CASE WHEN a.file_key IS NULL THEN 3.5 ELSE 2.5 END
+     ORDER BY v.nov DESC, v.file_key LIMIT 3
+  ), outlier_terms AS (
+    -- the top 3 terms of each outlier file; a term two outlier files share is kept once, with its best file
+    SELECT DISTINCT ON (x.term) x.term, x.score, x.files, x.total, x.file_key, x.nov FROM (
+      SELECT w.term, w.n * w.idf AS score, w.files, w.total, w.file_key, o.nov,
+             row_number() OVER (PARTITION BY w.file_key ORDER BY w.n * w.idf DESC, w.term) AS r
+        FROM file_words w JOIN outliers o ON o.file_key = w.file_key
+       WHERE storetopics.showable_term(w.term) AND w.idf > 0
+         AND w.term NOT IN (SELECT d.term FROM dominant d)) x
+     WHERE x.r <= 3
+     ORDER BY x.term, x.nov DESC, x.score DESC, x.file_key
+  ), dense AS (
+    SELECT t.term, (t.total_sq::float8 / t.total) * t.idf AS score, t.files, t.total
+      FROM terms t
+     WHERE t.files >= 3 AND t.total_sq >= 2 * t.total AND t.idf > 0 AND storetopics.showable_term(t.term)
+       AND t.term NOT IN (SELECT d.term FROM dominant d)
+       AND t.term NOT IN (SELECT o.term FROM outlier_terms o)
+  ), distinctive AS (
+    SELECT 'distinctive'::text AS kind, x.term, x.score, x.files, x.total, x.file_key
+      FROM (SELECT o.term, o.score, o.files, o.total, o.file_key, 0 AS pass, -o.nov AS k1, -o.score AS k2
+              FROM outlier_terms o
+            UNION ALL
+            SELECT d.term, d.score, d.files, d.total, NULL, 1, 0, -d.score FROM dense d) x
+     ORDER BY x.pass, x.k1, x.k2, x.term LIMIT n_distinctive
+  )
+  SELECT d.kind, (row_number() OVER (ORDER BY d.score DESC, d.term))::int, d.term, d.score, d.files, d.total,
+         d.file_key FROM dominant d
+  UNION ALL
+  SELECT x.kind, (row_number() OVER ())::int, x.term, x.score, x.files, x.total, x.file_key FROM distinctive x;
+END;
+
+-- The words people wrote for some lexemes of a store, learnt from the texts of files that contain them and
+-- remembered in storetopics.term_words.  Returns how many lexemes were learnt.
+CREATE OR REPLACE FUNCTION storetopics._learn_words(p_source int, p_store text, p_lexemes text[]) RETURNS int
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  src storetopics.sources;
+  v_missing text[];
+  v_files text[];
+  v_texts text[];
+  v_n int;
+BEGIN
+  SELECT * INTO src FROM storetopics.sources WHERE id = p_source;
+  -- One learner at a time: concurrent renders would insert the same words in different orders.
+  PERFORM pg_advisory_xact_lock(hashtext('storetopics.term_words'));
+  v_missing := ARRAY(SELECT DISTINCT l FROM unnest(p_lexemes) l
+                      WHERE NOT EXISTS (SELECT 1 FROM storetopics.term_words w
+                                         WHERE w.ts_config = src.ts_config AND w.lexeme = l));
+  IF cardinality(v_missing) = 0 THEN
+    RETURN 0;
+  END IF;
+  -- One file per missing lexeme (the first by key), then those files' texts.
+  v_files := ARRAY(SELECT DISTINCT x.file_key FROM (
+                     SELECT DISTINCT ON (u.term_id) u.term_id, f.file_key
+                       FROM storetopics.file_terms f CROSS JOIN LATERAL unnest(f.term_ids) AS u(term_id)
+                      WHERE f.source_id = p_source AND f.store_key = p_store
+                        AND u.term_id = ANY (ARRAY(SELECT x.id FROM storetopics.lexemes x
+                                                    WHERE x.lexeme = ANY (v_missing)))
+                      ORDER BY u.term_id, f.file_key) x);
+  EXECUTE format('SELECT array_agg(%s) FROM %s AS c WHERE %s = ANY (%L::%s[]) AND (%s)::text = %L',
+                 src.content_sql, src.chunks, src.file_sql, v_files, src.file_type, src.store_sql, p_store)
+    INTO v_texts;
+  INSERT INTO storetopics.term_words (ts_config, lexeme, word)
+  SELECT DISTINCT ON (m.lexeme) src.ts_config, m.lexeme, m.word
+    -- Words are read both whole ("open-source") and split at hyphens ("open", "source").  A word speaks for a
+    -- lexeme when it gives only that lexeme, or, for a hyphenated word, for its compound lexeme only.
+    FROM (SELECT w.word, w.n, l.lexeme
+            FROM (SELECT x.word, count(*) AS n
+                    FROM unnest(v_texts) t,
+                         -- (quotes and hyphens at either end are punctuation, not part of the word)
+                         LATERAL (SELECT btrim(w, '''-') FROM regexp_split_to_table(lower(t), '[^[:alpha:]''-]+') w
+                                  UNION ALL
+                                  SELECT btrim(w, '''') FROM regexp_split_to_table(lower(t), '[^[:alpha:]'']+') w)
+                           AS x(word)
+                   WHERE storetopics.usable_text(t) AND length(x.word) BETWEEN 2 AND 40
+                   GROUP BY x.word) w,
+                 LATERAL (SELECT tsvector_to_array(to_tsvector(src.ts_config, w.word)) AS ls) v,
+                 LATERAL unnest(v.ls) AS l(lexeme)
+           WHERE l.lexeme = ANY (v_missing)
+             AND (cardinality(v.ls) = 1 OR (strpos(w.word, '-') > 0 AND strpos(l.lexeme, '-') > 0))) m
+   ORDER BY m.lexeme, m.n DESC, length(m.word), m.word
+  ON CONFLICT DO NOTHING;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  RETURN v_n;
+END $$;
+
+CREATE OR REPLACE FUNCTION storetopics._show(cfg regconfig, lexeme text) RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN coalesce((SELECT w.word FROM storetopics.term_words w WHERE w.ts_config = cfg AND w.lexeme = _show.lexeme),
+                lexeme);
+
+CREATE OR REPLACE FUNCTION storetopics._human_count(n bigint) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN n < 10000 THEN n::text
+            WHEN n < 1000000 THEN round(n / 1000.0)::text || 'k'
+            ELSE round(n / 1000000.0, 1)::text || 'M' END;
+
+-- Render one store's summary from its current state.  Writes store_topics/topics only when they change, and then
+-- sends NOTIFY storetopics_updated '<source id>:<store key>'.  Returns whether the text changed.
+CREATE OR REPLACE FUNCTION storetopics.render(p_source int, p_store text) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  src storetopics.sources;
+  st storetopics.store_state;
+  v_kw jsonb;
+  v_dom text[];
+  v_dist text[];
+  v_text text;
+  v_topics jsonb;
+  v_cfg jsonb := storetopics._settings(p_source);
+  v_clusters jsonb;
+  v_ignored int;
+  v_topic_list text[];
+  v_explained text[];
+BEGIN
+  SELECT * INTO src FROM storetopics.sources WHERE id = p_source;
+  SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  IF st.files <= 0 THEN
+    DELETE FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
+    DELETE FROM storetopics.clusters WHERE source_id = p_source AND store_key = p_store;
+    PERFORM storetopics._mirror_summary(p_source, p_store, NULL);
+    PERFORM pg_notify('storetopics_updated', p_source || ':' || p_store);
+    RETURN true;
+  END IF;
+  v_ignored := storetopics.refresh_words(p_source, p_store);   -- the clusters' words, from the current counts
+  CREATE TEMP TABLE storetopics_kw ON COMMIT DROP AS
+  SELECT * FROM storetopics.keywords(p_source, p_store);
+  PERFORM storetopics._learn_words(p_source, p_store, ARRAY(SELECT k.lexeme FROM pg_temp.storetopics_kw k));
+
+  -- Two lexemes can show as one word ("run", "running" -> ...); a word is shown once, where it ranks first.
+  DELETE FROM pg_temp.storetopics_kw k USING pg_temp.storetopics_kw k2
+   WHERE storetopics._show(src.ts_config, k.lexeme) = storetopics._show(src.ts_config, k2.lexeme)
+     AND ((k2.kind = 'dominant' AND k.kind = 'distinctive') OR (k2.kind = k.kind AND k2.rank < k.rank));
+  SELECT array_agg(storetopics._show(src.ts_config, k.lexeme) ORDER BY k.rank) FILTER (WHERE k.kind = 'dominant'),
+         array_agg(storetopics._show(src.ts_config, k.lexeme) ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'),
+         jsonb_build_object(
+           'dominant', coalesce(jsonb_agg(jsonb_build_object('term', storetopics._show(src.ts_config, k.lexeme),
+                                 'lexeme', k.lexeme, 'count', k.total, 'files', k.files) ORDER BY k.rank)
+                               FILTER (WHERE k.kind = 'dominant'), '[]'),
+           'distinctive', coalesce(jsonb_agg(jsonb_build_object('term', storetopics._show(src.ts_config, k.lexeme),
+                                 'lexeme', k.lexeme, 'score', round(k.score::numeric, 3), 'files', k.files,
+                                 'count', k.total, 'file', k.file_key) ORDER BY k.rank)
+                               FILTER (WHERE k.kind = 'distinctive'), '[]'))
+    INTO v_dom, v_dist, v_kw
+    FROM pg_temp.storetopics_kw k;
+  -- The main terms a router is shown: the dominant terms that are more frequent here than in the source's other
+  -- stores ("use", "package", "support" are frequent everywhere and tell stores apart no better than nothing).
+  -- Compared with up to 50 sibling stores (chosen by a hash of their key: a few hundred index lookups); a store
+  -- without two siblings keeps them all.
+  v_dom := ARRAY(
+    WITH sib AS (
+      SELECT y.store_key, y.words FROM storetopics.store_state y
+       WHERE y.source_id = p_source AND y.store_key <> p_store AND y.words > 0
+       ORDER BY hashtext(y.store_key), y.store_key LIMIT 50
+    ), base AS (
+      SELECT count(*) AS n, coalesce(sum(sib.words), 0) AS words FROM sib
+    ), lift AS (
+      SELECT k.lexeme, k.rank,
+             (k.total::float8 / greatest(st.words, 1))
+             / ((coalesce((SELECT sum(t.total) FROM storetopics.store_terms t
+                            WHERE t.source_id = p_source AND t.store_key IN (SELECT sib.store_key FROM sib)
+                              AND t.term_id = (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = k.lexeme)), 0)
+                 + 1)::float8 / (b.words + 1)) AS lift
+        FROM pg_temp.storetopics_kw k, base b
+       WHERE k.kind = 'dominant'
+    )
+    SELECT storetopics._show(src.ts_config, l.lexeme) FROM lift l, base b
+     WHERE b.n < 2 OR l.lift >= 1.5
+     ORDER BY l.rank);
+  DROP TABLE pg_temp.storetopics_kw;
+
+  -- Clusters, largest first, with the label a router sees: the labeller's, or the offline one from the words.
+  SELECT coalesce(jsonb_agg(jsonb_build_object(
+           'id', k.cluster_id, 'label', k.shown, 'labeller', CASE WHEN k.shown = k.label THEN k.labeller ELSE 'offline' END,
+           'share', round(k.share::numeric, 4), 'chunks', k.chunks, 'files', k.files, 'keywords', to_jsonb(k.keywords),
+           'representatives', (SELECT coalesce(jsonb_agg(r -> 'id'), '[]') FROM jsonb_array_elements(k.representatives) r),
+           'outliers', k.outliers - k.outliers_at_fit) ORDER BY k.chunks DESC, k.cluster_id), '[]'),
+         array_agg(lower(k.shown || ' ' || array_to_string(k.keywords, ' ')))
+    INTO v_clusters, v_explained
+    FROM (SELECT k.*, CASE WHEN v_cfg ->> 'labeller' = 'offline' OR k.label IS NULL
+                           THEN storetopics.offline_label(k.keywords) ELSE k.label END AS shown,
+                 k.chunks::float8 / greatest(sum(k.chunks) OVER (), 1) AS share
+            FROM storetopics.clusters k
+           WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0) k;
+  v_explained := regexp_split_to_array(coalesce(array_to_string(v_explained, ' '), ''), '\s+');
+  -- The topic list: clusters that show the same label are one topic to a reader (their shares add up).
+  v_topic_list := ARRAY(SELECT format('%s (%s%%)', t.label, round(100 * t.share))
+                          FROM (SELECT c ->> 'label' AS label, sum((c ->> 'share')::float8) AS share,
+                                       min(o.i) AS first
+                                  FROM jsonb_array_elements(v_clusters) WITH ORDINALITY AS o(c, i)
+                                 GROUP BY 1) t
+                         WHERE t.share >= 0.02
+                         ORDER BY t.share DESC, t.first LIMIT 8);
+  -- Distinctive words no cluster explains: the rare file that KMeans absorbs into a big cluster.
+  v_dist := ARRAY(SELECT d FROM unnest(v_dist) WITH ORDINALITY AS u(d, i)
+                   WHERE lower(d) <> ALL (coalesce(v_explained, '{}')) ORDER BY i);
+  v_dom := v_dom[1:CASE WHEN cardinality(v_topic_list) > 0 THEN 6 ELSE 10 END];
+  -- At most 200 tokens (cl100k), about 100 as a rule: 2 bytes per token is a bound English text stays far below
+  -- (about 4 characters per token); trimmed from the least important end: distinctive words, main terms, topics.
+  LOOP
+    v_text := format('%s files, %s chunks.', storetopics._human_count(st.files), storetopics._human_count(st.chunks));
+    IF cardinality(v_topic_list) > 0 THEN
+      v_text := v_text || ' Topics: ' || array_to_string(v_topic_list, ', ') || '.';
+    END IF;
+    IF cardinality(v_dom) > 0 THEN
+      v_text := v_text || ' Main terms: ' || array_to_string(v_dom, ', ') || '.';
+    END IF;
+    IF cardinality(v_dist) > 0 THEN
+      v_text := v_text || ' Distinctive: ' || array_to_string(v_dist, ', ') || '.';
+    END IF;
+    EXIT WHEN octet_length(v_text) <= 400;
+    IF cardinality(v_dist) > 2 THEN
+      v_dist := v_dist[1:cardinality(v_dist) - 1];
+    ELSIF cardinality(v_dom) > 3 THEN
+      v_dom := v_dom[1:cardinality(v_dom) - 1];
+    ELSIF cardinality(v_topic_list) > 3 THEN
+      v_topic_list := v_topic_list[1:cardinality(v_topic_list) - 1];
+    ELSIF cardinality(v_dist) > 0 THEN
+      v_dist := v_dist[1:cardinality(v_dist) - 1];
+    ELSIF cardinality(v_dom) > 0 THEN
+      v_dom := v_dom[1:cardinality(v_dom) - 1];
+    ELSIF cardinality(v_topic_list) > 0 THEN
+      v_topic_list := v_topic_list[1:cardinality(v_topic_list) - 1];
+    ELSE
+      v_text := left(v_text, 200);
+      EXIT;
+    END IF;
+  END LOOP;
+  v_topics := jsonb_build_object('version', 1, 'files', st.files, 'chunks', st.chunks, 'words', st.words,
+                                 'skipped', st.skipped, 'clusters', v_clusters,
+                                 'fit', CASE WHEN st.fit_at IS NOT NULL THEN jsonb_build_object(
+                                   'generation', st.fit_generation, 'at', st.fit_at, 'k', st.fit_k,
+                                   'silhouette', round(st.fit_silhouette::numeric, 4),
+                                   'single_theme', st.fit_single_theme, 'sample', st.fit_sample, 'dim', st.fit_dim,
+                                   'space', st.fit_space, 'other_dimension_chunks', st.other_dim) END,
+                                 'labeller', v_cfg ->> 'labeller',
+                                 'cost', (SELECT jsonb_build_object('calls', count(*), 'input_tokens',
+                                                   coalesce(sum(l.input_tokens), 0), 'output_tokens',
+                                                   coalesce(sum(l.output_tokens), 0), 'usd', coalesce(sum(l.cost_usd), 0))
+                                            FROM storetopics.label_ledger l
+                                           WHERE l.source_id = p_source AND l.store_key = p_store)) || v_kw;
+
+  UPDATE storetopics.store_state SET rendered_at = now(), rendered_version = st.version
+   WHERE source_id = p_source AND store_key = p_store;
+  IF st.store_topics IS NOT DISTINCT FROM v_text AND st.topics IS NOT DISTINCT FROM v_topics THEN
+    RETURN false;
+  END IF;
+  UPDATE storetopics.store_state SET store_topics = v_text, topics = v_topics, updated_at = now()
+   WHERE source_id = p_source AND store_key = p_store;
+  PERFORM storetopics._mirror_summary(p_source, p_store, v_text);
+  PERFORM pg_notify('storetopics_updated', p_source || ':' || p_store);
+  RETURN true;
+END $$;
