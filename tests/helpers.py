@@ -43,13 +43,19 @@ def _source(conn: psycopg.Connection, source_id: int) -> dict:
     row = conn.execute("SELECT chunks::text, store_sql, file_sql, content_sql, ts_config::text "
                        "FROM storetopics.sources WHERE id = %s", (source_id,)).fetchone()
     assert row is not None, f"no source {source_id}"
-    return dict(zip(("chunks", "store_sql", "file_sql", "content_sql", "ts_config"), row))
+    src = dict(zip(("chunks", "store_sql", "file_sql", "content_sql", "ts_config"), row))
+    has_bound = conn.execute("SELECT to_regprocedure('storetopics.max_store_key()') IS NOT NULL").fetchone()[0]
+    src["max_store_key"] = conn.execute("SELECT storetopics.max_store_key()").fetchone()[0] if has_bound else None
+    return src
 
 
 def _rows_sql(src: dict) -> str:
-    """Every row of the application's table as (ctid, store, file, content), keys as text."""
-    return (f"SELECT c.ctid AS row_id, ({src['store_sql']})::text AS s, ({src['file_sql']})::text AS f, "
-            f"{src['content_sql']} AS t FROM {src['chunks']} AS c")
+    """Every row of the application's table as (ctid, store, file, content), keys as text; a store key longer than
+    storetopics.max_store_key() characters is no store (NULL; 0.1 had no bound)."""
+    bound = f"CASE WHEN char_length(r.s) <= {src['max_store_key']} THEN r.s END" if src["max_store_key"] else "r.s"
+    return (f"SELECT r.row_id, {bound} AS s, r.f, r.t "
+            f"FROM (SELECT c.ctid AS row_id, ({src['store_sql']})::text AS s, ({src['file_sql']})::text AS f, "
+            f"{src['content_sql']} AS t FROM {src['chunks']} AS c) r")
 
 
 def recount(conn: psycopg.Connection, source_id: int) -> dict:

@@ -16,7 +16,8 @@ SEARCH_PATH = "search_path=pg_catalog, pg_temp"
 # created, so the caller's search_path cannot change what they call; a SET clause would stop the planner from
 # inlining them (they run per row in fold()).  Any other function must set search_path.
 BOUND_AT_CREATION: set[str] = set()   # every function pins its search_path
-PUBLIC_EXECUTE = {"usable_text(text)", "showable_term(text)", "_human_count(bigint)"}
+PUBLIC_EXECUTE = {"usable_text(text)", "showable_term(text)", "_human_count(bigint)", "tsvector_or_null(regconfig,text)",
+                  "max_store_key()"}
 
 
 @pytest.fixture

@@ -1,59 +1,35 @@
-"""Cluster labels from an LLM (the Anthropic labeller) and their validation.
+"""Cluster labels from an LLM (the Anthropic labeller).
 
 The offline label (the default, no network) is not made here: it is derived in SQL from the cluster's words
 (storetopics.offline_label), so every summary has a label without any call.  An LLM label replaces it when the
 source's settings ask for one.  Labels are untrusted data: they come from documents anyone could upload, and they
-end up in a router's prompt.  Every LLM label passes validate_label(); a rejected one leaves the offline label in
-place and the reason is recorded (storetopics.record_label, which also checks the label once more and keeps the
-cost ledger, priced with the source's settings).
+end up in a router's prompt.  This module only tidies an answer's form (clean_label); whether it may be shown is
+decided in one place for everything a summary shows, in SQL: storetopics.record_label refuses what is no 2-5 word
+label, what storetopics.screen() finds instruction-like (normalised: NFKC, case, confusables, invisible characters,
+mixed scripts, URLs, markup, role markers, in several languages) and what is not grounded in the cluster's words
+and chunks; render screens labels, offline labels and terms again.  A refused label leaves the offline label in
+place, and the ledger says why.
 """
 from __future__ import annotations
 
 import os
-import re
 import time
 from dataclasses import dataclass, field
 
-MAX_LABEL_CHARS = 48
 DEFAULT_MODEL = os.environ.get("STORETOPICS_MODEL", "claude-haiku-4-5")
-_URL = re.compile(r"(https?://|www\.|\b[\w-]+\.(com|org|net|io|ai|dev|xyz|ru|cn)\b)", re.I)
-_MARKUP = re.compile(r"[<>`*#\[\]{}|\\\"“”«»=;:@$%^~]")
-_INSTRUCTION = re.compile(
-    r"\b(ignore|disregard|forget|override|bypass)\b.*\b(previous|prior|above|earlier|all|any|instructions?|rules?|prompt)\b"
-    r"|\b(system|developer)\s+(prompt|message|instructions?)\b"
-    r"|\b(you\s+are|you\s+must|act\s+as|pretend|respond\s+with|reply\s+with|always\s+(answer|say|route|choose)"
-    r"|never\s+(answer|say|route|search)|do\s+not|don't|instead\s+of)\b"
-    r"|\b(instructions?|jailbreak|prompt\s+injection)\b",
-    re.I,
-)
-_ALLOWED = re.compile(r"^[\w][\w '&/+.,()-]*$", re.UNICODE)
 
 
-def validate_label(text: str | None) -> tuple[str | None, str | None]:
-    """(clean label, None) or (None, reason)."""
-    if text is None:
-        return None, "empty"
-    label = " ".join(text.strip().strip(".").split())
-    if label.lower().startswith("label:"):
-        label = label[6:].strip()
-    if not label:
+def clean_label(text: str | None) -> tuple[str | None, str | None]:
+    """An answer's form tidied: (label, None), or (None, reason) when it is no one-line answer at all.  What it says
+    is judged by storetopics.record_label."""
+    if text is None or not text.strip():
         return None, "empty"
     if "\n" in text.strip():
         return None, "several lines"
-    if len(label) > MAX_LABEL_CHARS:
-        return None, f"longer than {MAX_LABEL_CHARS} characters"
-    if _URL.search(label):
-        return None, "contains a URL"
-    if _MARKUP.search(label):
-        return None, "contains quotes or markup"
-    if _INSTRUCTION.search(label):
-        return None, "looks like an instruction"
-    if not _ALLOWED.match(label):
-        return None, "unexpected characters"
-    words = label.split()
-    if not 2 <= len(words) <= 5:
-        return None, f"{len(words)} words, not 2-5"
-    return label, None
+    label = " ".join(text.strip().strip(".").split())
+    if label.lower().startswith("label:"):
+        label = label[6:].strip()
+    return (label, None) if label else (None, "empty")
 
 
 @dataclass
@@ -126,7 +102,7 @@ class AnthropicLabeler:
                        input_tokens=getattr(usage, "input_tokens", 0) or 0,
                        output_tokens=getattr(usage, "output_tokens", 0) or 0,
                        extra={"seconds": round(time.monotonic() - started, 3)})
-        clean, reason = validate_label(text)
+        clean, reason = clean_label(text)
         if clean is None:
             result.text = None
             result.rejected = reason

@@ -153,6 +153,16 @@ class Worker:
         if conn is not None:
             conn.close()
 
+    def connection_lost(self, e: Exception) -> bool:
+        """Whether an error means the connection is gone (reconnect), not that one statement failed (report it,
+        carry on): psycopg files both under OperationalError (a ProgramLimitExceeded, say, is one too)."""
+        conn = self.conn
+        if conn is None or conn.closed or conn.broken:
+            return True
+        state = getattr(e, "sqlstate", None) or ""
+        # 08: connection exceptions; 57P01-57P03: the server is shutting down or starting up
+        return state.startswith("08") or state in ("57P01", "57P02", "57P03")
+
     # -- the lease -------------------------------------------------------------------------------------------
     def check(self, source: int, store: str) -> None:
         if self.stopping.is_set():
@@ -231,11 +241,9 @@ class Worker:
             conn.execute("SELECT storetopics.worker_stop(%s)", (self.id,))
             self.log(f"{source}:{store}: stopping; lease given back (the store stays dirty)")
             raise
-        except psycopg.OperationalError as e:
-            if not isinstance(e, psycopg.errors.TransactionRollback):   # the connection, not the statement
-                raise
-            return self._failed(source, store, generation, e, calls)
         except Exception as e:  # a failed pass: keep the old summary, back off, retry later
+            if isinstance(e, psycopg.Error) and self.connection_lost(e):
+                raise
             return self._failed(source, store, generation, e, calls)
         finally:
             self.current = None
@@ -253,6 +261,7 @@ class Worker:
     def tick(self) -> bool:
         """Do what is due now.  Returns whether anything was done."""
         did = False
+        self.conn.execute("SELECT storetopics.verify_due()")   # the periodic count check (settings.verify_every)
         for (source,) in self.conn.execute("SELECT storetopics.sources_to_fold()").fetchall():
             if self.stopping.is_set():
                 raise Stopping()
@@ -260,10 +269,9 @@ class Worker:
                 if self.fold_source(source):
                     self.stats.folded_sources += 1
                     did = True
-            except psycopg.OperationalError as e:
-                if not isinstance(e, psycopg.errors.TransactionRollback):
-                    raise
             except psycopg.Error as e:   # e.g. its table was dropped without detach: say so once, carry on
+                if self.connection_lost(e):
+                    raise
                 if source not in self._fold_warned:
                     self._fold_warned.add(source)
                     self.log(f"cannot fold source {source}: {' '.join(str(e).split())}")
@@ -314,9 +322,15 @@ class Worker:
                         break
                     if not did:
                         self._wait()
-                except psycopg.OperationalError as e:
+                except psycopg.Error as e:
                     if self.stopping.is_set():
                         break
+                    if not self.connection_lost(e):
+                        # a statement failed outside any store's pass (claiming, say): report it, wait, go on
+                        self.stats.failed += 1
+                        self.log(f"error ({' '.join(str(e).split())[:200]}); retrying in {self.opts.poll:g}s")
+                        self.stopping.wait(self.opts.poll)
+                        continue
                     self.stats.reconnects += 1
                     self.log(f"lost the database ({' '.join(str(e).split())[:200]}); reconnecting")
                     try:

@@ -39,3 +39,43 @@ EXCEPTION WHEN OTHERS THEN
     USING ERRCODE = 'invalid_parameter_value',
           HINT = 'Give a column name, or an SQL expression that calls the chunk row c, e.g. c.cmetadata->>''source''.';
 END $$;
+
+-- pgvector's schema, to name its operators in dynamic SQL (functions here run with search_path = pg_catalog).
+CREATE OR REPLACE FUNCTION storetopics._vector_schema() RETURNS name
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN (SELECT t.typnamespace::regnamespace::name FROM pg_type t WHERE t.typname = 'vector'
+         ORDER BY t.typnamespace = 'public'::regnamespace DESC LIMIT 1);
+
+-- How to name one chunk: its single-column primary key, else its ctid (good within one fit).
+CREATE OR REPLACE FUNCTION storetopics._chunk_ref_sql(tbl regclass) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN coalesce((SELECT format('c.%I::text', a.attname)
+                   FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+                  WHERE i.indrelid = tbl AND i.indisprimary AND i.indnatts = 1),
+                'c.ctid::text');
+
+-- The WHERE condition that finds chunks by the refs _chunk_ref_sql gave, bound as $1 (an index or TID scan).
+CREATE OR REPLACE FUNCTION storetopics._chunk_lookup_sql(tbl regclass) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN coalesce((SELECT format('c.%I = ANY ($1::%s[])', a.attname, a.atttypid::regtype)
+                   FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+                  WHERE i.indrelid = tbl AND i.indisprimary AND i.indnatts = 1),
+                'c.ctid = ANY ($1::tid[])');
+
+-- to_tsvector, or NULL for unusable text or text whose tsvector would pass 1 MB (one subtransaction per call: the
+-- slow path of a fold batch that hit such a row; parallel unsafe: workers may not start subtransactions).
+CREATE OR REPLACE FUNCTION storetopics.tsvector_or_null(cfg regconfig, t text) RETURNS tsvector
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF NOT storetopics.usable_text(t) THEN
+    RETURN NULL;
+  END IF;
+  RETURN to_tsvector(cfg, t);
+EXCEPTION WHEN program_limit_exceeded THEN
+  RETURN NULL;
+END $$;
+
+-- The installed version (storetopics.meta), which generated functions are stamped with.
+CREATE OR REPLACE FUNCTION storetopics._version() RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN (SELECT m.value FROM storetopics.meta m WHERE m.key = 'version');

@@ -1,52 +1,37 @@
 -- ------------------------------------------------------------------------------------------------------------
--- Attach / detach
+-- Attach / detach, and who may do what
 -- ------------------------------------------------------------------------------------------------------------
--- Registers the source row.  SECURITY DEFINER so a table owner who is no superuser can attach; it checks that the
--- caller owns the table, and lets the owner role append to the change log.
-CREATE OR REPLACE FUNCTION storetopics._register_source(
-  p_chunks regclass, p_store_key text, p_file_key text, p_content text, p_embedding text,
-  p_store_sql text, p_file_sql text, p_content_sql text, p_file_type regtype, p_ts_config regconfig,
-  p_settings jsonb, p_files_table regclass, p_files_key text, p_mirror regclass, p_mirror_key text,
-  p_mirror_column text) RETURNS storetopics.sources
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+-- The public entry points that change a source (attach, detach, resync, configure, grant_read, verify) are SECURITY
+-- DEFINER: they create functions in the schema, triggers on the table and rows in storetopics' tables, which no
+-- tenant may do itself.  Inside them current_user is the extension's owner, so every check is made for the role
+-- that called in (_caller); the internal functions they use are not executable by tenants.
+
+-- The role that called in: the session's role as SET ROLE left it, or the login role.  Unlike current_user it is
+-- not changed by SECURITY DEFINER, and nobody can set it to a role they could not become (SET ROLE checks that);
+-- through a pooler that logs in as one role and SETs ROLE per tenant, it is the tenant.
+CREATE OR REPLACE FUNCTION storetopics._caller() RETURNS regrole
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN quote_ident(coalesce(nullif(current_setting('role'), 'none'), session_user))::regrole;
+
+-- Whether the caller may act as a role (is it, is a member with its privileges, or is a superuser).
+CREATE OR REPLACE FUNCTION storetopics._may_act_as(p_role regrole) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN pg_has_role(storetopics._caller(), p_role, 'USAGE');
+
+-- The source of an attached table, for a caller who may act as its owner (else insufficient_privilege).
+CREATE OR REPLACE FUNCTION storetopics._owned_source(p_chunks regclass) RETURNS storetopics.sources
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  v_owner name;
   src storetopics.sources;
 BEGIN
-  SELECT pg_get_userbyid(relowner) INTO v_owner FROM pg_class WHERE oid = p_chunks;
-  IF NOT pg_has_role(session_user, v_owner, 'USAGE') AND NOT pg_has_role(current_user, v_owner, 'USAGE')
-     AND NOT pg_has_role(session_user, v_owner, 'MEMBER') THEN
-    RAISE EXCEPTION 'storetopics: only the owner of % can attach it', p_chunks USING ERRCODE = 'insufficient_privilege';
-  END IF;
-  INSERT INTO storetopics.sources (chunks, owner, store_key, file_key, content, embedding, store_sql, file_sql,
-                                   content_sql, file_type, ts_config, settings, capture_function,
-                                   files_table, files_key, mirror, mirror_key, mirror_column)
-  VALUES (p_chunks, v_owner, p_store_key, p_file_key, p_content, p_embedding, p_store_sql, p_file_sql,
-          p_content_sql, p_file_type, p_ts_config, p_settings, 'pending',
-          p_files_table, p_files_key, p_mirror, p_mirror_key, p_mirror_column)
-  RETURNING * INTO src;
-  UPDATE storetopics.sources SET capture_function = format('storetopics.capture_%s', src.id)
-   WHERE id = src.id RETURNING * INTO src;
-  -- The first fold counts every row that is already there.
-  INSERT INTO storetopics.pending (source_id, resync) VALUES (src.id, true);
-  EXECUTE format('GRANT USAGE ON SCHEMA storetopics TO %I', v_owner);
-  EXECUTE format('GRANT INSERT, SELECT (source_id) ON storetopics.pending TO %I', v_owner);
-  RETURN src;
-END $$;
-
-CREATE OR REPLACE FUNCTION storetopics._unregister_source(p_source int) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  v_owner name;
-BEGIN
-  SELECT owner INTO v_owner FROM storetopics.sources WHERE id = p_source FOR UPDATE;
+  SELECT * INTO src FROM storetopics.sources s WHERE s.chunks = p_chunks;
   IF NOT FOUND THEN
-    RETURN;
+    RAISE EXCEPTION 'storetopics: % is not attached', p_chunks USING ERRCODE = 'undefined_object';
+  ELSIF NOT storetopics._may_act_as(src.owner) THEN
+    RAISE EXCEPTION 'storetopics: only the owner of % (%) may do that', p_chunks, src.owner
+      USING ERRCODE = 'insufficient_privilege';
   END IF;
-  IF NOT pg_has_role(session_user, v_owner, 'MEMBER') AND NOT pg_has_role(current_user, v_owner, 'MEMBER') THEN
-    RAISE EXCEPTION 'storetopics: only the owner of the table can detach it' USING ERRCODE = 'insufficient_privilege';
-  END IF;
-  PERFORM storetopics._forget_source(p_source);
+  RETURN src;
 END $$;
 
 -- Deletes every storetopics row of a source (no checks: callers check).
@@ -59,34 +44,76 @@ BEGIN ATOMIC
   DELETE FROM storetopics.store_state WHERE source_id = p_source;
   DELETE FROM storetopics.clusters WHERE source_id = p_source;
   DELETE FROM storetopics.label_ledger WHERE source_id = p_source;
+  DELETE FROM storetopics.grants WHERE source_id = p_source;
   DELETE FROM storetopics.sources WHERE id = p_source;
 END;
 
--- DROP TABLE of an attached table also forgets its source (the table's triggers go with it).  Installed where the
--- installing role may create event triggers (superuser); elsewhere fold() and backfill() skip such sources.
-CREATE OR REPLACE FUNCTION storetopics._forget_dropped_tables() RETURNS event_trigger
+-- A table and, when it is partitioned, every table of its partition tree.
+CREATE OR REPLACE FUNCTION storetopics._tree(p_table regclass) RETURNS regclass[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN ARRAY(SELECT p_table UNION SELECT x.relid FROM pg_partition_tree(p_table) x ORDER BY 1);
+
+-- The capture triggers on the attached table and on every partition of it (statement triggers of a partitioned
+-- table do not fire for statements that name a partition), dropped from tables that left the tree, and on
+-- files_table.  Idempotent: attach, resync() and the DDL event trigger (partitions created or attached later) call
+-- it.  settings.replica_capture makes them ENABLE ALWAYS, so rows written with session_replication_role = replica
+-- (logical replication, pg_restore) are captured too.  Returns how many tables got triggers they lacked.
+CREATE OR REPLACE FUNCTION storetopics._create_triggers(src storetopics.sources) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+  fn regprocedure := (storetopics._generated(src.id, 'capture') || '()')::regprocedure;
+  v_mode text := CASE WHEN (storetopics._settings(src.id) ->> 'replica_capture')::boolean THEN 'ALWAYS' ELSE '' END;
+  v_enabled "char" := CASE WHEN v_mode = 'ALWAYS' THEN 'A' ELSE 'O' END;   -- pg_trigger.tgenabled
   r record;
+  v_new int := 0;
+  -- its own DDL fires the DDL event trigger (_cover_partitions), which must not call it again
+  v_was text := coalesce(current_setting('storetopics.creating_triggers', true), '');
 BEGIN
-  FOR r IN SELECT s.id, s.capture_function FROM storetopics.sources s
-             JOIN pg_event_trigger_dropped_objects() d
-               ON d.classid = 'pg_class'::regclass AND d.objid = s.chunks AND d.objsubid = 0 LOOP
-    EXECUTE format('DROP FUNCTION IF EXISTS %s() CASCADE', r.capture_function);  -- with files_table's triggers
-    PERFORM storetopics._forget_source(r.id);
+  PERFORM set_config('storetopics.creating_triggers', 'on', true);
+  FOR r IN SELECT t.tgrelid, t.tgname FROM pg_trigger t
+            WHERE t.tgfoid = fn AND t.tgrelid <> ALL (storetopics._tree(src.chunks))
+              AND t.tgrelid IS DISTINCT FROM src.files_table LOOP
+    EXECUTE format('DROP TRIGGER %I ON %s', r.tgname, r.tgrelid::regclass);
   END LOOP;
+  FOR r IN SELECT x.relid AS rel, k.name, k.ddl
+             FROM unnest(storetopics._tree(src.chunks)) x(relid),
+                  (VALUES ('storetopics_ins', 'AFTER INSERT ON %s REFERENCING NEW TABLE AS new_rows'),
+                          ('storetopics_upd', 'AFTER UPDATE ON %s REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows'),
+                          ('storetopics_del', 'AFTER DELETE ON %s'),
+                          ('storetopics_trunc', 'AFTER TRUNCATE ON %s')) AS k(name, ddl)
+           UNION ALL
+           SELECT src.files_table, k.name, k.ddl
+             FROM (VALUES (format('storetopics_%s_files_ins', src.id), 'AFTER INSERT ON %s REFERENCING NEW TABLE AS new_rows'),
+                          (format('storetopics_%s_files_upd', src.id),
+                           'AFTER UPDATE ON %s REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows'),
+                          (format('storetopics_%s_files_del', src.id), 'AFTER DELETE ON %s REFERENCING OLD TABLE AS old_rows'))
+                  AS k(name, ddl)
+            WHERE src.files_table IS NOT NULL LOOP
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = r.rel AND t.tgname = r.name) THEN
+      EXECUTE format('CREATE TRIGGER %I ' || r.ddl || ' FOR EACH STATEMENT EXECUTE FUNCTION %s(%s)', r.name,
+                     r.rel::regclass, storetopics._generated(src.id, 'capture'),
+                     CASE WHEN r.rel = src.files_table THEN '''files''' ELSE '' END);
+      v_new := v_new + 1;
+    END IF;
+    IF (SELECT t.tgenabled FROM pg_trigger t WHERE t.tgrelid = r.rel AND t.tgname = r.name) <> v_enabled THEN
+      EXECUTE format('ALTER TABLE %s ENABLE %s TRIGGER %I', r.rel::regclass, v_mode, r.name);
+    END IF;
+  END LOOP;
+  PERFORM set_config('storetopics.creating_triggers', v_was, true);
+  RETURN v_new;
 END $$;
 
--- Attach storetopics to an application's chunk table.  Runs as the caller, who must own the table (creating a
--- trigger needs that) and be able to create the capture function in schema storetopics (superusers can; others are
--- granted it with storetopics.grant_attach(role)).  Returns the source id.
+-- Attach storetopics to an application's chunk table; returns the source id.  The caller must be able to act as
+-- the owner of the table (and of files_table); superusers can, and table owners may call it once an administrator
+-- ran storetopics.grant_attach(role).  The keys are columns or SQL expressions over the chunk row `c`: they run as
+-- the table's owner, whoever folds.
 --   files_table, files_key: when the store key is looked up in another table (files(id, store_id) in
---     `(SELECT f.store_id FROM files f WHERE f.id = c.file_id)`), an UPDATE of that table moves files between stores
---     without touching a chunk.  Naming it installs two more triggers on it: updated or deleted rows log their
---     files_key (which must equal the chunks' file key as text) for a recount.  The caller must own it too.
+--     `(SELECT f.store_id FROM files f WHERE f.id = c.file_id)`), an INSERT, UPDATE or DELETE of that table moves
+--     files between stores without touching a chunk.  Naming it installs three triggers on it that log the rows'
+--     files_key (which must equal the chunks' file key as text) for a recount.
 --   mirror, mirror_key, mirror_column: render() also copies each store's summary into the application's own table:
 --     UPDATE mirror SET mirror_column = <summary> WHERE mirror_key::text = <store key> (NULL once the store is
---     empty).  Runs as whoever renders (the worker needs UPDATE on that column); see _mirror_summary.
+--     empty), as the table's owner, who must hold UPDATE on that column and SELECT on it and on the key.
 CREATE OR REPLACE FUNCTION storetopics.attach(
   chunks    regclass,
   store_key text,
@@ -101,164 +128,305 @@ CREATE OR REPLACE FUNCTION storetopics.attach(
   mirror_key    text DEFAULT 'id',
   mirror_column text DEFAULT 'store_topics'
 ) RETURNS int
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  v_store_sql text; v_file_sql text; v_content_sql text;
-  v_file_type regtype; v_content_type regtype; v_emb_type text;
-  v_relkind char;
-  v_type regtype;
+  v_owner regrole := (SELECT c.relowner::regrole FROM pg_class c WHERE c.oid = chunks);
+  v_file_type regtype;
   src storetopics.sources;
 BEGIN
-  SELECT relkind INTO v_relkind FROM pg_class WHERE oid = chunks;
-  IF v_relkind NOT IN ('r', 'p') THEN
-    RAISE EXCEPTION 'storetopics: % is not a table', chunks USING ERRCODE = 'wrong_object_type';
-  END IF;
-  IF EXISTS (SELECT 1 FROM storetopics.sources s WHERE s.chunks = attach.chunks) THEN
-    RAISE EXCEPTION 'storetopics: % is already attached', chunks USING ERRCODE = 'duplicate_object',
-      HINT = 'Detach it first with storetopics.detach(...).';
-  END IF;
-  IF coalesce(trim(store_key), '') = '' OR coalesce(trim(file_key), '') = '' OR coalesce(trim(content), '') = '' THEN
-    RAISE EXCEPTION 'storetopics: store_key, file_key and content are required' USING ERRCODE = 'null_value_not_allowed';
-  END IF;
-  v_store_sql := storetopics._key_sql(chunks, store_key);
-  v_file_sql := storetopics._key_sql(chunks, file_key);
-  v_content_sql := storetopics._key_sql(chunks, content);
-  PERFORM storetopics._expr_type(chunks, v_store_sql, format('store_key %L', store_key));
-  v_file_type := storetopics._expr_type(chunks, v_file_sql, format('file_key %L', file_key));
-  v_content_type := storetopics._expr_type(chunks, v_content_sql, format('content %L', content));
-  IF v_content_type NOT IN ('text'::regtype, 'character varying'::regtype, 'character'::regtype) THEN
-    RAISE EXCEPTION 'storetopics: content % of % is %, not text', content, chunks, v_content_type
-      USING ERRCODE = 'datatype_mismatch';
-  END IF;
-  IF embedding IS NOT NULL THEN
-    SELECT t.typname INTO v_emb_type FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
-     WHERE a.attrelid = chunks AND a.attname = embedding AND a.attnum > 0 AND NOT a.attisdropped;
-    IF v_emb_type IS NULL THEN
-      RAISE EXCEPTION 'storetopics: % has no column %', chunks, embedding USING ERRCODE = 'undefined_column';
-    ELSIF v_emb_type NOT IN ('vector', 'halfvec') THEN
-      RAISE EXCEPTION 'storetopics: embedding column % of % is %, not a pgvector vector', embedding, chunks,
-        v_emb_type USING ERRCODE = 'datatype_mismatch';
-    END IF;
-  END IF;
-  IF files_table IS NOT NULL THEN
-    IF (SELECT relkind FROM pg_class WHERE oid = files_table) NOT IN ('r', 'p') THEN
-      RAISE EXCEPTION 'storetopics: files_table % is not a table', files_table USING ERRCODE = 'wrong_object_type';
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = files_table AND a.attname = files_key
-                    AND a.attnum > 0 AND NOT a.attisdropped) THEN
-      RAISE EXCEPTION 'storetopics: files_table % has no column %', files_table, files_key
-        USING ERRCODE = 'undefined_column', HINT = 'files_key names its column that holds the chunks'' file key.';
-    END IF;
-  END IF;
-  IF mirror IS NOT NULL THEN
-    IF (SELECT relkind FROM pg_class WHERE oid = mirror) NOT IN ('r', 'p') THEN
-      RAISE EXCEPTION 'storetopics: mirror % is not a table', mirror USING ERRCODE = 'wrong_object_type';
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = mirror AND a.attname = mirror_key
-                    AND a.attnum > 0 AND NOT a.attisdropped) THEN
-      RAISE EXCEPTION 'storetopics: mirror % has no column % (mirror_key)', mirror, mirror_key
-        USING ERRCODE = 'undefined_column', HINT = 'mirror_key names its column that holds the store key.';
-    END IF;
-    SELECT a.atttypid::regtype INTO v_type FROM pg_attribute a
-     WHERE a.attrelid = mirror AND a.attname = mirror_column AND a.attnum > 0 AND NOT a.attisdropped;
-    IF v_type IS NULL THEN
-      RAISE EXCEPTION 'storetopics: mirror % has no column % (mirror_column)', mirror, mirror_column
-        USING ERRCODE = 'undefined_column',
-              HINT = format('Add it: ALTER TABLE %s ADD COLUMN %I text', mirror, mirror_column);
-    ELSIF v_type NOT IN ('text'::regtype, 'character varying'::regtype) OR mirror_column = mirror_key THEN
-      RAISE EXCEPTION 'storetopics: mirror column % of % is %, not a text column of its own', mirror_column, mirror,
-        v_type USING ERRCODE = 'datatype_mismatch';
-    END IF;
-  END IF;
-
-  src := storetopics._register_source(chunks, store_key, file_key, content, embedding, v_store_sql, v_file_sql,
-                                      v_content_sql, v_file_type, ts_config, settings,
-                                      files_table, CASE WHEN files_table IS NOT NULL THEN files_key END,
-                                      mirror, CASE WHEN mirror IS NOT NULL THEN mirror_key END,
-                                      CASE WHEN mirror IS NOT NULL THEN mirror_column END);
+  v_file_type := storetopics._attach_check(chunks, store_key, file_key, content, embedding, files_table, files_key,
+                                          mirror, mirror_key, mirror_column);
+  PERFORM storetopics._validate_settings(settings);
+  INSERT INTO storetopics.sources (chunks, owner, store_key, file_key, content, embedding, store_sql, file_sql,
+                                   content_sql, file_type, ts_config, settings, files_table, files_key, mirror,
+                                   mirror_key, mirror_column)
+  VALUES (chunks, v_owner, store_key, file_key, content, embedding, storetopics._key_sql(chunks, store_key),
+          storetopics._key_sql(chunks, file_key), storetopics._key_sql(chunks, content), v_file_type, ts_config,
+          coalesce(settings, '{}'), files_table, CASE WHEN files_table IS NOT NULL THEN files_key END,
+          mirror, CASE WHEN mirror IS NOT NULL THEN mirror_key END, CASE WHEN mirror IS NOT NULL THEN mirror_column END)
+  RETURNING * INTO src;
+  -- The first fold counts every row that is already there.
+  INSERT INTO storetopics.pending (source_id, resync, logged_by) VALUES (src.id, true, v_owner);
+  PERFORM storetopics._generate(src);
   PERFORM storetopics._create_triggers(src);
+  UPDATE storetopics.sources s SET generated = storetopics._version() WHERE s.id = src.id;
   PERFORM pg_notify('storetopics_dirty', src.id::text);
   RETURN src.id;
 END $$;
+COMMENT ON FUNCTION storetopics.attach(regclass, text, text, text, text, regconfig, jsonb, regclass, text, regclass,
+                                      text, text) IS
+  'Attach a chunk table: store_key and file_key (columns or SQL over the row c), content, embedding (NULL: keywords '
+  'only); returns the source id.  The caller must be able to act as the table''s owner; the keys run as that owner.';
 
--- attach(..., mirror => ...): copies a store's summary (NULL: the store is gone) into the application's table.
--- Called by render() whenever it changes a store's store_topics.  Runs as the caller (the worker needs UPDATE on
--- the mirror column; a SECURITY DEFINER here would fire the application's triggers on that table as storetopics'
--- owner).  It never fails a fold or a render: a mirror table dropped, a column gone or a privilege missing is a
--- WARNING, and the summary in storetopics.stores stays right.
-CREATE OR REPLACE FUNCTION storetopics._mirror_summary(p_source int, p_store text, p_text text) RETURNS void
+-- attach()'s checks, for the caller: what it names exists and has the right type, and the caller may act as the
+-- owner of every table it installs triggers on; a mirror must be writable by the table's owner.  Returns the type
+-- of the file key (fold looks files up with it, so the application's index on it serves).
+CREATE OR REPLACE FUNCTION storetopics._attach_check(
+  p_chunks regclass, p_store_key text, p_file_key text, p_content text, p_embedding text, p_files_table regclass,
+  p_files_key text, p_mirror regclass, p_mirror_key text, p_mirror_column text) RETURNS regtype
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  src storetopics.sources;
+  v_owner regrole := (SELECT c.relowner::regrole FROM pg_class c WHERE c.oid = p_chunks);
+  v_type regtype;
+  v_file_type regtype;
 BEGIN
-  SELECT * INTO src FROM storetopics.sources WHERE id = p_source;
+  IF (SELECT relkind FROM pg_class WHERE oid = p_chunks) NOT IN ('r', 'p') THEN
+    RAISE EXCEPTION 'storetopics: % is not a table', p_chunks USING ERRCODE = 'wrong_object_type';
+  END IF;
+  IF NOT storetopics._may_act_as(v_owner)
+     OR (p_files_table IS NOT NULL
+         AND NOT storetopics._may_act_as((SELECT relowner::regrole FROM pg_class WHERE oid = p_files_table))) THEN
+    RAISE EXCEPTION 'storetopics: only the owner of % (or a member of its role) can attach it',
+      CASE WHEN storetopics._may_act_as(v_owner) THEN p_files_table ELSE p_chunks END
+      USING ERRCODE = 'insufficient_privilege';
+  END IF;
+  IF EXISTS (SELECT 1 FROM storetopics.sources s WHERE s.chunks = p_chunks) THEN
+    RAISE EXCEPTION 'storetopics: % is already attached', p_chunks USING ERRCODE = 'duplicate_object',
+      HINT = 'Detach it first with storetopics.detach(...).';
+  END IF;
+  IF coalesce(trim(p_store_key), '') = '' OR coalesce(trim(p_file_key), '') = '' OR coalesce(trim(p_content), '') = '' THEN
+    RAISE EXCEPTION 'storetopics: store_key, file_key and content are required' USING ERRCODE = 'null_value_not_allowed';
+  END IF;
+  PERFORM storetopics._expr_type(p_chunks, storetopics._key_sql(p_chunks, p_store_key), format('store_key %L', p_store_key));
+  v_file_type := storetopics._expr_type(p_chunks, storetopics._key_sql(p_chunks, p_file_key),
+                                        format('file_key %L', p_file_key));
+  v_type := storetopics._expr_type(p_chunks, storetopics._key_sql(p_chunks, p_content), format('content %L', p_content));
+  IF v_type NOT IN ('text'::regtype, 'character varying'::regtype, 'character'::regtype) THEN
+    RAISE EXCEPTION 'storetopics: content % of % is %, not text', p_content, p_chunks, v_type
+      USING ERRCODE = 'datatype_mismatch';
+  END IF;
+  IF p_embedding IS NOT NULL THEN
+    SELECT a.atttypid::regtype INTO v_type FROM pg_attribute a
+     WHERE a.attrelid = p_chunks AND a.attname = p_embedding AND a.attnum > 0 AND NOT a.attisdropped;
+    IF v_type IS NULL THEN
+      RAISE EXCEPTION 'storetopics: % has no column %', p_chunks, p_embedding USING ERRCODE = 'undefined_column';
+    ELSIF (SELECT typname FROM pg_type WHERE oid = v_type) NOT IN ('vector', 'halfvec') THEN
+      RAISE EXCEPTION 'storetopics: embedding column % of % is %, not a pgvector vector', p_embedding, p_chunks,
+        v_type USING ERRCODE = 'datatype_mismatch';
+    END IF;
+  END IF;
+  IF p_files_table IS NOT NULL THEN
+    IF (SELECT relkind FROM pg_class WHERE oid = p_files_table) NOT IN ('r', 'p') THEN
+      RAISE EXCEPTION 'storetopics: files_table % is not a table', p_files_table USING ERRCODE = 'wrong_object_type';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = p_files_table AND a.attname = p_files_key
+                    AND a.attnum > 0 AND NOT a.attisdropped) THEN
+      RAISE EXCEPTION 'storetopics: files_table % has no column %', p_files_table, p_files_key
+        USING ERRCODE = 'undefined_column', HINT = 'files_key names its column that holds the chunks'' file key.';
+    END IF;
+  END IF;
+  IF p_mirror IS NOT NULL THEN
+    PERFORM storetopics._mirror_check(v_owner, p_mirror, p_mirror_key, p_mirror_column);
+  END IF;
+  RETURN v_file_type;
+END $$;
+
+-- A mirror target: a table with the key column and a text column of its own, which the table's owner may update
+-- (the mirror writes as that owner).
+CREATE OR REPLACE FUNCTION storetopics._mirror_check(p_owner regrole, p_mirror regclass, p_key text, p_column text)
+RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_type regtype;
+BEGIN
+  IF (SELECT relkind FROM pg_class WHERE oid = p_mirror) NOT IN ('r', 'p') THEN
+    RAISE EXCEPTION 'storetopics: mirror % is not a table', p_mirror USING ERRCODE = 'wrong_object_type';
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = p_mirror AND a.attname = p_key
+                  AND a.attnum > 0 AND NOT a.attisdropped) THEN
+    RAISE EXCEPTION 'storetopics: mirror % has no column % (mirror_key)', p_mirror, p_key
+      USING ERRCODE = 'undefined_column', HINT = 'mirror_key names its column that holds the store key.';
+  END IF;
+  SELECT a.atttypid::regtype INTO v_type FROM pg_attribute a
+   WHERE a.attrelid = p_mirror AND a.attname = p_column AND a.attnum > 0 AND NOT a.attisdropped;
+  IF v_type IS NULL THEN
+    RAISE EXCEPTION 'storetopics: mirror % has no column % (mirror_column)', p_mirror, p_column
+      USING ERRCODE = 'undefined_column', HINT = format('Add it: ALTER TABLE %s ADD COLUMN %I text', p_mirror, p_column);
+  ELSIF v_type NOT IN ('text'::regtype, 'character varying'::regtype) OR p_column = p_key THEN
+    RAISE EXCEPTION 'storetopics: mirror column % of % is %, not a text column of its own', p_column, p_mirror,
+      v_type USING ERRCODE = 'datatype_mismatch';
+  END IF;
+  IF NOT has_column_privilege(p_owner, p_mirror, p_column, 'UPDATE')
+     OR NOT has_column_privilege(p_owner, p_mirror, p_key, 'SELECT')
+     OR NOT has_column_privilege(p_owner, p_mirror, p_column, 'SELECT') THEN
+    RAISE EXCEPTION 'storetopics: % may not update %.% (the mirror writes as the table''s owner)', p_owner, p_mirror,
+      p_column USING ERRCODE = 'insufficient_privilege',
+      HINT = format('GRANT SELECT (%I, %I), UPDATE (%I) ON %s TO %s', p_key, p_column, p_column, p_mirror, p_owner);
+  END IF;
+END $$;
+
+-- render()'s copy of a store's summary (NULL: the store is gone) into attach(..., mirror => ...), by the source's
+-- generated mirror function, as the table's owner.  It never fails a render: a mirror table dropped, a column gone
+-- or a right revoked is a WARNING, and the summary in storetopics.stores stays right.
+CREATE OR REPLACE FUNCTION storetopics._mirror(src storetopics.sources, p_store text, p_text text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
   IF src.mirror IS NULL THEN
     RETURN;
   END IF;
   BEGIN
-    EXECUTE format('UPDATE %s SET %I = $1 WHERE %I::text = $2 AND %I IS DISTINCT FROM $1', src.mirror,
-                   src.mirror_column, src.mirror_key, src.mirror_column)
-      USING p_text, p_store;
+    PERFORM storetopics._reader(src.id);   -- made current with the reader
+    EXECUTE format('SELECT %s($1, $2)', storetopics._generated(src.id, 'mirror')) USING p_store, p_text;
   EXCEPTION WHEN OTHERS THEN
     RAISE WARNING 'storetopics: could not mirror the summary of store % of source % into %.%: %', p_store,
-      p_source, src.mirror, src.mirror_column, SQLERRM;
+      src.id, src.mirror, src.mirror_column, SQLERRM;
   END;
 END $$;
 
--- Detach by source id (also when the table is gone): dropping the capture function drops its four triggers.
+-- Detach by source id (also when the table is gone).  The caller must be able to act as the source's owner.
 CREATE OR REPLACE FUNCTION storetopics.detach_source(p_source int) RETURNS boolean
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   src storetopics.sources;
 BEGIN
-  SELECT * INTO src FROM storetopics.sources WHERE id = p_source;
+  SELECT * INTO src FROM storetopics.sources WHERE id = p_source FOR UPDATE;
   IF NOT FOUND THEN
     RETURN false;
   END IF;
-  EXECUTE format('DROP FUNCTION IF EXISTS %s() CASCADE', src.capture_function);
-  PERFORM storetopics._unregister_source(p_source);
+  IF NOT storetopics._may_act_as(src.owner) THEN
+    RAISE EXCEPTION 'storetopics: only the owner of % (%) can detach it', src.chunks, src.owner
+      USING ERRCODE = 'insufficient_privilege';
+  END IF;
+  PERFORM storetopics._drop_generated(p_source);   -- the triggers go with the capture function
+  PERFORM storetopics._forget_source(p_source);
   RETURN true;
 END $$;
+COMMENT ON FUNCTION storetopics.detach_source(int) IS
+  'Detach a source by id (also when its table was dropped): triggers, generated functions and state go.';
 
 CREATE OR REPLACE FUNCTION storetopics.detach(chunks regclass) RETURNS boolean
-LANGUAGE sql SET search_path = pg_catalog, pg_temp
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 RETURN coalesce((SELECT storetopics.detach_source(s.id) FROM storetopics.sources s WHERE s.chunks = detach.chunks),
                 false);
+COMMENT ON FUNCTION storetopics.detach(regclass) IS
+  'Detach a table: its triggers, generated functions and summaries go; the table is left as it is.';
 
--- Lets a role that owns chunk tables attach them without being superuser.
+-- Forget a source's state and recount everything on the next fold; also covers partitions added since.
+CREATE OR REPLACE FUNCTION storetopics.resync(chunks regclass) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  src storetopics.sources := storetopics._owned_source(chunks);
+BEGIN
+  PERFORM storetopics._create_triggers(src);
+  INSERT INTO storetopics.pending (source_id, resync, logged_by) VALUES (src.id, true, src.owner);
+END $$;
+COMMENT ON FUNCTION storetopics.resync(regclass) IS
+  'Recount every row of an attached table at the next fold (after changes storetopics cannot see, e.g. a rename '
+  'in a table a key expression reads).';
+
+-- Compare every file's live chunk count with the folded one at the next fold, and recount those that differ: finds
+-- rows written while the capture triggers did not fire (session_replication_role = replica, ALTER TABLE ... DISABLE
+-- TRIGGER, a partition attached with its rows).  The worker does it every settings.verify_every seconds.
+-- chunks NULL: every source the caller may act for.  Returns how many sources will be checked.
+CREATE OR REPLACE FUNCTION storetopics.verify(chunks regclass DEFAULT NULL) RETURNS int
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_n int;
+BEGIN
+  IF chunks IS NOT NULL THEN
+    PERFORM storetopics._owned_source(chunks);
+  END IF;
+  INSERT INTO storetopics.pending (source_id, deletes, logged_by)
+  SELECT s.id, true, s.owner FROM storetopics.sources s
+   WHERE (verify.chunks IS NULL OR s.chunks = verify.chunks) AND storetopics._may_act_as(s.owner);
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  RETURN v_n;
+END $$;
+COMMENT ON FUNCTION storetopics.verify(regclass) IS
+  'Check at the next fold that every file''s live chunk count matches what was folded, and recount those that '
+  'differ (rows written while the capture triggers did not fire).  NULL: every source the caller owns.';
+
+-- DROP TABLE of an attached table also forgets its source (the table's triggers go with it).  SECURITY DEFINER:
+-- it runs for whoever drops a table, and tenants may not touch storetopics' tables.  Installed where the installing
+-- role may create event triggers (superuser); elsewhere fold() and backfill() skip such sources.
+CREATE OR REPLACE FUNCTION storetopics._forget_dropped_tables() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  r record;
+BEGIN
+  FOR r IN SELECT s.id FROM storetopics.sources s
+             JOIN pg_event_trigger_dropped_objects() d
+               ON d.classid = 'pg_class'::regclass AND d.objid = s.chunks AND d.objsubid = 0 LOOP
+    PERFORM storetopics._drop_generated(r.id);
+    PERFORM storetopics._forget_source(r.id);
+  END LOOP;
+END $$;
+
+-- A partition created or attached later, or one detached: after CREATE TABLE / ALTER TABLE on a table of an
+-- attached tree, cover the tree with triggers again and check the counts at the next fold (an attached partition
+-- brings rows no trigger saw).  Never fails the DDL: a problem is a WARNING.
+CREATE OR REPLACE FUNCTION storetopics._cover_partitions() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  src storetopics.sources;
+BEGIN
+  IF current_setting('storetopics.creating_triggers', true) = 'on' THEN
+    RETURN;
+  END IF;
+  FOR src IN SELECT DISTINCT ON (s.id) s.* FROM storetopics.sources s, pg_event_trigger_ddl_commands() d
+              WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0
+                AND (d.objid = s.chunks OR s.chunks IN (SELECT a.relid FROM pg_partition_ancestors(d.objid) a))
+              ORDER BY s.id LOOP
+    BEGIN
+      PERFORM storetopics._create_triggers(src);
+      INSERT INTO storetopics.pending (source_id, deletes, logged_by) VALUES (src.id, true, src.owner);
+    EXCEPTION WHEN OTHERS THEN
+      RAISE WARNING 'storetopics: could not cover the partitions of % with its triggers: %', src.chunks, SQLERRM
+        USING HINT = format('Run SELECT storetopics.resync(%L) as its owner.', src.chunks);
+    END;
+  END LOOP;
+END $$;
+
+-- ------------------------------------------------------------------------------------------------------------
+-- Grants
+-- ------------------------------------------------------------------------------------------------------------
+-- Lets a role that owns chunk tables attach them without being superuser: the public API, the views (which show a
+-- role only the stores of sources it owns or was granted), nothing else.  Run by an administrator.
 CREATE OR REPLACE FUNCTION storetopics.grant_attach(role_name name) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-  EXECUTE format('GRANT USAGE, CREATE ON SCHEMA storetopics TO %I', role_name);
-  EXECUTE format('GRANT INSERT, SELECT (source_id) ON storetopics.pending TO %I', role_name);
-  EXECUTE format('GRANT SELECT ON storetopics.sources, storetopics.stores, storetopics.status TO %I', role_name);
+  EXECUTE format('GRANT USAGE ON SCHEMA storetopics TO %I', role_name);
+  EXECUTE format('GRANT SELECT ON storetopics.stores, storetopics.status TO %I', role_name);
   EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.attach(regclass, text, text, text, text, regconfig, jsonb, '
-                 'regclass, text, regclass, text, text), '
-                 'storetopics.detach(regclass), storetopics.detach_source(int), storetopics._key_sql(regclass, text), '
-                 'storetopics._expr_type(regclass, text, text), storetopics._capture_sql(storetopics.sources), '
-                 'storetopics._create_triggers(storetopics.sources), '
-                 'storetopics._register_source(regclass, text, text, text, text, text, '
-                 'text, text, regtype, regconfig, jsonb, regclass, text, regclass, text, text), '
-                 'storetopics._unregister_source(int) TO %I', role_name);
+                 'regclass, text, regclass, text, text), storetopics.detach(regclass), storetopics.detach_source(int), '
+                 'storetopics.resync(regclass), storetopics.verify(regclass), storetopics.settings(regclass), '
+                 'storetopics.configure(regclass, jsonb), storetopics.pause(regclass), storetopics.resume(regclass), '
+                 'storetopics.grant_read(regrole, regclass) TO %I', role_name);
 END $$;
+COMMENT ON FUNCTION storetopics.grant_attach(name) IS
+  'Let a role attach the tables it owns (and read their summaries).  Grants no CREATE on the schema.';
 
--- Lets a role run the worker's part (fold, render, backfill) without being superuser or owning the chunk tables:
--- it may read and write storetopics' own tables and run its functions; nothing else.  The tables' owners grant it
--- SELECT on their chunk tables (and on any table a key expression reads); a mirror also needs UPDATE on the mirror
--- column (without it the mirror is skipped with a warning).  Run by an administrator.
+-- Lets a role run the worker's part (fold, render, backfill, the worker's functions) without being superuser or
+-- owning the chunk tables: it may read and write storetopics' own tables and run its functions, including each
+-- source's reader (which reads the chunk table as its owner); nothing of the application's.  Run by an administrator.
 CREATE OR REPLACE FUNCTION storetopics.grant_worker(role_name name) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+  INSERT INTO storetopics.grants (role, kind) VALUES (quote_ident(role_name)::regrole, 'worker') ON CONFLICT DO NOTHING;
   EXECUTE format('GRANT USAGE ON SCHEMA storetopics TO %I', role_name);
   EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA storetopics TO %I', role_name);
   EXECUTE format('GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA storetopics TO %I', role_name);
   EXECUTE format('GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA storetopics TO %I', role_name);
 END $$;
+COMMENT ON FUNCTION storetopics.grant_worker(name) IS
+  'Let a role run the worker (fold, fit, label, render) on every source, without superuser.';
 
--- Forget a source's state and recount everything on the next fold.
-CREATE OR REPLACE FUNCTION storetopics.resync(chunks regclass) RETURNS void
-LANGUAGE sql SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-  INSERT INTO storetopics.pending (source_id, resync)
-  SELECT s.id, true FROM storetopics.sources s WHERE s.chunks = resync.chunks;
-END;
+-- Lets a role (a router) read the summaries of one source, or of every source (chunks NULL: administrators only).
+-- The caller must be able to act as the source's owner.
+CREATE OR REPLACE FUNCTION storetopics.grant_read(role_name regrole, chunks regclass DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_source int;
+BEGIN
+  IF chunks IS NOT NULL THEN
+    v_source := (storetopics._owned_source(chunks)).id;
+  ELSIF NOT storetopics._may_act_as((SELECT n.nspowner::regrole FROM pg_namespace n WHERE n.nspname = 'storetopics')) THEN
+    RAISE EXCEPTION 'storetopics: only an administrator may grant reading every source'
+      USING ERRCODE = 'insufficient_privilege', HINT = 'Name the table: grant_read(role, chunks).';
+  END IF;
+  INSERT INTO storetopics.grants (role, kind, source_id) VALUES (role_name, 'read', v_source) ON CONFLICT DO NOTHING;
+  EXECUTE format('GRANT USAGE ON SCHEMA storetopics TO %s', role_name);
+  EXECUTE format('GRANT SELECT ON storetopics.stores, storetopics.status TO %s', role_name);
+END $$;
+COMMENT ON FUNCTION storetopics.grant_read(regrole, regclass) IS
+  'Let a role (a router) read the summaries of one attached table, or of all (NULL; administrators only).';

@@ -1,124 +1,168 @@
 -- ------------------------------------------------------------------------------------------------------------
 -- Fold: bring the keyword state up to date with the logged changes
 -- ------------------------------------------------------------------------------------------------------------
--- Recounts at most max_files touched files of one source and applies the difference.  Returns the number of files
--- recounted (0 = nothing was pending).  Serialised per source by a row lock on storetopics.sources; application
--- writers never take that lock.  Safe to call at any time, from any number of sessions.
--- (jit off here and in apply_fit: compiling the assignment's expressions took 1.2 s per statement and saved nothing,
--- 4.5 s vs 2.9 s for 100k chunks)
+-- fold(source) recounts at most max_files touched files of one source from the live rows and applies the
+-- difference old -> new to the store-wide state.  A recount is absolute, so folding is idempotent and exact whatever
+-- happened in between.  Serialised per source by a row lock on storetopics.sources (application writers never take
+-- it).  Every read of the chunk table goes through the source's reader (read_<id>), which runs as the table's owner.
+-- Steps: _fold_source (lock, checks, forged events), _fold_resync, _fold_check_counts, _fold_claim, _fold_recount,
+-- _fold_apply.  Returns the number of files recounted (0 = nothing was pending).
+-- (jit off here and in apply_fit: compiling the assignment's expressions cost more than it saved; bench/README.md)
 CREATE OR REPLACE FUNCTION storetopics.fold(p_source int, max_files int DEFAULT 5000) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET jit = off AS $$
 DECLARE
-  src storetopics.sources;
+  src storetopics.sources := storetopics._fold_source(p_source);
   v_files text[];
-  v_null_keys boolean;
-  v_deleted_at timestamptz;
-  v_filter text;
-  v_tsv text;
-  v_skip text;
-  v_saved text[];
   v_n int;
+BEGIN
+  IF EXISTS (SELECT 1 FROM storetopics.pending WHERE source_id = p_source AND resync) THEN
+    PERFORM storetopics._fold_resync(src);
+  END IF;
+  PERFORM storetopics._fold_check_counts(src);
+  v_files := storetopics._fold_claim(src, max_files);
+  IF cardinality(v_files) > 0 THEN
+    PERFORM storetopics._fold_recount(src, v_files);
+    v_n := storetopics._fold_apply(src, v_files);
+  END IF;
+  UPDATE storetopics.sources SET folded_at = now() WHERE id = p_source;
+  -- (a first backfill: without statistics the planner took the state for "one row"; see _analyze_if_stale)
+  PERFORM storetopics._analyze_if_stale(coalesce(v_n, 0));
+  RETURN cardinality(v_files);
+END $$;
+COMMENT ON FUNCTION storetopics.fold(int, int) IS
+  'Recount up to max_files files of a source whose rows changed and apply the difference to its stores; returns '
+  'the number of files recounted (0: nothing pending).  Exact and idempotent; safe from any number of sessions.';
+
+-- The source, locked for this fold, if it can be folded: its table exists and still has the owner its generated
+-- functions run as.  Events logged by a role that may not act as that owner are dropped: the capture function logs
+-- as the owner, fold and resync() as the owner too, so such rows were forged (a tenant writing another's source id).
+CREATE OR REPLACE FUNCTION storetopics._fold_source(p_source int) RETURNS storetopics.sources
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  src storetopics.sources;
+  v_owner oid;
 BEGIN
   SELECT * INTO src FROM storetopics.sources WHERE id = p_source FOR UPDATE;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'storetopics: no source %', p_source USING ERRCODE = 'undefined_object';
   END IF;
-  IF NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = src.chunks) THEN
+  SELECT c.relowner INTO v_owner FROM pg_class c WHERE c.oid = src.chunks;
+  IF v_owner = src.owner THEN
+    PERFORM storetopics._reader(p_source);   -- its generated functions made current
+  END IF;
+  IF NOT FOUND THEN
     RAISE EXCEPTION 'storetopics: the table of source % was dropped', p_source USING ERRCODE = 'undefined_table',
       HINT = format('Forget it with SELECT storetopics.detach_source(%s).', p_source);
+  ELSIF v_owner <> src.owner THEN
+    RAISE EXCEPTION 'storetopics: source %: the owner of % is now %, not % who attached it', p_source, src.chunks,
+      v_owner::regrole, src.owner USING ERRCODE = 'insufficient_privilege',
+      HINT = format('Detach %s and attach it again as its new owner.', src.chunks);
   END IF;
+  DELETE FROM storetopics.pending p
+   WHERE p.source_id = p_source
+     AND p.logged_by IN (SELECT x.r FROM (SELECT DISTINCT q.logged_by AS r FROM storetopics.pending q
+                                          WHERE q.source_id = p_source) x
+                          WHERE NOT pg_has_role(x.r, src.owner, 'USAGE'));
+  RETURN src;
+END $$;
 
-  -- 1. A resync (attach, TRUNCATE): forget the state and log every live file, then fold those in batches.
-  IF EXISTS (SELECT 1 FROM storetopics.pending WHERE source_id = p_source AND resync) THEN
-    DELETE FROM storetopics.pending WHERE source_id = p_source AND (resync OR deletes);
-    DELETE FROM storetopics.file_terms WHERE source_id = p_source;
-    DELETE FROM storetopics.store_terms WHERE source_id = p_source;
-    UPDATE storetopics.store_state SET files = 0, chunks = 0, words = 0, skipped = 0, other_dim = 0, folded_at = now(),
-           version = version + 1
-     WHERE source_id = p_source;
-    UPDATE storetopics.clusters SET chunks = 0, files = 0, outliers = 0, outliers_at_fit = 0
-     WHERE source_id = p_source;
-    EXECUTE format('INSERT INTO storetopics.pending (source_id, store_key, file_key) '
-                   'SELECT DISTINCT %s, (%s)::text, (%s)::text FROM %s AS c',
-                   p_source, src.store_sql, src.file_sql, src.chunks);
-    UPDATE storetopics.sources SET null_key_rows = 0 WHERE id = p_source;
+-- Fold step 1 (attach, TRUNCATE, resync()): forget the source's state and log every live file, folded in batches.
+CREATE OR REPLACE FUNCTION storetopics._fold_resync(src storetopics.sources) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  DELETE FROM storetopics.pending WHERE source_id = src.id AND (resync OR deletes);
+  DELETE FROM storetopics.file_terms WHERE source_id = src.id;
+  DELETE FROM storetopics.store_terms WHERE source_id = src.id;
+  UPDATE storetopics.store_state SET files = 0, chunks = 0, words = 0, skipped = 0, other_dim = 0, folded_at = now(),
+         version = version + 1
+   WHERE source_id = src.id;
+  UPDATE storetopics.clusters SET chunks = 0, files = 0, outliers = 0, outliers_at_fit = 0 WHERE source_id = src.id;
+  EXECUTE format('INSERT INTO storetopics.pending (source_id, store_key, file_key, logged_by) '
+                 'SELECT $1, r.s, r.f, $2 FROM %s(''keys'', NULL, NULL, NULL) AS r(s text, f text)',
+                 storetopics._generated(src.id, 'read'))
+    USING src.id, src.owner;
+  UPDATE storetopics.sources SET null_key_rows = 0 WHERE id = src.id;
+END $$;
+
+-- Fold step 2 (rows were deleted, or the periodic check asked): every file whose live chunk count differs from the
+-- one folded is logged for a recount.  Only a DELETE changes a file's count without logging the file, unless
+-- triggers did not fire (session_replication_role = replica, a partition attached with its rows): then a file is
+-- live but unknown, which the same comparison finds.  One pass over the file keys (an index-only scan with an index
+-- on the file key); it also counts the rows whose file key is NULL.
+CREATE OR REPLACE FUNCTION storetopics._fold_check_counts(src storetopics.sources) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_at timestamptz;
+BEGIN
+  WITH d AS (DELETE FROM storetopics.pending WHERE source_id = src.id AND deletes RETURNING logged_at)
+  SELECT max(d.logged_at) INTO v_at FROM d;
+  IF v_at IS NULL THEN
+    RETURN;
   END IF;
+  EXECUTE format('CREATE TEMP TABLE storetopics_live ON COMMIT DROP AS '
+                 'SELECT * FROM %s(''file_counts'', NULL, NULL, NULL) AS r(file_key text, chunks bigint)',
+                 storetopics._generated(src.id, 'read'));
+  UPDATE storetopics.sources
+     SET null_key_rows = (SELECT coalesce(sum(l.chunks), 0) FROM pg_temp.storetopics_live l WHERE l.file_key IS NULL),
+         checked_at = now()
+   WHERE id = src.id;
+  -- logged when the event was: the files are as old as the events that touched them
+  INSERT INTO storetopics.pending (source_id, file_key, logged_at, logged_by)
+  SELECT src.id, coalesce(f.file_key, l.file_key), v_at, src.owner
+    FROM (SELECT f.file_key, sum(f.chunks) AS chunks FROM storetopics.file_terms f
+           WHERE f.source_id = src.id GROUP BY 1) f
+    FULL JOIN (SELECT * FROM pg_temp.storetopics_live WHERE file_key IS NOT NULL) l ON l.file_key = f.file_key
+   WHERE l.chunks IS DISTINCT FROM f.chunks;
+  DROP TABLE pg_temp.storetopics_live;
+END $$;
 
-  -- 1b. Rows were deleted: every file whose live chunk count differs from the one folded lost rows (only a DELETE
-  --     changes a file's count without logging the file).  One pass over the file keys; an index on the file key
-  --     makes it an index-only scan.  The same pass counts the rows whose file key is NULL.
-  WITH d AS (DELETE FROM storetopics.pending WHERE source_id = p_source AND deletes RETURNING logged_at)
-  SELECT max(d.logged_at) INTO v_deleted_at FROM d;
-  IF v_deleted_at IS NOT NULL THEN
-    EXECUTE format($q$
-      CREATE TEMP TABLE storetopics_live ON COMMIT DROP AS
-      SELECT (%1$s)::text AS file_key, count(*) AS chunks FROM %2$s AS c GROUP BY 1$q$, src.file_sql, src.chunks);
-    SELECT coalesce(sum(l.chunks), 0) INTO src.null_key_rows FROM pg_temp.storetopics_live l WHERE l.file_key IS NULL;
-    UPDATE storetopics.sources SET null_key_rows = src.null_key_rows WHERE id = p_source;
-    -- logged when the deletes were: the files are as old as the events that touched them
-    INSERT INTO storetopics.pending (source_id, file_key, logged_at)
-    SELECT p_source, f.file_key, v_deleted_at
-      FROM (SELECT f.file_key, sum(f.chunks) AS chunks FROM storetopics.file_terms f
-             WHERE f.source_id = p_source GROUP BY 1) f
-      LEFT JOIN pg_temp.storetopics_live l ON l.file_key = f.file_key
-     WHERE l.chunks IS DISTINCT FROM f.chunks;
-    DROP TABLE pg_temp.storetopics_live;
-  END IF;
-
-  -- 2. Claim a batch of touched files.
+-- Fold step 3: claim a batch of touched files (and the events that name none).  Returns the file keys.
+CREATE OR REPLACE FUNCTION storetopics._fold_claim(src storetopics.sources, max_files int) RETURNS text[]
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_files text[];
+  v_null_keys boolean;
+BEGIN
   v_files := ARRAY(SELECT DISTINCT file_key FROM storetopics.pending
-                    WHERE source_id = p_source AND file_key IS NOT NULL ORDER BY 1 LIMIT max_files);
+                    WHERE source_id = src.id AND file_key IS NOT NULL ORDER BY 1 LIMIT max_files);
   -- One statement: a NULL-key event committed between a check and the DELETE would be lost.
   WITH d AS (DELETE FROM storetopics.pending
-              WHERE source_id = p_source
+              WHERE source_id = src.id
                 AND (file_key = ANY (v_files) OR (file_key IS NULL AND NOT resync AND NOT deletes))
              RETURNING file_key)
   SELECT coalesce(bool_or(d.file_key IS NULL), false) INTO v_null_keys FROM d;
   IF v_null_keys THEN
-    EXECUTE format('SELECT count(*) FROM %s AS c WHERE (%s) IS NULL', src.chunks, src.file_sql)
-      INTO src.null_key_rows;
-    UPDATE storetopics.sources SET null_key_rows = src.null_key_rows WHERE id = p_source;
+    EXECUTE format('UPDATE storetopics.sources SET null_key_rows = (SELECT r.n FROM %s(''null_files'', NULL, NULL, '
+                   'NULL) AS r(n bigint)) WHERE id = $1', storetopics._generated(src.id, 'read'))
+      USING src.id;
   END IF;
-  IF cardinality(v_files) = 0 THEN
-    UPDATE storetopics.sources SET folded_at = now() WHERE id = p_source;
-    RETURN 0;
-  END IF;
+  RETURN v_files;
+END $$;
 
-  -- 3. Recount those files from the live rows, in one scan.  Per (store, file, term): the count; plus one row per
-  --    (store, file) with term NULL whose count(*) is the number of chunks and whose n is the number of skipped
-  --    chunks.  Parallel query spreads the tokenising over the cores; the planner takes to_tsvector for cheap, so
-  --    parallel plans are made free for this statement.
-  v_filter := format('%s = ANY (%L::%s[])', src.file_sql, v_files, src.file_type);
+-- Fold step 4: recount the files from the live rows into pg_temp.storetopics_new_files: per (store, file) the
+-- counters, the term/count arrays and the chunks per cluster.  The reader's recount is one parallel scan (the
+-- planner takes to_tsvector for cheap, so parallel plans are made free for it).  A text whose tsvector would pass
+-- 1 MB fails the batch: it is redone row by row, skipping such rows.
+CREATE OR REPLACE FUNCTION storetopics._fold_recount(src storetopics.sources, p_files text[]) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_op text := 'terms';
+  v_saved text[] := ARRAY[current_setting('parallel_setup_cost'), current_setting('parallel_tuple_cost'),
+                          current_setting('min_parallel_table_scan_size'), current_setting('enable_sort')];
+BEGIN
   DROP TABLE IF EXISTS pg_temp.storetopics_new_terms, pg_temp.storetopics_new_files;
-  v_saved := ARRAY[current_setting('parallel_setup_cost'), current_setting('parallel_tuple_cost'),
-                   current_setting('min_parallel_table_scan_size'), current_setting('enable_sort')];
   PERFORM set_config('parallel_setup_cost', '0', true), set_config('parallel_tuple_cost', '0', true),
           set_config('min_parallel_table_scan_size', '0', true);
-  -- tsv: the row's tsvector (NULL for unusable text or a NULL store key); skip: 1 for a skipped row.  Neither refers
-  -- to the other, so the planner cannot end up tokenising a row twice.
-  v_tsv := format('CASE WHEN (%s) IS NOT NULL AND storetopics.usable_text(%s) THEN to_tsvector(%L::regconfig, %s) END',
-                  src.store_sql, src.content_sql, src.ts_config, src.content_sql);
-  v_skip := format('(NOT storetopics.usable_text(%s))::int', src.content_sql);
   LOOP
     BEGIN
-      EXECUTE format($q$
-        CREATE TEMP TABLE storetopics_new_terms AS
-        SELECT (%1$s)::text AS store_key, (%2$s)::text AS file_key, l.term, sum(l.n)::int AS n, count(*)::int AS rows
-          FROM %3$s AS c
-         CROSS JOIN LATERAL (SELECT x.lexeme, cardinality(x.positions) FROM unnest(%4$s) AS x
-                             UNION ALL
-                             SELECT NULL, %6$s) AS l(term, n)
-         WHERE %5$s
-         GROUP BY 1, 2, 3$q$, src.store_sql, src.file_sql, src.chunks, v_tsv, v_filter, v_skip);
+      EXECUTE format('CREATE TEMP TABLE storetopics_new_terms AS SELECT * FROM %s($1, $2, NULL, NULL) '
+                     'AS r(store_key text, file_key text, term text, n int, rows int)',
+                     storetopics._generated(src.id, 'read'))
+        USING v_op, p_files;
       EXIT;
     EXCEPTION WHEN program_limit_exceeded THEN
-      -- A text whose tsvector would pass 1 MB: redo this batch with one subtransaction per row, skipping such rows
-      -- (this slow path tokenises each row twice).
-      EXIT WHEN v_tsv LIKE 'storetopics._tsvector_or_null%';
-      v_tsv := format('storetopics._tsvector_or_null(%L::regconfig, CASE WHEN (%s) IS NOT NULL THEN %s END)',
-                      src.ts_config, src.store_sql, src.content_sql);
-      v_skip := format('(%s IS NULL AND ((%s) IS NOT NULL OR NOT storetopics.usable_text(%s)))::int',
-                       v_tsv, src.store_sql, src.content_sql);
+      EXIT WHEN v_op = 'terms_slow';
+      v_op := 'terms_slow';
     END;
   END LOOP;
   PERFORM set_config('parallel_setup_cost', v_saved[1], true), set_config('parallel_tuple_cost', v_saved[2], true),
@@ -130,10 +174,10 @@ BEGIN
    WHERE NOT EXISTS (SELECT 1 FROM storetopics.lexemes x WHERE x.lexeme = t.term)
    ORDER BY 1
   ON CONFLICT (lexeme) DO NOTHING;
-  -- Grouping by hashing: array_agg needs no order here, and sorting ~1M rows per batch is the slow way.
+  -- Grouping by hashing: array_agg needs no order here, and sorting ~1M rows per batch is the slow way.  Both
+  -- aggregates read the rows in the same order, so the term and count arrays line up.  A NULL store key makes the
+  -- file's chunks null-key rows.
   PERFORM set_config('enable_sort', 'off', true);
-  -- Per file: counters and the term/count arrays (parallel arrays: both aggregates read the rows in the same
-  -- order, so the pairs line up; no sort needed).  A NULL store key makes the file's chunks null-key rows.
   CREATE TEMP TABLE storetopics_new_files AS
   SELECT nt.store_key, nt.file_key,
          max(nt.rows) FILTER (WHERE nt.term IS NULL) AS chunks,
@@ -150,81 +194,78 @@ BEGIN
   ALTER TABLE pg_temp.storetopics_new_files ADD cluster_ids int[] NOT NULL DEFAULT '{}',
     ADD cluster_chunks int[] NOT NULL DEFAULT '{}', ADD cluster_outliers int[] NOT NULL DEFAULT '{}',
     ADD other_dim int NOT NULL DEFAULT 0;
-  IF src.embedding IS NOT NULL AND EXISTS (SELECT 1 FROM storetopics.clusters k WHERE k.source_id = p_source) THEN
-    PERFORM storetopics._assign(src, v_filter);
+  IF src.embedding IS NOT NULL AND EXISTS (SELECT 1 FROM storetopics.clusters k WHERE k.source_id = src.id) THEN
+    PERFORM storetopics._assign(src, p_files, NULL);
     UPDATE pg_temp.storetopics_new_files nf SET cluster_ids = a.cluster_ids, cluster_chunks = a.cluster_chunks,
            cluster_outliers = a.cluster_outliers, other_dim = a.other_dim
       FROM pg_temp.storetopics_assign a WHERE a.store_key = nf.store_key AND a.file_key = nf.file_key;
     DROP TABLE pg_temp.storetopics_assign;
   END IF;
+END $$;
 
-  -- 4. Store-wide term statistics: subtract the files' old counts, add the new ones.
+-- Fold step 5: subtract the files' old counts and add the new ones, in the store-wide term statistics, the cluster
+-- sizes and the store counters; then replace the files' own rows.  Returns the number of file rows written.
+-- (file_terms is found by a digest of the file key: keys may be longer than an index entry can be)
+CREATE OR REPLACE FUNCTION storetopics._fold_apply(src storetopics.sources, p_files text[]) RETURNS int
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_digests uuid[] := ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x);
+  v_n int;
+BEGIN
+  CREATE TEMP TABLE storetopics_old_files ON COMMIT DROP AS
+  SELECT f.* FROM storetopics.file_terms f
+   WHERE f.source_id = src.id AND md5(f.file_key)::uuid = ANY (v_digests) AND f.file_key = ANY (p_files);
+
   CREATE TEMP TABLE storetopics_delta ON COMMIT DROP AS
   SELECT d.store_key, d.term_id, sum(d.df)::int AS df, sum(d.tf)::bigint AS tf, sum(d.tf2)::bigint AS tf2
     FROM (SELECT f.store_key, u.term_id, -1 AS df, -u.n::bigint AS tf, -(u.n::bigint * u.n) AS tf2
-            FROM storetopics.file_terms f, unnest(f.term_ids, f.counts) AS u(term_id, n)
-           WHERE f.source_id = p_source AND f.file_key = ANY (v_files) AND f.store_key IS NOT NULL
+            FROM pg_temp.storetopics_old_files f, unnest(f.term_ids, f.counts) AS u(term_id, n)
+           WHERE f.store_key IS NOT NULL
           UNION ALL
           SELECT nf.store_key, u.term_id, 1, u.n, u.n::bigint * u.n
             FROM pg_temp.storetopics_new_files nf, unnest(nf.term_ids, nf.counts) AS u(term_id, n)
            WHERE nf.store_key IS NOT NULL) d
    GROUP BY 1, 2
   HAVING sum(d.df) <> 0 OR sum(d.tf) <> 0 OR sum(d.tf2) <> 0;
-
   INSERT INTO storetopics.store_terms AS t (source_id, store_key, term_id, files, total, total_sq)
-  SELECT p_source, d.store_key, d.term_id, d.df, d.tf, d.tf2 FROM pg_temp.storetopics_delta d
+  SELECT src.id, d.store_key, d.term_id, d.df, d.tf, d.tf2 FROM pg_temp.storetopics_delta d
   ORDER BY d.store_key, d.term_id
   ON CONFLICT (source_id, store_key, term_id) DO UPDATE
      SET files = t.files + excluded.files, total = t.total + excluded.total, total_sq = t.total_sq + excluded.total_sq;
   DELETE FROM storetopics.store_terms t USING pg_temp.storetopics_delta d
-   WHERE t.source_id = p_source AND t.store_key = d.store_key AND t.term_id = d.term_id AND t.files <= 0;
+   WHERE t.source_id = src.id AND t.store_key = d.store_key AND t.term_id = d.term_id AND t.files <= 0;
   DROP TABLE pg_temp.storetopics_delta;
 
-  -- 4b. Cluster sizes: the same difference over the files' cluster arrays.
   IF src.embedding IS NOT NULL THEN
-    PERFORM storetopics._add_to_clusters(p_source, v_files);
+    PERFORM storetopics._add_to_clusters(src.id);
   END IF;
 
-  -- 5. Store counters, by the same difference.
-  CREATE TEMP TABLE storetopics_counts ON COMMIT DROP AS
-  SELECT x.store_key, sum(x.files)::bigint AS files, sum(x.chunks)::bigint AS chunks, sum(x.words)::bigint AS words,
-         sum(x.skipped)::bigint AS skipped, sum(x.other_dim)::bigint AS other_dim
-    FROM (SELECT f.store_key, -1 AS files, -f.chunks AS chunks, -f.words AS words, -f.skipped AS skipped,
-                 -f.other_dim AS other_dim
-            FROM storetopics.file_terms f
-           WHERE f.source_id = p_source AND f.file_key = ANY (v_files) AND f.store_key IS NOT NULL
-          UNION ALL
-          SELECT nf.store_key, 1, nf.chunks, nf.words, nf.skipped, nf.other_dim
-            FROM pg_temp.storetopics_new_files nf
-           WHERE nf.store_key IS NOT NULL) x
-   GROUP BY 1;
   INSERT INTO storetopics.store_state AS st (source_id, store_key, files, chunks, words, skipped, other_dim,
                                              folded_at)
-  SELECT p_source, k.store_key, k.files, k.chunks, k.words, k.skipped, k.other_dim, now()
-    FROM pg_temp.storetopics_counts k
-  ORDER BY k.store_key
+  SELECT src.id, x.store_key, sum(x.files), sum(x.chunks), sum(x.words), sum(x.skipped), sum(x.other_dim), now()
+    FROM (SELECT f.store_key, -1 AS files, -f.chunks AS chunks, -f.words AS words, -f.skipped AS skipped,
+                 -f.other_dim AS other_dim
+            FROM pg_temp.storetopics_old_files f WHERE f.store_key IS NOT NULL
+          UNION ALL
+          SELECT nf.store_key, 1, nf.chunks, nf.words, nf.skipped, nf.other_dim
+            FROM pg_temp.storetopics_new_files nf WHERE nf.store_key IS NOT NULL) x
+   GROUP BY x.store_key
+  ORDER BY x.store_key
   ON CONFLICT (source_id, store_key) DO UPDATE
      SET files = st.files + excluded.files, chunks = st.chunks + excluded.chunks,
          words = st.words + excluded.words, skipped = st.skipped + excluded.skipped,
          other_dim = st.other_dim + excluded.other_dim, folded_at = now(), version = st.version + 1;
-  DROP TABLE pg_temp.storetopics_counts;
 
-  -- 6. Replace the files' own rows.
-  DELETE FROM storetopics.file_terms WHERE source_id = p_source AND file_key = ANY (v_files);
+  DELETE FROM storetopics.file_terms f
+   WHERE f.source_id = src.id AND md5(f.file_key)::uuid = ANY (v_digests) AND f.file_key = ANY (p_files);
   INSERT INTO storetopics.file_terms (source_id, file_key, store_key, chunks, skipped, words, term_ids, counts,
                                       cluster_ids, cluster_chunks, cluster_outliers, other_dim)
-  SELECT p_source, nf.file_key, nf.store_key, nf.chunks, nf.skipped, nf.words, nf.term_ids, nf.counts,
+  SELECT src.id, nf.file_key, nf.store_key, nf.chunks, nf.skipped, nf.words, nf.term_ids, nf.counts,
          nf.cluster_ids, nf.cluster_chunks, nf.cluster_outliers, nf.other_dim
     FROM pg_temp.storetopics_new_files nf;
-
   GET DIAGNOSTICS v_n = ROW_COUNT;
-  DROP TABLE pg_temp.storetopics_new_files;
-  UPDATE storetopics.sources SET folded_at = now() WHERE id = p_source;
-  -- Statistics of the state tables, when this batch alone wrote more files than the statistics know (a first
-  -- backfill): without them the planner took the 20k-file state for "one row" and keywords() ran 96 s instead of
-  -- 2.5 s.  Only the tables' owner (or a superuser) may; others leave it to autovacuum.
-  PERFORM storetopics._analyze_if_stale(v_n);
-  RETURN cardinality(v_files);
+  DROP TABLE pg_temp.storetopics_new_files, pg_temp.storetopics_old_files;
+  RETURN v_n;
 END $$;
 
 -- ANALYZE the state tables when one statement just wrote at least 1,000 files' rows and more than their statistics
@@ -239,16 +280,4 @@ BEGIN
           OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)) THEN
     ANALYZE storetopics.file_terms, storetopics.store_terms, storetopics.lexemes;
   END IF;
-END $$;
-
--- The slow path of fold(): one subtransaction per row, so one oversized text cannot fail a batch.
-CREATE OR REPLACE FUNCTION storetopics._tsvector_or_null(cfg regconfig, t text) RETURNS tsvector
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-  IF NOT storetopics.usable_text(t) THEN
-    RETURN NULL;
-  END IF;
-  RETURN to_tsvector(cfg, t);
-EXCEPTION WHEN program_limit_exceeded THEN
-  RETURN NULL;
 END $$;

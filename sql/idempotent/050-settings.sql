@@ -23,33 +23,30 @@ RETURN jsonb_build_object(
   'embedding_model', NULL,       -- name of the model that made the vectors, recorded as the fit's space
   'debounce', 60,                -- seconds a store must be quiet before the worker refreshes it
   'max_staleness', 600,          -- ... but never longer than this under a continuous stream
-  'paused', false);
+  'paused', false,
+  'replica_capture', false,      -- capture triggers ENABLE ALWAYS: also rows written in session_replication_role
+                                 -- replica (logical replication's apply, pg_restore); see README
+  'verify_every', 3600);         -- seconds between the worker's count checks of a source (verify()); 0: never
 
 CREATE OR REPLACE FUNCTION storetopics._settings(p_source int) RETURNS jsonb
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN storetopics.default_settings() || coalesce((SELECT s.settings FROM storetopics.sources s WHERE s.id = p_source),
                                                   '{}');
 
--- The effective settings of an attached table.
+-- The effective settings of an attached table (for a caller who may act as its owner).
 CREATE OR REPLACE FUNCTION storetopics.settings(chunks regclass) RETURNS jsonb
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN (SELECT storetopics._settings(s.id) FROM storetopics.sources s WHERE s.chunks = settings.chunks);
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+RETURN storetopics._settings((storetopics._owned_source(chunks)).id);
+COMMENT ON FUNCTION storetopics.settings(regclass) IS 'The effective settings of an attached table (jsonb).';
 
--- Change settings of an attached table: configure('t', '{"k_max": 12}'); a key set to null goes back to its
--- default.  Unknown keys and values of the wrong type are refused.  Returns the effective settings.
-CREATE OR REPLACE FUNCTION storetopics.configure(chunks regclass, changes jsonb) RETURNS jsonb
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+-- Settings changes as configure() and attach() take them: known keys, values of the default's type (null resets).
+CREATE OR REPLACE FUNCTION storetopics._validate_settings(changes jsonb) RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   d jsonb := storetopics.default_settings();
   k text;
   v jsonb;
-  v_new jsonb;
-  v_source int;
 BEGIN
-  SELECT s.id INTO v_source FROM storetopics.sources s WHERE s.chunks = configure.chunks FOR UPDATE;
-  IF NOT FOUND THEN
-    RAISE EXCEPTION 'storetopics: % is not attached', chunks USING ERRCODE = 'undefined_object';
-  END IF;
   IF jsonb_typeof(changes) IS DISTINCT FROM 'object' THEN
     RAISE EXCEPTION 'storetopics: settings must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
   END IF;
@@ -71,22 +68,40 @@ BEGIN
         HINT = 'offline or anthropic';
     END IF;
   END LOOP;
-  UPDATE storetopics.sources s
-     SET settings = jsonb_strip_nulls(s.settings || changes)
-   WHERE s.id = v_source;
-  UPDATE storetopics.store_state SET version = version + 1 WHERE source_id = v_source;   -- labels shown may change
-  v_new := storetopics._settings(v_source);
+END $$;
+
+-- Change settings of an attached table: configure('t', '{"k_max": 12}'); a key set to null goes back to its
+-- default.  Unknown keys and values of the wrong type are refused.  Returns the effective settings.
+CREATE OR REPLACE FUNCTION storetopics.configure(chunks regclass, changes jsonb) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  src storetopics.sources := storetopics._owned_source(chunks);
+  v_old jsonb := storetopics._settings(src.id);
+  v_new jsonb;
+BEGIN
+  PERFORM storetopics._validate_settings(changes);
+  UPDATE storetopics.sources s SET settings = jsonb_strip_nulls(s.settings || changes) WHERE s.id = src.id
+  RETURNING * INTO src;
+  UPDATE storetopics.store_state SET version = version + 1 WHERE source_id = src.id;   -- labels shown may change
+  v_new := storetopics._settings(src.id);
   IF (v_new ->> 'k_min')::int > (v_new ->> 'k_max')::int THEN
     RAISE EXCEPTION 'storetopics: k_min % is above k_max %', v_new ->> 'k_min', v_new ->> 'k_max'
       USING ERRCODE = 'invalid_parameter_value';
   END IF;
+  IF v_new -> 'replica_capture' IS DISTINCT FROM v_old -> 'replica_capture' THEN
+    PERFORM storetopics._create_triggers(src);
+  END IF;
   RETURN v_new;
 END $$;
+COMMENT ON FUNCTION storetopics.configure(regclass, jsonb) IS
+  'Change settings of an attached table (null resets a key); returns the effective settings.';
 
 CREATE OR REPLACE FUNCTION storetopics.pause(chunks regclass) RETURNS jsonb
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 RETURN storetopics.configure(chunks, '{"paused": true}');
+COMMENT ON FUNCTION storetopics.pause(regclass) IS 'Stop the worker from refreshing this table''s stores.';
 
 CREATE OR REPLACE FUNCTION storetopics.resume(chunks regclass) RETURNS jsonb
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 RETURN storetopics.configure(chunks, '{"paused": null}');
+COMMENT ON FUNCTION storetopics.resume(regclass) IS 'Let the worker refresh this table''s stores again.';

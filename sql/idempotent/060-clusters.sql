@@ -1,70 +1,66 @@
 -- ------------------------------------------------------------------------------------------------------------
 -- Clusters: assignment of chunks to the current fit, kept by fold(); fits applied by apply_fit()
 -- ------------------------------------------------------------------------------------------------------------
--- pgvector's schema, to name its operators in dynamic SQL (functions here run with search_path = pg_catalog).
-CREATE OR REPLACE FUNCTION storetopics._vector_schema() RETURNS name
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN (SELECT t.typnamespace::regnamespace::name FROM pg_type t WHERE t.typname = 'vector'
-         ORDER BY t.typnamespace = 'public'::regnamespace DESC LIMIT 1);
-
--- The row's vector as pgvector's `vector` (halfvec columns are cast).
-CREATE OR REPLACE FUNCTION storetopics._embedding_sql(src storetopics.sources) RETURNS text
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN format('c.%I::%I.vector', src.embedding, storetopics._vector_schema());
-
--- How to name one chunk: its single-column primary key, else its ctid (good within one fit).
-CREATE OR REPLACE FUNCTION storetopics._chunk_ref_sql(tbl regclass) RETURNS text
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN coalesce((SELECT format('c.%I::text', a.attname)
-                   FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-                  WHERE i.indrelid = tbl AND i.indisprimary AND i.indnatts = 1),
-                'c.ctid::text');
-
 -- A chunk is clustered in its file's context: as the unit sum of its own direction and its file's mean direction
 -- (files of one chunk: the chunk itself).  Read alone, a chunk such as "This package contains the documentation" or
 -- a table of numbers says little about the topic its file is about; in context it goes where its file goes.  On
 -- Debian descriptions (16 sections, chunks = paragraphs) this raised the NMI of the clusters against the sections
 -- from 0.377 to 0.49.  Both the fit (_fit_input) and the assignment below use it, so distances and radii agree.
 --
--- Assigns the chunk rows matching `filter` to their store's clusters, into pg_temp.storetopics_assign: per (store,
--- file), the chunks per nearest cluster of the store's fit, the outliers among them, and the chunks whose vector no
--- cluster can take (another dimension).
+-- Assigns the chunk rows of the files p_files (or of the store p_store) to their store's clusters, into
+-- pg_temp.storetopics_assign: per (store, file), the chunks per nearest cluster of the store's fit, the outliers
+-- among them, and the chunks whose vector no cluster can take (another dimension).
 --
--- Two passes over the rows.  The first writes each file's mean direction to storetopics.file_means (one core:
--- PostgreSQL 15 runs no INSERT in parallel; a table, because parallel workers cannot read temp tables); the second,
--- parallel query, computes each chunk's vector in context once, its inner product with every centroid of its store,
--- and the nearest with least() over [inner product, slot] pairs (ties: the lower cluster id).  Everything per row is an expression or a function scan:
--- a LIMIT or aggregate subquery per row is never run by parallel workers, and that plan took 43 s for 1M chunks where
--- this one takes 8 s on 2 cores.  Centroids are unit vectors, so the cosine distance is 1 + (c <#> q) / |q| (a zero
--- vector is NaN, as cosine makes it: an outlier).  enable_nestloop is on here even when the caller turned it off
--- (apply_fit, for its own joins): the per-row function scans are nested loops, and a penalised plan is a worse one.
-CREATE OR REPLACE FUNCTION storetopics._assign(src storetopics.sources, filter text) RETURNS void
+-- Two passes over the rows, both by the source's reader (as the table's owner).  The first gives each file's mean
+-- direction, which goes to storetopics.file_means (a table, because parallel workers cannot read temp tables; the
+-- reader may read it, and its rows never outlive this transaction, so nobody sees another's); the second, a
+-- parallel query, computes each chunk's vector in context once, its inner product with every centroid of its
+-- store, and the nearest with least() over [inner product, slot] pairs (ties: the lower cluster id).  Everything
+-- per row is an expression or a function scan: a LIMIT or aggregate subquery per row is never run by parallel
+-- workers (bench/README.md has the figures).  Centroids are unit vectors, so the cosine distance is
+-- 1 + (c <#> q) / |q| (a zero vector is NaN, as cosine makes it: an outlier).  enable_nestloop is on here even when
+-- the caller turned it off (apply_fit, for its own joins): the per-row function scans are nested loops, and a
+-- penalised plan is a worse one.
+CREATE OR REPLACE FUNCTION storetopics._assign(src storetopics.sources, p_files text[], p_store text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET jit = off SET enable_nestloop = on
 AS $$
 DECLARE
-  v_vs name := storetopics._vector_schema();
-  v_e text := storetopics._embedding_sql(src);
-  v_slots int;
+  v_reader text := storetopics._generated(src.id, 'read');
+  v_clusters jsonb;
   v_saved text[] := ARRAY[current_setting('parallel_setup_cost'), current_setting('parallel_tuple_cost'),
                           current_setting('min_parallel_table_scan_size'), current_setting('enable_sort')];
 BEGIN
-  -- the most clusters a store of the source has: one least() argument per slot (a store with fewer: NULL slots)
-  SELECT max(n) INTO v_slots
-    FROM (SELECT count(*) AS n FROM storetopics.clusters k WHERE k.source_id = src.id GROUP BY k.store_key) x;
   DROP TABLE IF EXISTS pg_temp.storetopics_assign;
   PERFORM set_config('parallel_setup_cost', '0', true), set_config('parallel_tuple_cost', '0', true),
           set_config('min_parallel_table_scan_size', '0', true), set_config('enable_sort', 'off', true);
-  -- the file's mean direction (per dimension: a file may hold vectors of two); sum, not avg: its state is a float4
-  -- vector, half of avg's, so 100k files' states fit in work_mem; hashed, not sorted (sorting the vectors spilled)
   DELETE FROM storetopics.file_means WHERE source_id = src.id;
-  EXECUTE format($q$
-    INSERT INTO storetopics.file_means (source_id, store_key, file_key, dims, m)
-    SELECT %1$s, (%2$s)::text, (%3$s)::text, %4$I.vector_dims(%5$s), %4$I.l2_normalize(%4$I.sum(%4$I.l2_normalize(%5$s)))
-      FROM %6$s AS c
-     WHERE %7$s AND (%2$s) IS NOT NULL AND %5$s IS NOT NULL
-     GROUP BY 2, 3, 4$q$, src.id, src.store_sql, src.file_sql, v_vs, v_e, src.chunks, filter);
-  EXECUTE format($q$
-    CREATE TEMP TABLE storetopics_assign ON COMMIT DROP AS
+  EXECUTE format('INSERT INTO storetopics.file_means (source_id, store_key, file_key, dims, m) '
+                 'SELECT $1, r.* FROM %s(''means'', $2, $3, NULL) AS r(store_key text, file_key text, dims int, '
+                 'm %I.vector)', v_reader, storetopics._vector_schema())
+    USING src.id, p_files, p_store;
+  -- the stores' clusters, passed to the reader as data (it runs as the table's owner, who may not read them)
+  SELECT jsonb_build_object('clusters', jsonb_agg(jsonb_build_object('store_key', k.store_key, 'id', k.cluster_id,
+                                                                     'radius', k.radius, 'centroid', k.centroid::text)))
+    INTO v_clusters
+    FROM storetopics.clusters k WHERE k.source_id = src.id AND (p_store IS NULL OR k.store_key = p_store);
+  EXECUTE format('CREATE TEMP TABLE storetopics_assign ON COMMIT DROP AS SELECT * FROM %s(''assign'', $1, $2, $3) '
+                 'AS r(store_key text, file_key text, cluster_ids int[], cluster_chunks int[], cluster_outliers int[], '
+                 'other_dim int)', v_reader)
+    USING p_files, p_store, v_clusters;
+  DELETE FROM storetopics.file_means WHERE source_id = src.id;
+  PERFORM set_config('parallel_setup_cost', v_saved[1], true), set_config('parallel_tuple_cost', v_saved[2], true),
+          set_config('min_parallel_table_scan_size', v_saved[3], true), set_config('enable_sort', v_saved[4], true);
+END $$;
+
+-- The reader's assignment query (see _assign), in three pieces: it goes on with the least() arguments of the
+-- cluster slots, then the rows' filter (by files or by store), which the reader puts in at run time.
+CREATE OR REPLACE FUNCTION storetopics._assign_sql(src storetopics.sources) RETURNS text[]
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  vs name := storetopics._vector_schema();
+  e text := storetopics._embedding_sql(src);
+BEGIN
+  RETURN ARRAY[format($q$
     SELECT x.store_key, x.file_key,
            coalesce(array_agg(x.cluster_id ORDER BY x.cluster_id) FILTER (WHERE x.joined), '{}') AS cluster_ids,
            coalesce(array_agg(x.n ORDER BY x.cluster_id) FILTER (WHERE x.joined), '{}') AS cluster_chunks,
@@ -79,11 +75,12 @@ BEGIN
                            CASE WHEN b.qn > 0 THEN 1 + a.m[1] / b.qn ELSE 'NaN'::float8 END AS d
                       FROM %3$s AS c
                       -- the store's clusters as arrays, in cluster id order
-                      LEFT JOIN (SELECT k.store_key, array_agg(k.centroid ORDER BY k.cluster_id) AS cen,
-                                        array_agg(k.cluster_id ORDER BY k.cluster_id) AS ids,
-                                        array_agg(k.radius ORDER BY k.cluster_id) AS radii,
-                                        min(%5$I.vector_dims(k.centroid)) AS dims
-                                   FROM storetopics.clusters k WHERE k.source_id = %6$s GROUP BY 1) ks
+                      LEFT JOIN (SELECT k.store_key, array_agg(k.centroid::%5$I.vector ORDER BY k.id) AS cen,
+                                        array_agg(k.id ORDER BY k.id) AS ids, array_agg(k.radius ORDER BY k.id) AS radii,
+                                        min(%5$I.vector_dims(k.centroid::%5$I.vector)) AS dims
+                                   FROM jsonb_to_recordset($3 -> 'clusters')
+                                        AS k(store_key text, id int, radius real, centroid text)
+                                  GROUP BY 1) ks
                              ON ks.store_key = (%1$s)::text
                       LEFT JOIN storetopics.file_means fm
                              ON fm.source_id = %6$s AND fm.store_key = (%1$s)::text AND fm.file_key = (%2$s)::text
@@ -96,29 +93,26 @@ BEGIN
                       -- m = [inner product, slot] of the nearest centroid; NULL for a NULL vector, one of another
                       -- dimension, or a store without clusters
                       CROSS JOIN LATERAL unnest(ARRAY[ROW(CASE WHEN %5$I.vector_dims(q.q) = ks.dims
-                                                               THEN least(%8$s) END)]) AS a(m float8[])
-                     WHERE %7$s AND (%1$s) IS NOT NULL) y
+                                                               THEN least($q$,
+                      src.store_sql, src.file_sql, src.chunks, e, vs, src.id),
+               format($q$) END)]) AS a(m float8[])
+                     WHERE (%1$s) IS NOT NULL AND $q$, src.store_sql),
+               $q$) y
              GROUP BY 1, 2, 3, 4, 5) x
-     GROUP BY 1, 2$q$,
-    src.store_sql, src.file_sql, src.chunks, v_e, v_vs, src.id, filter,
-    coalesce((SELECT string_agg(format('ARRAY[ks.cen[%s] OPERATOR(%I.<#>) q.q, %s]', i, v_vs, i), ', ')
-                FROM generate_series(1, v_slots) i), 'NULL::float8[]'));
-  DELETE FROM storetopics.file_means WHERE source_id = src.id;
-  PERFORM set_config('parallel_setup_cost', v_saved[1], true), set_config('parallel_tuple_cost', v_saved[2], true),
-          set_config('min_parallel_table_scan_size', v_saved[3], true), set_config('enable_sort', v_saved[4], true);
+     GROUP BY 1, 2$q$];
 END $$;
 
 -- fold()'s step for clusters: subtract the files' old cluster arrays, add the new ones (in pg_temp's new files).
-CREATE OR REPLACE FUNCTION storetopics._add_to_clusters(p_source int, p_files text[]) RETURNS void
+CREATE OR REPLACE FUNCTION storetopics._add_to_clusters(p_source int) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   UPDATE storetopics.clusters k
      SET chunks = k.chunks + d.chunks, files = k.files + d.files, outliers = k.outliers + d.outliers
     FROM (SELECT x.store_key, x.cluster_id, sum(x.files) AS files, sum(x.chunks) AS chunks, sum(x.outliers) AS outliers
             FROM (SELECT f.store_key, u.cluster_id, -1 AS files, -u.n AS chunks, -u.o AS outliers
-                    FROM storetopics.file_terms f,
+                    FROM pg_temp.storetopics_old_files f,
                          unnest(f.cluster_ids, f.cluster_chunks, f.cluster_outliers) AS u(cluster_id, n, o)
-                   WHERE f.source_id = p_source AND f.file_key = ANY (p_files) AND f.store_key IS NOT NULL
+                   WHERE f.store_key IS NOT NULL
                   UNION ALL
                   SELECT nf.store_key, u.cluster_id, 1, u.n, u.o
                     FROM pg_temp.storetopics_new_files nf,
@@ -171,7 +165,6 @@ DECLARE
   v_limit int;
   v_seed int;
   v_vs name := storetopics._vector_schema();
-  v_from text;
 BEGIN
   SELECT * INTO src FROM storetopics.sources s WHERE s.id = p_source;
   IF src.embedding IS NULL THEN
@@ -186,21 +179,14 @@ BEGIN
   -- pages to read, as a percentage of the table: enough for 1.3x the sample from this store's share of rows
   v_pct := 100.0 * 1.3 * v_limit / greatest(coalesce(v_chunks, 0), 1);
   IF coalesce(v_chunks, 0) <= v_limit OR v_pct >= 50 THEN
-    v_from := format('%s AS c', src.chunks);
+    v_pct := NULL;
     method := 'whole store';
   ELSE
-    v_from := format('%s AS c TABLESAMPLE SYSTEM (%s) REPEATABLE (%s)', src.chunks, v_pct, v_seed);
     method := format('tablesample system %s%%', round(v_pct::numeric, 2));
   END IF;
-  EXECUTE format($q$
-    CREATE TEMP TABLE storetopics_sample ON COMMIT DROP AS
-    SELECT %1$s AS ref, (%7$s)::text AS file_key, %2$s AS e
-      FROM %3$s
-     WHERE (%4$s)::text = %5$L AND %2$s IS NOT NULL AND (%7$s) IS NOT NULL
-     ORDER BY hashtext(%1$s || ':' || %6$s), 1
-     LIMIT %8$s$q$,
-    storetopics._chunk_ref_sql(src.chunks), storetopics._embedding_sql(src), v_from, src.store_sql, p_store,
-    v_seed, src.file_sql, v_limit);
+  EXECUTE format('CREATE TEMP TABLE storetopics_sample ON COMMIT DROP AS SELECT * FROM %s(''sample'', NULL, $1, $2) '
+                 'AS r(ref text, file_key text, e %I.vector)', storetopics._reader(p_source), v_vs)
+    USING p_store, jsonb_build_object('percent', v_pct, 'seed', v_seed, 'limit', v_limit);
   -- each chunk in its file's context, as _assign puts it (the file's mean over the chunks the sample holds:
   -- all of them when the store is read whole; with TABLESAMPLE, those on the pages read, often all of a file's)
   EXECUTE format($q$
@@ -237,14 +223,6 @@ BEGIN
   END LOOP;
   DROP TABLE pg_temp.storetopics_sample;
 END $$;
-
--- The WHERE condition that finds chunks by the refs _chunk_ref_sql gave (an index or TID scan).
-CREATE OR REPLACE FUNCTION storetopics._chunk_lookup_sql(tbl regclass, refs text[]) RETURNS text
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN coalesce((SELECT format('c.%I = ANY (%L::%s[])', a.attname, refs, a.atttypid::regtype)
-                   FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-                  WHERE i.indrelid = tbl AND i.indisprimary AND i.indnatts = 1),
-                format('c.ctid = ANY (%L::tid[])', refs));
 
 -- Apply a fit computed from _fit_input() (by plpython3u in the database, or by the worker/CLI): p_fit is
 --   {"generation": the store's fit_generation the input was read at, "k", "silhouette", "single_theme", "sample",
@@ -312,11 +290,10 @@ BEGIN
   GET DIAGNOSTICS v_kept = ROW_COUNT;
   FOR r IN SELECT * FROM pg_temp.storetopics_fit f WHERE f.reuse IS NULL ORDER BY f.pos LOOP
     EXECUTE format('SELECT coalesce(jsonb_agg(jsonb_build_object(''id'', x.ref, ''file'', x.file, ''text'', x.txt) '
-                   'ORDER BY array_position(%1$L::text[], x.ref)), ''[]'') '
-                   'FROM (SELECT %2$s AS ref, (%3$s)::text AS file, left(%4$s, 1000) AS txt FROM %5$s AS c WHERE %6$s) x',
-                   r.refs, storetopics._chunk_ref_sql(src.chunks), src.file_sql, src.content_sql, src.chunks,
-                   storetopics._chunk_lookup_sql(src.chunks, r.refs))
-      INTO v_reps;
+                   'ORDER BY array_position($1, x.ref)), ''[]'') '
+                   'FROM %s(''chunks'', $1, NULL, NULL) AS x(ref text, file text, txt text)',
+                   storetopics._reader(p_source))
+      INTO v_reps USING r.refs;
     EXECUTE format('INSERT INTO storetopics.clusters (source_id, store_key, centroid, radius, fit_size, representatives, '
                    'keywords, label, labeller, label_model, label_needed, label_words) '
                    'SELECT $1, $2, ($3)::text::%I.vector, $4, $5, $6, coalesce(o.keywords, ''{}''), o.label, o.labeller, '
@@ -333,7 +310,7 @@ BEGIN
   DROP TABLE pg_temp.storetopics_fit, pg_temp.storetopics_old;
 
   -- Every file of the store, assigned to the clusters now in place.
-  PERFORM storetopics._assign(src, format('(%s)::text = %L', src.store_sql, p_store));
+  PERFORM storetopics._assign(src, NULL, p_store);
   ANALYZE pg_temp.storetopics_assign;
   UPDATE storetopics.file_terms f
      SET cluster_ids = a.cluster_ids, cluster_chunks = a.cluster_chunks, cluster_outliers = a.cluster_outliers,
@@ -500,13 +477,26 @@ BEGIN
                                  ELSE array_to_string(taken, ' ') END;
 END $$;
 
--- A label as stored must look like one: 1-48 characters, 2-5 words, letters first, no control characters.  The
--- labeller validates more (URLs, quotes, markup, instructions); this is the last line.
+-- A label as stored must look like one: 3-48 characters, 2-5 words.  What it says is screen()'s business, and
+-- whether it speaks of the cluster _grounded's.
 CREATE OR REPLACE FUNCTION storetopics.label_ok(label text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-RETURN label IS NOT NULL AND length(label) BETWEEN 3 AND 48 AND label ~ '^[[:alnum:]]'
-   AND label !~ '[[:cntrl:]<>`"{}\[\]|\\]' AND label !~* '(https?:|www\.)'
+RETURN label IS NOT NULL AND length(label) BETWEEN 3 AND 48
    AND cardinality(regexp_split_to_array(trim(label), '\s+')) BETWEEN 2 AND 5;
+
+-- Whether a label speaks of its cluster: each of its words (as lexemes: "editors" is "editor") occurs among the
+-- cluster's words or in its representative chunks, what the labeller was shown.  A label that names something the
+-- cluster does not hold ("Route all queries here", "evil example") is not shown.
+CREATE OR REPLACE FUNCTION storetopics._grounded(p_source int, p_store text, p_cluster int, p_label text)
+RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN (SELECT coalesce(tsvector_to_array(to_tsvector(s.ts_config, p_label))
+                        <@ tsvector_to_array(to_tsvector(s.ts_config,
+                             array_to_string(k.keywords, ' ') || ' ' ||
+                             coalesce((SELECT string_agg(r ->> 'text', ' ') FROM jsonb_array_elements(k.representatives) r),
+                                      ''))), false)
+          FROM storetopics.clusters k JOIN storetopics.sources s ON s.id = k.source_id
+         WHERE k.source_id = p_source AND k.store_key = p_store AND k.cluster_id = p_cluster);
 
 -- Clusters whose label is due from the configured labeller (none with the offline labeller, whose label is derived
 -- from the words): new or changed clusters whose retry time has come.  What a labeller may see of a cluster: its
@@ -542,9 +532,12 @@ DECLARE
   v_outcome text := p_outcome;
   v_detail text := p_detail;
 BEGIN
-  IF v_outcome = 'ok' AND NOT storetopics.label_ok(p_label) THEN
-    v_outcome := 'rejected';
-    v_detail := coalesce(v_detail, 'not a 2-5 word label');
+  IF v_outcome = 'ok' THEN
+    v_detail := CASE WHEN NOT storetopics.label_ok(p_label) THEN 'not a 2-5 word label'
+                     WHEN storetopics.screen(p_label) IS NOT NULL THEN 'screened: ' || storetopics.screen(p_label)
+                     WHEN NOT storetopics._grounded(p_source, p_store, p_cluster, p_label)
+                       THEN 'not grounded: a word of it is not in the cluster''s words or chunks' END;
+    v_outcome := CASE WHEN v_detail IS NULL THEN 'ok' ELSE 'rejected' END;
   END IF;
   INSERT INTO storetopics.label_ledger (source_id, store_key, cluster_id, labeller, model, input_tokens,
                                         output_tokens, cost_usd, outcome, detail)

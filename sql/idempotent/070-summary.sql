@@ -114,9 +114,9 @@ BEGIN
                         AND u.term_id = ANY (ARRAY(SELECT x.id FROM storetopics.lexemes x
                                                     WHERE x.lexeme = ANY (v_missing)))
                       ORDER BY u.term_id, f.file_key) x);
-  EXECUTE format('SELECT array_agg(%s) FROM %s AS c WHERE %s = ANY (%L::%s[]) AND (%s)::text = %L',
-                 src.content_sql, src.chunks, src.file_sql, v_files, src.file_type, src.store_sql, p_store)
-    INTO v_texts;
+  EXECUTE format('SELECT array_agg(x.t) FROM %s(''texts'', $1, $2, NULL) AS x(t text)',
+                 storetopics._reader(p_source))
+    INTO v_texts USING v_files, p_store;
   INSERT INTO storetopics.term_words (ts_config, lexeme, word)
   SELECT DISTINCT ON (m.lexeme) src.ts_config, m.lexeme, m.word
     -- Words are read both whole ("open-source") and split at hyphens ("open", "source").  A word speaks for a
@@ -152,6 +152,29 @@ RETURN CASE WHEN n < 10000 THEN n::text
             WHEN n < 1000000 THEN round(n / 1000.0)::text || 'k'
             ELSE round(n / 1000000.0, 1)::text || 'M' END;
 
+-- A list of words as render shows it: without the words screen_words() drops (unsafe alone, or part of an
+-- instruction read in order), and a record of each dropped word and why (the reason of the word alone, else the
+-- reason of the whole list), for topics.screened.
+CREATE OR REPLACE FUNCTION storetopics._screened(words text[], what text, OUT kept text[], OUT dropped jsonb)
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_drop int[] := coalesce(storetopics.screen_words(words), '{}');
+BEGIN
+  kept := ARRAY(SELECT w FROM unnest(words) WITH ORDINALITY AS u(w, i) WHERE i <> ALL (v_drop) ORDER BY i);
+  dropped := coalesce((SELECT jsonb_agg(jsonb_build_object('in', what, 'text', w, 'reason',
+                                                           coalesce(storetopics.screen(w),
+                                                                    storetopics.screen(array_to_string(words, ' ')),
+                                                                    'instruction')) ORDER BY i)
+                         FROM unnest(words) WITH ORDINALITY AS u(w, i) WHERE i = ANY (v_drop)), '[]');
+END $$;
+
+-- The label a router is shown for a cluster: the labeller's when it passes the screen, else the offline one from the
+-- cluster's screened words (NULL when that does not pass either: the cluster is then no topic of the list).
+CREATE OR REPLACE FUNCTION storetopics._shown_label(label text, words text[], offline boolean) RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN NOT offline AND label IS NOT NULL AND storetopics.screen(label) IS NULL THEN label
+            WHEN storetopics.screen(storetopics.offline_label(words)) IS NULL THEN storetopics.offline_label(words) END;
+
 -- Render one store's summary from its current state.  Writes store_topics/topics only when they change, and then
 -- sends NOTIFY storetopics_updated '<source id>:<store key>'.  Returns whether the text changed.
 CREATE OR REPLACE FUNCTION storetopics.render(p_source int, p_store text) RETURNS boolean
@@ -169,6 +192,8 @@ DECLARE
   v_ignored int;
   v_topic_list text[];
   v_explained text[];
+  v_screened jsonb := '[]';   -- what the screen dropped, and why
+  v_s record;
 BEGIN
   SELECT * INTO src FROM storetopics.sources WHERE id = p_source;
   SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store FOR UPDATE;
@@ -178,7 +203,7 @@ BEGIN
   IF st.files <= 0 THEN
     DELETE FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
     DELETE FROM storetopics.clusters WHERE source_id = p_source AND store_key = p_store;
-    PERFORM storetopics._mirror_summary(p_source, p_store, NULL);
+    PERFORM storetopics._mirror(src, p_store, NULL);
     PERFORM pg_notify('storetopics_updated', p_source || ':' || p_store);
     RETURN true;
   END IF;
@@ -229,19 +254,38 @@ BEGIN
      ORDER BY l.rank);
   DROP TABLE pg_temp.storetopics_kw;
 
+  -- Everything rendered is user text a router reads: screened (storetopics.screen), what is dropped is recorded.
+  SELECT * INTO v_s FROM storetopics._screened(v_dom, 'main terms');
+  v_dom := v_s.kept;
+  v_screened := v_screened || v_s.dropped;
+  SELECT * INTO v_s FROM storetopics._screened(v_dist, 'distinctive');
+  v_dist := v_s.kept;
+  v_screened := v_screened || v_s.dropped;
+
   -- Clusters, largest first, with the label a router sees: the labeller's, or the offline one from the words.
+  CREATE TEMP TABLE storetopics_shown ON COMMIT DROP AS
+  SELECT k.cluster_id, k.label, k.labeller, k.chunks, k.files, k.representatives, k.outliers, k.outliers_at_fit,
+         s.kept AS keywords, s.dropped,
+         storetopics._shown_label(k.label, s.kept, v_cfg ->> 'labeller' = 'offline') AS shown,
+         k.chunks::float8 / greatest(sum(k.chunks) OVER (), 1) AS share
+    FROM storetopics.clusters k CROSS JOIN LATERAL storetopics._screened(k.keywords, 'cluster words') AS s
+   WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0;
   SELECT coalesce(jsonb_agg(jsonb_build_object(
            'id', k.cluster_id, 'label', k.shown, 'labeller', CASE WHEN k.shown = k.label THEN k.labeller ELSE 'offline' END,
            'share', round(k.share::numeric, 4), 'chunks', k.chunks, 'files', k.files, 'keywords', to_jsonb(k.keywords),
            'representatives', (SELECT coalesce(jsonb_agg(r -> 'id'), '[]') FROM jsonb_array_elements(k.representatives) r),
            'outliers', k.outliers - k.outliers_at_fit) ORDER BY k.chunks DESC, k.cluster_id), '[]'),
-         array_agg(lower(k.shown || ' ' || array_to_string(k.keywords, ' ')))
-    INTO v_clusters, v_explained
-    FROM (SELECT k.*, CASE WHEN v_cfg ->> 'labeller' = 'offline' OR k.label IS NULL
-                           THEN storetopics.offline_label(k.keywords) ELSE k.label END AS shown,
-                 k.chunks::float8 / greatest(sum(k.chunks) OVER (), 1) AS share
-            FROM storetopics.clusters k
-           WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0) k;
+         array_agg(lower(coalesce(k.shown, '') || ' ' || array_to_string(k.keywords, ' '))),
+         v_screened
+           || coalesce(jsonb_agg(jsonb_build_object('in', 'label', 'text', k.label, 'reason', storetopics.screen(k.label))
+                                 ORDER BY k.chunks DESC, k.cluster_id)
+                         FILTER (WHERE k.label IS NOT NULL AND storetopics.screen(k.label) IS NOT NULL), '[]')
+           || coalesce((SELECT jsonb_agg(d ORDER BY k2.chunks DESC, k2.cluster_id, o)
+                          FROM pg_temp.storetopics_shown k2, jsonb_array_elements(k2.dropped) WITH ORDINALITY AS x(d, o)),
+                       '[]')
+    INTO v_clusters, v_explained, v_screened
+    FROM pg_temp.storetopics_shown k;
+  DROP TABLE pg_temp.storetopics_shown;
   v_explained := regexp_split_to_array(coalesce(array_to_string(v_explained, ' '), ''), '\s+');
   -- The topic list: clusters that show the same label are one topic to a reader (their shares add up).
   v_topic_list := ARRAY(SELECT format('%s (%s%%)', t.label, round(100 * t.share))
@@ -249,7 +293,7 @@ BEGIN
                                        min(o.i) AS first
                                   FROM jsonb_array_elements(v_clusters) WITH ORDINALITY AS o(c, i)
                                  GROUP BY 1) t
-                         WHERE t.share >= 0.02
+                         WHERE t.share >= 0.02 AND t.label IS NOT NULL
                          ORDER BY t.share DESC, t.first LIMIT 8);
   -- Distinctive words no cluster explains: the rare file that KMeans absorbs into a big cluster.
   v_dist := ARRAY(SELECT d FROM unnest(v_dist) WITH ORDINALITY AS u(d, i)
@@ -293,7 +337,7 @@ BEGIN
                                    'silhouette', round(st.fit_silhouette::numeric, 4),
                                    'single_theme', st.fit_single_theme, 'sample', st.fit_sample, 'dim', st.fit_dim,
                                    'space', st.fit_space, 'other_dimension_chunks', st.other_dim) END,
-                                 'labeller', v_cfg ->> 'labeller',
+                                 'labeller', v_cfg ->> 'labeller', 'screened', v_screened,
                                  'cost', (SELECT jsonb_build_object('calls', count(*), 'input_tokens',
                                                    coalesce(sum(l.input_tokens), 0), 'output_tokens',
                                                    coalesce(sum(l.output_tokens), 0), 'usd', coalesce(sum(l.cost_usd), 0))
@@ -307,7 +351,7 @@ BEGIN
   END IF;
   UPDATE storetopics.store_state SET store_topics = v_text, topics = v_topics, updated_at = now()
    WHERE source_id = p_source AND store_key = p_store;
-  PERFORM storetopics._mirror_summary(p_source, p_store, v_text);
+  PERFORM storetopics._mirror(src, p_store, v_text);
   PERFORM pg_notify('storetopics_updated', p_source || ':' || p_store);
   RETURN true;
 END $$;

@@ -34,7 +34,7 @@ BEGIN
   WITH seen AS (
     SELECT p.source_id, p.store_key, min(p.logged_at) AS first, max(p.logged_at) AS last, true AS logged
       FROM storetopics.pending p
-     WHERE p.store_key IS NOT NULL
+     WHERE p.store_key IS NOT NULL AND char_length(p.store_key) <= storetopics.max_store_key()   -- else never a store
      GROUP BY 1, 2
     UNION ALL
     SELECT st.source_id, st.store_key, coalesce(st.folded_at, now()), coalesce(st.folded_at, now()), false
@@ -281,3 +281,26 @@ SELECT x.id, x.host, x.pid, x.started_at, x.last_seen,
        x.stopped_at, x.source_id, x.store_key, x.processed, x.regenerated, x.failures, x.label_calls
   FROM storetopics.workers x;
 END;
+
+-- The periodic count check (verify()): sources whose last check is older than their settings.verify_every seconds
+-- get a count-check event; their next fold compares every file's live chunk count with the folded one.  Called by
+-- the worker on every tick (cheap: one row per source).  Returns how many sources were asked.
+CREATE OR REPLACE FUNCTION storetopics.verify_due() RETURNS int
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_n int;
+BEGIN
+  WITH due AS (
+    UPDATE storetopics.sources s SET checked_at = now()
+     WHERE (storetopics._settings(s.id) ->> 'verify_every')::float8 > 0
+       AND coalesce(s.checked_at, s.attached_at)
+           + make_interval(secs => (storetopics._settings(s.id) ->> 'verify_every')::float8) <= now()
+       AND NOT (storetopics._settings(s.id) ->> 'paused')::boolean
+       AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = s.chunks)
+    RETURNING s.id, s.owner)
+  INSERT INTO storetopics.pending (source_id, deletes, logged_by) SELECT due.id, true, due.owner FROM due;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  RETURN v_n;
+END $$;
+COMMENT ON FUNCTION storetopics.verify_due() IS
+  'For the worker: ask a count check (see verify()) of every source whose last one is older than verify_every.';

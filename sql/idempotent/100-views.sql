@@ -1,8 +1,12 @@
 -- ------------------------------------------------------------------------------------------------------------
--- Views
+-- Views: what a router, a tenant and a DBA read
 -- ------------------------------------------------------------------------------------------------------------
+-- A role sees the sources it may act as the owner of, those granted to it with grant_read (or to every source), and
+-- everything when it is a worker role or a superuser.  The views read storetopics' tables as their owner; the test
+-- runs for the role reading (current_user; a function would run as the reader, who may not read the grants).  security_barrier: a function in the reader's WHERE clause cannot see
+-- the rows the test hides.
 -- The router's view: a plain indexed read.  `dirty` = changes are logged that are not folded in yet.
-CREATE OR REPLACE VIEW storetopics.stores AS
+CREATE OR REPLACE VIEW storetopics.stores WITH (security_barrier) AS
 SELECT s.chunks AS source, st.source_id, st.store_key, st.files, st.chunks, st.words, st.skipped,
        st.store_topics, st.topics, st.updated_at, st.folded_at,
        EXISTS (SELECT 1 FROM storetopics.pending p
@@ -10,18 +14,26 @@ SELECT s.chunks AS source, st.source_id, st.store_key, st.files, st.chunks, st.w
                       -- a change whose store key was NULL when logged (e.g. a store key looked up in a parent
                       -- row that an ON DELETE CASCADE already removed) dirties the store that holds the file
                       OR (p.store_key IS NULL AND EXISTS (SELECT 1 FROM storetopics.file_terms f
-                                                           WHERE f.source_id = p.source_id AND f.file_key = p.file_key
+                                                           WHERE f.source_id = p.source_id
+                                                             AND md5(f.file_key)::uuid = md5(p.file_key)::uuid
+                                                             AND f.file_key = p.file_key
                                                              AND f.store_key = st.store_key)))) AS dirty
   FROM storetopics.store_state st
-  JOIN storetopics.sources s ON s.id = st.source_id;
+  JOIN storetopics.sources s ON s.id = st.source_id
+ WHERE pg_has_role(current_user, s.owner, 'USAGE')
+    OR EXISTS (SELECT 1 FROM storetopics.grants g
+                WHERE (g.source_id IS NULL OR g.source_id = s.id) AND pg_has_role(current_user, g.role, 'USAGE'));
+COMMENT ON VIEW storetopics.stores IS
+  'One row per store the reading role may see: its summary (store_topics), the structured topics, sizes, freshness.';
 
-CREATE OR REPLACE VIEW storetopics.status AS
+CREATE OR REPLACE VIEW storetopics.status WITH (security_barrier) AS
 SELECT s.id AS source_id, s.chunks AS source, s.ts_config,
        (SELECT count(*) FROM storetopics.store_state st WHERE st.source_id = s.id) AS stores,
        (SELECT coalesce(sum(st.files), 0) FROM storetopics.store_state st WHERE st.source_id = s.id) AS files,
        (SELECT coalesce(sum(st.chunks), 0) FROM storetopics.store_state st WHERE st.source_id = s.id) AS chunks,
        (SELECT coalesce(sum(st.skipped), 0) FROM storetopics.store_state st WHERE st.source_id = s.id)
          AS skipped_text_rows,
+       -- rows whose file key or store key is NULL, or whose store key is longer than max_store_key()
        s.null_key_rows
          + (SELECT coalesce(sum(f.chunks), 0) FROM storetopics.file_terms f
              WHERE f.source_id = s.id AND f.store_key IS NULL) AS skipped_null_key_rows,
@@ -30,4 +42,9 @@ SELECT s.id AS source_id, s.chunks AS source, s.ts_config,
        (SELECT count(*) FROM storetopics.pending p WHERE p.source_id = s.id) AS pending_events,
        (SELECT min(p.logged_at) FROM storetopics.pending p WHERE p.source_id = s.id) AS oldest_pending,
        s.folded_at, s.attached_at
-  FROM storetopics.sources s;
+  FROM storetopics.sources s
+ WHERE pg_has_role(current_user, s.owner, 'USAGE')
+    OR EXISTS (SELECT 1 FROM storetopics.grants g
+                WHERE (g.source_id IS NULL OR g.source_id = s.id) AND pg_has_role(current_user, g.role, 'USAGE'));
+COMMENT ON VIEW storetopics.status IS
+  'One row per attached table the reading role may see: stores, files, chunks, skipped rows, pending events.';

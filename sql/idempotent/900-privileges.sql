@@ -3,8 +3,42 @@
 -- ------------------------------------------------------------------------------------------------------------
 REVOKE ALL ON ALL TABLES IN SCHEMA storetopics FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA storetopics FROM PUBLIC;
+-- pure helpers: the generated readers use them as the tables' owners
 GRANT EXECUTE ON FUNCTION storetopics.usable_text(text), storetopics.showable_term(text),
-  storetopics._human_count(bigint) TO PUBLIC;
+  storetopics._human_count(bigint), storetopics.tsvector_or_null(regconfig, text), storetopics.max_store_key()
+  TO PUBLIC;
+
+-- The roles that hold rights get what this version gives them (an upgrade's new functions included): workers and
+-- readers from storetopics.grants, attachers are the roles that may run attach(), and each attached table's owner
+-- what its generated functions do as that owner.
+DO $$
+DECLARE
+  r record;
+BEGIN
+  FOR r IN SELECT DISTINCT pg_get_userbyid(g.role) AS name FROM storetopics.grants g WHERE g.kind = 'worker' LOOP
+    PERFORM storetopics.grant_worker(r.name);
+  END LOOP;
+  FOR r IN SELECT DISTINCT pg_get_userbyid(a.grantee) AS name
+             FROM pg_proc p, aclexplode(p.proacl) a
+            WHERE p.oid = 'storetopics.attach(regclass, text, text, text, text, regconfig, jsonb, regclass, text, '
+                          'regclass, text, text)'::regprocedure
+              AND a.grantee <> 0 AND a.grantee <> p.proowner
+              AND a.grantee NOT IN (SELECT g.role FROM storetopics.grants g WHERE g.kind = 'worker') LOOP
+    PERFORM storetopics.grant_attach(r.name);
+  END LOOP;
+  FOR r IN SELECT DISTINCT g.role FROM storetopics.grants g WHERE g.kind = 'read'
+           UNION SELECT DISTINCT s.owner FROM storetopics.sources s LOOP
+    EXECUTE format('GRANT USAGE ON SCHEMA storetopics TO %s', r.role);
+  END LOOP;
+  FOR r IN SELECT DISTINCT g.role FROM storetopics.grants g WHERE g.kind = 'read' LOOP
+    EXECUTE format('GRANT SELECT ON storetopics.stores, storetopics.status TO %s', r.role);
+  END LOOP;
+  FOR r IN SELECT DISTINCT s.owner FROM storetopics.sources s LOOP
+    EXECUTE format('GRANT INSERT (source_id, store_key, file_key, resync, deletes), SELECT (source_id) '
+                   'ON storetopics.pending TO %s', r.owner);
+    EXECUTE format('GRANT SELECT ON storetopics.file_means TO %s', r.owner);
+  END LOOP;
+END $$;
 
 DO $$
 DECLARE
@@ -15,6 +49,11 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'storetopics_forget_dropped_tables') THEN
       CREATE EVENT TRIGGER storetopics_forget_dropped_tables ON sql_drop
         EXECUTE FUNCTION storetopics._forget_dropped_tables();
+    END IF;
+    ALTER EVENT TRIGGER storetopics_forget_dropped_tables ENABLE;
+    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'storetopics_cover_partitions') THEN
+      CREATE EVENT TRIGGER storetopics_cover_partitions ON ddl_command_end
+        WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE') EXECUTE FUNCTION storetopics._cover_partitions();
     END IF;
   END IF;
   -- Clustering inside the database, where plpython3u is installed: the module plpy/storetopics_clustering.py,
@@ -42,5 +81,6 @@ $f$, v_dir, v_dir);
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.term_words', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.clusters', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.label_ledger', '');
+    PERFORM pg_catalog.pg_extension_config_dump('storetopics.grants', '');
   END IF;
 END $$;

@@ -1,0 +1,311 @@
+-- ------------------------------------------------------------------------------------------------------------
+-- Generated per source: the functions that evaluate what the attacher wrote
+-- ------------------------------------------------------------------------------------------------------------
+-- Everything an attacher writes (store, file and content expressions, the mirror target) is evaluated only inside
+-- three functions generated for its source, owned by the attached table's owner and SECURITY DEFINER, as pgai's
+-- generated triggers are: whoever folds, renders or writes the table (the DBA, the worker, an application role),
+-- the attacher's SQL runs with the table owner's rights and no more.
+--   capture_<id>()  the statement-level trigger: logs the (store, file) keys a statement touched;
+--   read_<id>(...)  every read of the chunk table storetopics makes (fold's recount, the clusters' assignment, the
+--                   fit's sample, representatives, surface words);
+--   mirror_<id>()   the write of a summary into attach(..., mirror => ...).
+-- The owner may ALTER its functions (it owns them) but not replace their bodies (no CREATE on the schema), so each
+-- body starts by checking that it runs as the owner: turned into SECURITY INVOKER it would run as its caller, and
+-- stops there.  That check names every operator and function with its schema: the owner may also change the
+-- function's search_path.  The attacher's SQL reaches the generated bodies only as quoted literals (format %L),
+-- never spliced into the CREATE statement, so no quoting trick can leave the body.
+
+-- The name of a source's generated function of a kind (capture, read, mirror).
+CREATE OR REPLACE FUNCTION storetopics._generated(p_source int, p_kind text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN format('storetopics.%s_%s', p_kind, p_source);
+
+-- The check every generated body starts with: run as the table's owner, or do `otherwise`.
+CREATE OR REPLACE FUNCTION storetopics._owner_check_sql(src storetopics.sources, otherwise text) RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+RETURN format('IF pg_catalog.to_regrole(current_user::pg_catalog.text) OPERATOR(pg_catalog.<>) %s::pg_catalog.oid THEN
+    %s
+  END IF;', src.owner::oid, otherwise);
+
+-- The store key as storetopics keeps it: the expression's text, NULL when it is longer than 500 characters (keys are
+-- bounded by design: they are the primary keys of the state tables; such rows are counted as skipped, like a NULL
+-- key).  The key is computed once per row, in a function scan, because expressions may be subqueries.
+CREATE OR REPLACE FUNCTION storetopics.max_store_key() RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN 500;
+
+-- The row's vector as pgvector's `vector` (halfvec columns are cast).
+CREATE OR REPLACE FUNCTION storetopics._embedding_sql(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format('c.%I::%I.vector', src.embedding, storetopics._vector_schema());
+
+-- The capture trigger.  INSERT and UPDATE append the distinct (store, file) keys the statement touched (an UPDATE
+-- that changes none of the columns storetopics reads logs nothing: multiset difference of old and new rows); DELETE
+-- appends one "rows were deleted" marker (fold finds the files by their counts); TRUNCATE a resync marker.  The same
+-- function serves the triggers on files_table (they pass an argument): a files row inserted, updated or deleted
+-- logs its file key with no store key (fold recounts the file wherever it is now).  Run as anyone else, it logs
+-- nothing rather than fail the application's statement (the periodic count check finds what it missed).
+CREATE OR REPLACE FUNCTION storetopics._capture_body(src storetopics.sources) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  relevant text := format('%s AS s, %s AS f, %s AS t%s', src.store_sql, src.file_sql, src.content_sql,
+                          CASE WHEN src.embedding IS NULL THEN '' ELSE format(', c.%I::text AS e', src.embedding) END);
+  on_files text := CASE WHEN src.files_table IS NULL THEN '' ELSE format($b$
+  IF TG_NARGS > 0 THEN
+    IF TG_OP = 'DELETE' THEN
+      INSERT INTO storetopics.pending (source_id, file_key) SELECT DISTINCT %1$s, r.%2$I::text FROM old_rows AS r;
+    ELSIF TG_OP = 'INSERT' THEN
+      INSERT INTO storetopics.pending (source_id, file_key) SELECT DISTINCT %1$s, r.%2$I::text FROM new_rows AS r;
+    ELSE
+      INSERT INTO storetopics.pending (source_id, file_key)
+      SELECT DISTINCT %1$s, d.k FROM (
+        (SELECT r.%2$I::text AS k, r::text AS v FROM old_rows AS r EXCEPT SELECT r.%2$I::text, r::text FROM new_rows AS r)
+        UNION ALL
+        (SELECT r.%2$I::text, r::text FROM new_rows AS r EXCEPT SELECT r.%2$I::text, r::text FROM old_rows AS r)) AS d;
+    END IF;
+    IF FOUND AND was_clean THEN
+      PERFORM pg_notify('storetopics_dirty', '%1$s');
+    END IF;
+    RETURN NULL;
+  END IF;$b$, src.id, src.files_key) END;
+BEGIN
+  RETURN format($f$
+DECLARE
+  -- NOTIFY only when the source becomes dirty: a NOTIFY serialises commits on a global lock, so a burst of
+  -- writers must not all send one.  The worker also polls, so a hint not sent is only a delay.
+  was_clean boolean;
+BEGIN
+  %1$s
+  was_clean := NOT EXISTS (SELECT 1 FROM storetopics.pending WHERE source_id = %2$s);%6$s
+  IF TG_OP = 'INSERT' THEN
+    INSERT INTO storetopics.pending (source_id, store_key, file_key)
+    SELECT %2$s, d.s::text, d.f::text FROM (SELECT DISTINCT %3$s AS s, %4$s AS f FROM new_rows AS c) d;
+  ELSIF TG_OP = 'DELETE' THEN
+    INSERT INTO storetopics.pending (source_id, deletes) VALUES (%2$s, true);
+  ELSIF TG_OP = 'UPDATE' THEN
+    INSERT INTO storetopics.pending (source_id, store_key, file_key)
+    SELECT DISTINCT %2$s, d.s::text, d.f::text FROM (
+      (SELECT %5$s FROM old_rows AS c EXCEPT ALL SELECT %5$s FROM new_rows AS c)
+      UNION ALL
+      (SELECT %5$s FROM new_rows AS c EXCEPT ALL SELECT %5$s FROM old_rows AS c)) AS d;
+    IF NOT FOUND THEN
+      RETURN NULL;
+    END IF;
+  ELSE -- TRUNCATE
+    INSERT INTO storetopics.pending (source_id, resync) VALUES (%2$s, true);
+  END IF;
+  IF was_clean THEN
+    PERFORM pg_notify('storetopics_dirty', '%2$s');
+  END IF;
+  RETURN NULL;
+END$f$, storetopics._owner_check_sql(src, 'RETURN NULL;'), src.id, src.store_sql, src.file_sql, relevant, on_files);
+END $$;
+
+-- The reader: read_<id>(op, files, store, args) RETURNS SETOF record, one query per op (callers name the columns).
+-- Every query is fixed at generation; the arguments are only ever bound values ($1 files, $2 store, $3 args), and
+-- the one piece assembled at run time (assign's cluster slots) is built from integers.
+--   keys                        (store_key, file_key) of every row: a resync's list of files
+--   file_counts                 (file_key, chunks): the count check
+--   null_files                  (n): rows whose file key is NULL
+--   terms, terms_slow (files)   (store_key, file_key, term, n, rows): fold's recount; the slow path tokenises row by
+--                               row, skipping texts whose tsvector would pass 1 MB
+--   means (files | store)       (store_key, file_key, dims, m): each file's mean direction
+--   assign (files | store, args.clusters)   the chunks per nearest cluster, see storetopics._assign
+--   sample (store, args)        (ref, file_key, e): a fit's sample, see storetopics._fit_input
+--   chunks (files = refs)       (ref, file_key, text): representatives
+--   texts (files, store)        (t): the texts surface words are learnt from
+CREATE OR REPLACE FUNCTION storetopics._reader_body(src storetopics.sources) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  tbl text := src.chunks::text;
+  s text := src.store_sql;
+  f text := src.file_sql;
+  t text := src.content_sql;
+  by_files text := format('%s = ANY ($1::%s[])', src.file_sql, src.file_type);
+  by_store text := format('(%s)::text = $2', src.store_sql);
+  -- The store key is computed once per row (a function scan: expressions may be subqueries), NULL when longer than
+  -- max_store_key().  tsv: the row's tsvector (NULL for unusable text or a NULL key); skip: 1 for a skipped row.
+  -- Neither refers to the other, so the planner cannot end up tokenising a row twice.
+  terms text := $q$
+    SELECT k.s AS store_key, (%2$s)::text AS file_key, l.term, sum(l.n)::int AS n, count(*)::int AS rows
+      FROM %1$s AS c
+     CROSS JOIN LATERAL unnest(ARRAY[CASE WHEN char_length((%3$s)::text) <= storetopics.max_store_key()
+                                          THEN (%3$s)::text END]) AS k(s)
+     CROSS JOIN LATERAL (SELECT x.lexeme, cardinality(x.positions) FROM unnest(%4$s) AS x
+                         UNION ALL
+                         SELECT NULL, %5$s) AS l(term, n)
+     WHERE %6$s
+     GROUP BY 1, 2, 3$q$;
+  fast_tsv text := format('CASE WHEN k.s IS NOT NULL AND storetopics.usable_text(%s) THEN to_tsvector(%L::regconfig, %s) END',
+                          t, src.ts_config, t);
+  slow_tsv text := format('storetopics.tsvector_or_null(%L::regconfig, CASE WHEN k.s IS NOT NULL THEN %s END)',
+                          src.ts_config, t);
+  means text := '';
+  assign text[] := '{"", "", ""}';
+  sample text := '';
+  vs name;
+  e text;
+BEGIN
+  IF src.embedding IS NOT NULL THEN
+    vs := storetopics._vector_schema();
+    e := storetopics._embedding_sql(src);
+    means := format($q$
+      SELECT (%1$s)::text, (%2$s)::text, %3$I.vector_dims(%4$s), %3$I.l2_normalize(%3$I.sum(%3$I.l2_normalize(%4$s)))
+        FROM %5$s AS c
+       WHERE (%1$s) IS NOT NULL AND %4$s IS NOT NULL AND $q$, s, f, vs, e, tbl);
+    assign := storetopics._assign_sql(src);
+    sample := format($q$
+      SELECT %1$s AS ref, (%2$s)::text AS file_key, %3$s AS e
+        FROM %4$s AS c $q$, storetopics._chunk_ref_sql(src.chunks), f, e, tbl);
+  END IF;
+  RETURN format($f$
+DECLARE
+  v_slots int;
+BEGIN
+  %1$s
+  CASE op
+  WHEN 'keys' THEN RETURN QUERY EXECUTE %2$L;
+  WHEN 'file_counts' THEN RETURN QUERY EXECUTE %3$L;
+  WHEN 'null_files' THEN RETURN QUERY EXECUTE %4$L;
+  WHEN 'terms' THEN RETURN QUERY EXECUTE %5$L USING files;
+  WHEN 'terms_slow' THEN RETURN QUERY EXECUTE %6$L USING files;
+  WHEN 'texts' THEN RETURN QUERY EXECUTE %7$L USING files, store;
+  WHEN 'chunks' THEN RETURN QUERY EXECUTE %8$L USING files;
+  WHEN 'means' THEN
+    RETURN QUERY EXECUTE %9$L OPERATOR(pg_catalog.||) CASE WHEN files IS NULL THEN %10$L ELSE %11$L END
+                                 OPERATOR(pg_catalog.||) ' GROUP BY 1, 2, 3' USING files, store;
+  WHEN 'assign' THEN
+    -- one least() argument per cluster slot: the most clusters a store of the call has
+    v_slots := (SELECT pg_catalog.max(x.n) FROM (
+                  SELECT pg_catalog.count(*) AS n
+                    FROM pg_catalog.jsonb_array_elements(args OPERATOR(pg_catalog.->) 'clusters') AS k
+                   GROUP BY k OPERATOR(pg_catalog.->>) 'store_key') AS x);
+    RETURN QUERY EXECUTE %12$L
+      OPERATOR(pg_catalog.||) coalesce((SELECT pg_catalog.string_agg(pg_catalog.format(%13$L, i, i), ', ')
+                                          FROM pg_catalog.generate_series(1, v_slots) AS i), 'NULL::float8[]')
+      OPERATOR(pg_catalog.||) %14$L OPERATOR(pg_catalog.||) CASE WHEN files IS NULL THEN %10$L ELSE %11$L END
+      OPERATOR(pg_catalog.||) %15$L
+      USING files, store, args;
+  WHEN 'sample' THEN
+    RETURN QUERY EXECUTE %16$L OPERATOR(pg_catalog.||)
+      CASE WHEN args OPERATOR(pg_catalog.->>) 'percent' IS NULL THEN ''
+           ELSE 'TABLESAMPLE SYSTEM (($3 ->> ''percent'')::float8) REPEATABLE (($3 ->> ''seed'')::int)' END
+      OPERATOR(pg_catalog.||) %17$L
+      USING files, store, args;
+  ELSE
+    RAISE EXCEPTION 'storetopics: unknown read %%', op;
+  END CASE;
+END$f$,
+    storetopics._owner_check_sql(src, format(
+      'RAISE EXCEPTION %L USING ERRCODE = %L, HINT = %L;',
+      format('storetopics: source %s: %s no longer runs as the owner of %s (it was altered)', src.id,
+             storetopics._generated(src.id, 'read'), src.chunks),
+      'insufficient_privilege', format('Detach %s and attach it again.', src.chunks))),
+    format('SELECT DISTINCT (%s)::text, (%s)::text FROM %s AS c', s, f, tbl),
+    format('SELECT (%s)::text, count(*) FROM %s AS c GROUP BY 1', f, tbl),
+    format('SELECT count(*) FROM %s AS c WHERE (%s) IS NULL', tbl, f),
+    format(terms, tbl, f, s, fast_tsv, format('(NOT storetopics.usable_text(%s))::int', t), by_files),
+    format(terms, tbl, f, s, slow_tsv,
+           format('(%s IS NULL AND (k.s IS NOT NULL OR NOT storetopics.usable_text(%s)))::int', slow_tsv, t), by_files),
+    format('SELECT (%s)::text FROM %s AS c WHERE %s AND %s', t, tbl, by_files, by_store),
+    format('SELECT %s, (%s)::text, left(%s, 1000) FROM %s AS c WHERE %s', storetopics._chunk_ref_sql(src.chunks),
+           f, t, tbl, storetopics._chunk_lookup_sql(src.chunks)),
+    means, by_store, by_files,
+    assign[1], format('ARRAY[ks.cen[%%s] OPERATOR(%I.<#>) q.q, %%s]', coalesce(vs, 'public')), assign[2], assign[3],
+    sample, format($q$
+       WHERE %s AND %s IS NOT NULL AND (%s) IS NOT NULL
+       ORDER BY hashtext(%s || ':' || ($3 ->> 'seed')), 1
+       LIMIT ($3 ->> 'limit')::int$q$, by_store, e, f, storetopics._chunk_ref_sql(src.chunks)));
+END $$;
+
+-- The mirror: UPDATE mirror SET mirror_column = summary WHERE mirror_key::text = store (NULL once the store is gone).
+CREATE OR REPLACE FUNCTION storetopics._mirror_body(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format($f$
+BEGIN
+  %s
+  UPDATE %s SET %I = summary WHERE %I::pg_catalog.text OPERATOR(pg_catalog.=) store AND %I IS DISTINCT FROM summary;
+END$f$,
+  storetopics._owner_check_sql(src, format('RAISE EXCEPTION %L USING ERRCODE = %L;',
+    format('storetopics: %s no longer runs as the owner of %s (it was altered)',
+           storetopics._generated(src.id, 'mirror'), src.chunks), 'insufficient_privilege')),
+  src.mirror, src.mirror_column, src.mirror_key, src.mirror_column);
+
+-- (Re)creates a source's generated functions from its row, owned by the table's owner: at attach, and on every
+-- install or upgrade (so they always follow the current templates).  The triggers that call capture_<id> keep
+-- pointing at it (CREATE OR REPLACE keeps the function).  Only PUBLIC loses EXECUTE; the worker roles get it on the
+-- reader and the mirror.
+CREATE OR REPLACE FUNCTION storetopics._generate(src storetopics.sources) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  g record;
+  w record;
+  fn text;
+BEGIN
+  FOR g IN SELECT * FROM (VALUES
+      ('capture', '', '', 'trigger', storetopics._capture_body(src)),
+      ('read', 'op text, files text[], store text, args jsonb', 'text, text[], text, jsonb', 'SETOF record',
+       storetopics._reader_body(src)),
+      ('mirror', 'store text, summary text', 'text, text', 'void',
+       CASE WHEN src.mirror IS NOT NULL THEN storetopics._mirror_body(src) END))
+      AS x(kind, params, types, returns, body)
+    WHERE x.kind <> 'mirror' OR src.mirror IS NOT NULL LOOP
+    fn := format('%s(%s)', storetopics._generated(src.id, g.kind), g.types);
+    EXECUTE format('CREATE OR REPLACE FUNCTION %s(%s) RETURNS %s LANGUAGE plpgsql SECURITY DEFINER '
+                   'SET search_path = pg_catalog, pg_temp AS %L',
+                   storetopics._generated(src.id, g.kind), g.params, g.returns, g.body);
+    EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', fn);
+    -- DROP EXTENSION storetopics must not leave triggers behind that would fail the application's writes.
+    IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'storetopics') THEN
+      EXECUTE format('ALTER FUNCTION %s DEPENDS ON EXTENSION storetopics', fn);
+    END IF;
+    IF g.kind <> 'capture' THEN
+      FOR w IN SELECT DISTINCT x.role FROM storetopics.grants x WHERE x.kind = 'worker' LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', fn, w.role);
+      END LOOP;
+    END IF;
+    EXECUTE format('ALTER FUNCTION %s OWNER TO %s', fn, src.owner);
+  END LOOP;
+  -- what the generated functions do as the owner
+  EXECUTE format('GRANT USAGE ON SCHEMA storetopics TO %s', src.owner);
+  EXECUTE format('GRANT INSERT (source_id, store_key, file_key, resync, deletes), SELECT (source_id) '
+                 'ON storetopics.pending TO %s', src.owner);
+  EXECUTE format('GRANT SELECT ON storetopics.file_means TO %s', src.owner);
+END $$;
+
+-- The name of a source's reader, made current first: generated functions are stamped with the version that made
+-- them (sources.generated) and made again from the current templates when that is not the installed version (the
+-- first use after an upgrade: an extension script may not replace functions that are not its members, and these
+-- must not become members, or pg_dump would leave out what the application's triggers call).
+CREATE OR REPLACE FUNCTION storetopics._reader(p_source int) RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF (SELECT s.generated FROM storetopics.sources s WHERE s.id = p_source) IS DISTINCT FROM storetopics._version() THEN
+    PERFORM storetopics._regenerate(p_source);
+  END IF;
+  RETURN storetopics._generated(p_source, 'read');
+END $$;
+
+-- Makes a source's generated functions and triggers again (SECURITY DEFINER: only the extension's owner may create
+-- in the schema; workers may call it, tenants may not).
+CREATE OR REPLACE FUNCTION storetopics._regenerate(p_source int) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  src storetopics.sources;
+BEGIN
+  SELECT * INTO src FROM storetopics.sources s WHERE s.id = p_source FOR UPDATE;
+  IF FOUND AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = src.chunks) THEN
+    PERFORM storetopics._generate(src);
+    PERFORM storetopics._create_triggers(src);
+    UPDATE storetopics.sources s SET generated = storetopics._version() WHERE s.id = p_source;
+  END IF;
+END $$;
+
+-- Drops a source's generated functions (with the triggers that call them).
+CREATE OR REPLACE FUNCTION storetopics._drop_generated(p_source int) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  EXECUTE format('DROP FUNCTION IF EXISTS %s() CASCADE', storetopics._generated(p_source, 'capture'));
+  EXECUTE format('DROP FUNCTION IF EXISTS %s(text, text[], text, jsonb)', storetopics._generated(p_source, 'read'));
+  EXECUTE format('DROP FUNCTION IF EXISTS %s(text, text)', storetopics._generated(p_source, 'mirror'));
+END $$;
