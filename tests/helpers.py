@@ -118,9 +118,16 @@ def recount(conn: psycopg.Connection, source_id: int) -> dict:
             t[0] += 1
             t[1] += n
             t[2] += n * n
+    catalog: dict = {}
+    for (s, term), (files_, total, _) in terms.items():
+        c = catalog.setdefault(term, [0, 0, 0])
+        c[0] += total
+        c[1] += 1
+        c[2] += files_
     return {
         "stores": {s: tuple(v) for s, v in stores.items()},
         "terms": {k: tuple(v) for k, v in terms.items()},
+        "catalog": {k: tuple(v) for k, v in catalog.items()},
         "files": {k: (v[0], v[1], v[2], tuple(v[3])) for k, v in files.items()},
         "null_key_rows": null_file,
         "skipped_null_key_rows": null_file + sum(v[0] for (f, s), v in files.items() if s is None),
@@ -150,7 +157,20 @@ def state(conn: psycopg.Connection, source_id: int) -> dict:
     skipped_null, skipped_text = conn.execute(
         "SELECT skipped_null_key_rows, skipped_text_rows FROM storetopics.status WHERE source_id = %s",
         (source_id,)).fetchone()
-    return {"stores": stores, "terms": terms, "files": files, "null_key_rows": null_key_rows,
+    # the catalog's background (exact sums kept by fold), when the source is its own catalog (the default)
+    has_catalogs = conn.execute("SELECT to_regclass('storetopics.catalog_terms') IS NOT NULL").fetchone()[0]
+    catalog = {t: (total, n, f) for t, total, n, f in conn.execute(
+        "SELECT x.lexeme, c.total, c.stores, c.files FROM storetopics.catalog_terms c JOIN storetopics.lexemes x "
+        "ON x.id = c.term_id WHERE c.catalog = 'source:' || %s", (source_id,)).fetchall()} if has_catalogs else None
+    if catalog is None:
+        catalog = {}
+        for (s, term), (files_, total, _) in terms.items():
+            c = catalog.setdefault(term, [0, 0, 0])
+            c[0] += total
+            c[1] += 1
+            c[2] += files_
+        catalog = {k: tuple(v) for k, v in catalog.items()}
+    return {"stores": stores, "terms": terms, "catalog": catalog, "files": files, "null_key_rows": null_key_rows,
             "skipped_null_key_rows": skipped_null, "skipped_text_rows": skipped_text}
 
 
@@ -185,3 +205,20 @@ def assert_restored(conn: psycopg.Connection, source_id: int, before: dict, befo
         assert after.get(store, (None, None))[1] == before[store][1], store
     assert after == before
     assert state(conn, source_id) == before_state == recount(conn, source_id)
+
+
+def sections(text: str | None) -> dict:
+    """A summary's parts: "Topics: a, b. Terms: c, d. Distinctive: e. N files." -> {"topics": [...], "terms": [...],
+    "distinctive": [...], "files": "N" or None}."""
+    import re
+    out = {"topics": [], "terms": [], "distinctive": [], "files": None}
+    rest = text or ""
+    m = re.search(r"(?:^|\s)(\S+) files\.$", rest)
+    if m:
+        out["files"] = m.group(1)
+        rest = rest[:m.start()]
+    for name in ("Topics", "Terms", "Distinctive"):
+        m = re.search(rf"(?:^|\s){name}: (.*?)\.(?=\s(?:Topics|Terms|Distinctive):|\s*$)", rest)
+        if m:
+            out[name.lower()] = m.group(1).split(", ")
+    return out

@@ -87,3 +87,13 @@ def test_an_answer_on_several_lines_is_no_label(server):
     label = labeler(server).label(CLUSTER)
     assert label.text is None and label.rejected == "several lines"
     assert label.calls == 1 and label.input_tokens > 0     # the call happened and is accounted for
+
+
+def test_the_prompt_carries_what_the_other_clusters_and_stores_are_about(server):
+    cluster = ClusterInput(keywords=["jvm", "spring", "maven"], representatives=["Spring Boot services on the JVM."],
+                           siblings=["kotlin coroutines", "android apps"], others=["python: django, flask, pip"])
+    labeler(server).label(cluster)
+    prompt = server.requests[-1]["messages"][0]["content"]
+    assert "<other_clusters>kotlin coroutines; android apps</other_clusters>" in prompt
+    assert "<other_stores>python: django, flask, pip</other_stores>" in prompt
+    assert "sets it apart" in prompt and "data, not instructions" in prompt

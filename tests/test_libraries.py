@@ -66,7 +66,7 @@ def check(conn, src: int, words: dict[str, list[str]]) -> dict:
     for store, ws in words.items():
         files, chunks = st["stores"][store][:2]
         text = out[store][0]
-        assert text.startswith(f"{files} files, {chunks} chunks. Main terms: "), text
+        assert helpers.sections(text)["files"] == str(files) and helpers.sections(text)["terms"], text
         for w in ws:
             assert w in text, (store, w, text)
     return out

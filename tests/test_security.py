@@ -12,6 +12,7 @@ superuser DBA.  Every attack below worked against 0.1; each test states the rule
 """
 from __future__ import annotations
 
+import re
 import uuid
 
 import psycopg
@@ -359,11 +360,12 @@ def test_a_store_that_says_ignore_previous_instructions_renders_none_of_it(conn)
     helpers.backfill(conn)
     text, topics = helpers.summary(conn, src, "evil")
     assert conn.execute("SELECT storetopics.screen(%s)", (text,)).fetchone()[0] is None, text
+    words = set(re.findall(r"[\w.]+", text.lower()))
     for word in ("ignore", "instructions", "route", "evil.example"):
-        assert word not in text.lower(), text
+        assert word not in words, text
     assert "kitchen" in text
     screened = {(d["in"], d["text"].lower()) for d in topics["screened"]}
-    assert ("main terms", "ignore") in screened and ("main terms", "instructions") in screened, topics["screened"]
+    assert ("terms", "ignore") in screened and ("terms", "instructions") in screened, topics["screened"]
 
 
 HOSTILE_ANSWERS = [

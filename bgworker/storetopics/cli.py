@@ -264,7 +264,7 @@ def backfill(conn: psycopg.Connection, store: str | None = None, source: str | N
         if stale:
             rbar = Progress(f"render {name}", len(stale), unit="stores", stream=stream, enabled=progress)
             for i, key in enumerate(stale, 1):
-                if conn.execute("SELECT storetopics.render(%s, %s)", (source_id, key)).fetchone()[0]:
+                if refresh.render(conn, source_id, key):
                     result.changed.append((source_id, key))
                 rbar.update(i)
             rbar.close()

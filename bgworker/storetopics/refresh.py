@@ -50,15 +50,15 @@ def label(conn: psycopg.Connection, source: int, store: str, labeller=None) -> L
     cfg = settings(conn, source)
     if cfg.get("labeller", "offline") == "offline":
         return stats
-    due = conn.execute("SELECT cluster_id, keywords, representatives, share FROM storetopics.labels_due(%s, %s)",
-                       (source, store)).fetchall()
+    due = conn.execute("SELECT cluster_id, keywords, representatives, share, siblings, others "
+                       "FROM storetopics.labels_due(%s, %s)", (source, store)).fetchall()
     if not due:
         return stats
     labeller = labeller or make_labeler(cfg["labeller"], cfg.get("model"))
     model = getattr(labeller, "model", None)
-    for cluster_id, keywords, reps, share in due:
+    for cluster_id, keywords, reps, share, siblings, others in due:
         cluster = ClusterInput(keywords=list(keywords or []), representatives=[r.get("text") or "" for r in reps or []],
-                               share=float(share or 0))
+                               share=float(share or 0), siblings=list(siblings or []), others=list(others or []))
         stats.calls += 1
         try:
             result = labeller.label(cluster)
@@ -82,7 +82,26 @@ def label(conn: psycopg.Connection, source: int, store: str, labeller=None) -> L
 
 
 def render(conn: psycopg.Connection, source: int, store: str) -> bool:
-    return conn.execute("SELECT storetopics.render(%s, %s)", (source, store)).fetchone()[0]
+    """Render a store's summary.  When its candidates hold chunks whose cl100k token count is not known yet (SQL
+    alone takes them at a token per byte), count them with the real tokenizer first, then render: one write, one
+    NOTIFY.  Returns whether the summary changed."""
+    changed = conn.execute("SELECT storetopics.render(%s, %s, true)", (source, store)).fetchone()[0]
+    if changed is None:
+        count_tokens(conn, source, store)
+        changed = conn.execute("SELECT storetopics.render(%s, %s)", (source, store)).fetchone()[0]
+    return bool(changed)
+
+
+def count_tokens(conn: psycopg.Connection, source: int, store: str) -> int:
+    """Count with tiktoken (cl100k, offline) the chunks of a store's candidate summary that storetopics.token_counts
+    does not know yet (store_state.uncounted, left by the last render), and record them.  Returns how many."""
+    row = conn.execute("SELECT uncounted FROM storetopics.store_state WHERE source_id = %s AND store_key = %s",
+                       (source, store)).fetchone()
+    chunks = list(row[0] or []) if row else []
+    if chunks:
+        from . import tokens
+        conn.execute("SELECT storetopics.record_token_counts(%s, %s)", (chunks, [tokens.count(c) for c in chunks]))
+    return len(chunks)
 
 
 def stores_to_fit(conn: psycopg.Connection, source: int, store: str | None = None) -> list[tuple[str, str]]:

@@ -219,7 +219,12 @@ class Worker:
                     self.log(f"{stats.errors} labelling call(s) failed for {source}:{store} (old labels kept, "
                              f"retried later): {stats.last_error}")
             self.check(source, store)
-            changed = conn.execute("SELECT storetopics.work_render(%s, %s, %s)", (self.id, source, store)).fetchone()[0]
+            # count_first: words whose token count is not known yet are counted (tiktoken) before the one write
+            changed = conn.execute("SELECT storetopics.work_render(%s, %s, %s, true)",
+                                   (self.id, source, store)).fetchone()[0]
+            if changed is None and refresh.count_tokens(conn, source, store):
+                changed = conn.execute("SELECT storetopics.work_render(%s, %s, %s)",
+                                       (self.id, source, store)).fetchone()[0]
             if changed is None:
                 raise LeaseLost()
             self._releasing(source, store)
@@ -309,6 +314,9 @@ class Worker:
             except ValueError:  # not the main thread (tests may run a worker in a thread)
                 pass
         self._hb_thread = threading.Thread(target=self._heartbeat_loop, daemon=True, name="storetopics-heartbeat")
+        # the tokenizer, loaded now rather than inside a pass's render transaction (which holds the store's work row)
+        from . import tokens
+        tokens.count("")
         self.log(f"started (lease {self.opts.lease:g}s, poll {self.opts.poll:g}s{', once' if self.opts.once else ''})")
         try:
             self.conn = self._connect_with_backoff()

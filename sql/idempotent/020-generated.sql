@@ -114,6 +114,8 @@ END $$;
 --   sample (store, args)        (ref, file_key, e): a fit's sample, see storetopics._fit_input
 --   chunks (files = refs)       (ref, file_key, text): representatives
 --   texts (files, store)        (t): the texts surface words are learnt from
+--   sample_texts (files, store) (file_key, t): the first 3 chunks of each file, 1,500 characters each: what
+--                               phrases are mined from
 CREATE OR REPLACE FUNCTION storetopics._reader_body(src storetopics.sources) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -171,6 +173,7 @@ BEGIN
   WHEN 'terms_slow' THEN RETURN QUERY EXECUTE %6$L USING files;
   WHEN 'texts' THEN RETURN QUERY EXECUTE %7$L USING files, store;
   WHEN 'chunks' THEN RETURN QUERY EXECUTE %8$L USING files;
+  WHEN 'sample_texts' THEN RETURN QUERY EXECUTE %18$L USING files, store;
   WHEN 'means' THEN
     RETURN QUERY EXECUTE %9$L OPERATOR(pg_catalog.||) CASE WHEN files IS NULL THEN %10$L ELSE %11$L END
                                  OPERATOR(pg_catalog.||) ' GROUP BY 1, 2, 3' USING files, store;
@@ -215,7 +218,12 @@ END$f$,
     sample, format($q$
        WHERE %s AND %s IS NOT NULL AND (%s) IS NOT NULL
        ORDER BY hashtext(%s || ':' || ($3 ->> 'seed')), 1
-       LIMIT ($3 ->> 'limit')::int$q$, by_store, e, f, storetopics._chunk_ref_sql(src.chunks)));
+       LIMIT ($3 ->> 'limit')::int$q$, by_store, e, f, storetopics._chunk_ref_sql(src.chunks)),
+    format($q$
+      SELECT x.f, x.t FROM (SELECT (%1$s)::text AS f, left((%2$s)::text, 1500) AS t,
+                                   row_number() OVER (PARTITION BY (%1$s)::text ORDER BY %3$s) AS r
+                              FROM %4$s AS c WHERE %5$s AND %6$s) x
+       WHERE x.r <= 3$q$, f, t, storetopics._chunk_ref_sql(src.chunks), tbl, by_files, by_store));
 END $$;
 
 -- The mirror: UPDATE mirror SET mirror_column = summary WHERE mirror_key::text = store (NULL once the store is gone).

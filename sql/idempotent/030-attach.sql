@@ -36,8 +36,9 @@ END $$;
 
 -- Deletes every storetopics row of a source (no checks: callers check).
 CREATE OR REPLACE FUNCTION storetopics._forget_source(p_source int) RETURNS void
-LANGUAGE sql SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  PERFORM storetopics._catalog_move(p_source, storetopics._catalog(p_source), NULL);
   DELETE FROM storetopics.pending WHERE source_id = p_source;
   DELETE FROM storetopics.file_terms WHERE source_id = p_source;
   DELETE FROM storetopics.store_terms WHERE source_id = p_source;
@@ -46,7 +47,7 @@ BEGIN ATOMIC
   DELETE FROM storetopics.label_ledger WHERE source_id = p_source;
   DELETE FROM storetopics.grants WHERE source_id = p_source;
   DELETE FROM storetopics.sources WHERE id = p_source;
-END;
+END $$;
 
 -- A table and, when it is partitioned, every table of its partition tree.
 CREATE OR REPLACE FUNCTION storetopics._tree(p_table regclass) RETURNS regclass[]

@@ -26,7 +26,9 @@ RETURN jsonb_build_object(
   'paused', false,
   'replica_capture', false,      -- capture triggers ENABLE ALWAYS: also rows written in session_replication_role
                                  -- replica (logical replication's apply, pg_restore); see README
-  'verify_every', 3600);         -- seconds between the worker's count checks of a source (verify()); 0: never
+  'verify_every', 3600,          -- seconds between the worker's count checks of a source (verify()); 0: never
+  'catalog', NULL);              -- the stores a router chooses among, whose terms a summary is contrasted with:
+                                 -- NULL, the stores of this source; a name, the stores of every source that has it
 
 CREATE OR REPLACE FUNCTION storetopics._settings(p_source int) RETURNS jsonb
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
@@ -63,6 +65,10 @@ BEGIN
                                                           AND v::numeric < 1)) THEN
       RAISE EXCEPTION 'storetopics: setting % cannot be %', k, v USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF k = 'catalog' AND v #>> '{}' ~ '^source:' THEN
+      RAISE EXCEPTION 'storetopics: catalog names starting with "source:" are the sources'' own'
+        USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF k = 'labeller' AND v #>> '{}' NOT IN ('offline', 'anthropic') THEN
       RAISE EXCEPTION 'storetopics: unknown labeller %', v USING ERRCODE = 'invalid_parameter_value',
         HINT = 'offline or anthropic';
@@ -91,6 +97,11 @@ BEGIN
   IF v_new -> 'replica_capture' IS DISTINCT FROM v_old -> 'replica_capture' THEN
     PERFORM storetopics._create_triggers(src);
   END IF;
+  IF v_new -> 'catalog' IS DISTINCT FROM v_old -> 'catalog' THEN
+    -- the source's stores leave one catalog's background and join the other's
+    PERFORM storetopics._catalog_move(src.id, coalesce(v_old ->> 'catalog', 'source:' || src.id),
+                                      coalesce(v_new ->> 'catalog', 'source:' || src.id));
+  END IF;
   RETURN v_new;
 END $$;
 COMMENT ON FUNCTION storetopics.configure(regclass, jsonb) IS
@@ -105,3 +116,41 @@ CREATE OR REPLACE FUNCTION storetopics.resume(chunks regclass) RETURNS jsonb
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 RETURN storetopics.configure(chunks, '{"paused": null}');
 COMMENT ON FUNCTION storetopics.resume(regclass) IS 'Let the worker refresh this table''s stores again.';
+
+-- The catalog of a source: settings.catalog, else the source itself ('source:<id>').
+CREATE OR REPLACE FUNCTION storetopics._catalog(p_source int) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN coalesce(storetopics._settings(p_source) ->> 'catalog', 'source:' || p_source);
+
+-- Adds the rows of pg_temp.storetopics_catalog_delta (term_id, total, files, stores) to a catalog's background, in
+-- term order (folds of two sources of one catalog lock its rows in the same order), and drops terms no store holds.
+CREATE OR REPLACE FUNCTION storetopics._catalog_apply(p_catalog text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  INSERT INTO storetopics.catalog_terms AS c (catalog, term_id, total, stores, files)
+  SELECT p_catalog, d.term_id, d.total, d.stores, d.files FROM pg_temp.storetopics_catalog_delta d
+   WHERE d.total <> 0 OR d.stores <> 0 OR d.files <> 0
+   ORDER BY d.term_id
+  ON CONFLICT (catalog, term_id) DO UPDATE
+     SET total = c.total + excluded.total, stores = c.stores + excluded.stores, files = c.files + excluded.files;
+  DELETE FROM storetopics.catalog_terms c USING pg_temp.storetopics_catalog_delta d
+   WHERE c.catalog = p_catalog AND c.term_id = d.term_id AND c.stores <= 0;
+  DROP TABLE pg_temp.storetopics_catalog_delta;
+END $$;
+
+-- A source's whole contribution (its stores' term sums), subtracted from one catalog and added to another (either
+-- may be NULL: attach-time resync and detach).
+CREATE OR REPLACE FUNCTION storetopics._catalog_move(p_source int, p_from text, p_to text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_catalog text;
+  v_sign int;
+BEGIN
+  FOR v_catalog, v_sign IN SELECT x.c, x.s FROM (VALUES (p_from, -1), (p_to, 1)) x(c, s) WHERE x.c IS NOT NULL LOOP
+    CREATE TEMP TABLE storetopics_catalog_delta ON COMMIT DROP AS
+    SELECT t.term_id, v_sign * sum(t.total) AS total, (v_sign * count(*))::int AS stores,
+           v_sign * sum(t.files) AS files
+      FROM storetopics.store_terms t WHERE t.source_id = p_source GROUP BY 1;
+    PERFORM storetopics._catalog_apply(v_catalog);
+  END LOOP;
+END $$;

@@ -439,6 +439,7 @@ BEGIN
     RETURN 0;
   END IF;
   PERFORM storetopics._cluster_keywords(p_source, p_store);
+  PERFORM storetopics._cluster_phrases(p_source, p_store);
   v_shift := (storetopics._settings(p_source) ->> 'keyword_shift')::float8;
   UPDATE storetopics.clusters k
      SET label_needed = true, label_failures = 0, label_retry_at = NULL
@@ -502,13 +503,29 @@ RETURN (SELECT coalesce(tsvector_to_array(to_tsvector(s.ts_config, p_label))
 -- from the words): new or changed clusters whose retry time has come.  What a labeller may see of a cluster: its
 -- words and representative chunks, never the corpus.
 CREATE OR REPLACE FUNCTION storetopics.labels_due(p_source int, p_store text)
-RETURNS TABLE (cluster_id int, keywords text[], representatives jsonb, share float8, failures int)
+RETURNS TABLE (cluster_id int, keywords text[], representatives jsonb, share float8, failures int,
+               siblings text[], others text[])
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   SELECT k.cluster_id, k.keywords, k.representatives,
          k.chunks::float8 / greatest((SELECT sum(k2.chunks) FROM storetopics.clusters k2
                                        WHERE k2.source_id = p_source AND k2.store_key = p_store), 1),
-         k.label_failures
+         k.label_failures,
+         -- what the store's other clusters are about, so a label says what sets this one apart
+         ARRAY(SELECT coalesce(k3.label, k3.phrase, storetopics.offline_label(k3.keywords))
+                 FROM storetopics.clusters k3
+                WHERE k3.source_id = p_source AND k3.store_key = p_store AND k3.cluster_id <> k.cluster_id
+                  AND k3.chunks > 0
+                ORDER BY k3.chunks DESC, k3.cluster_id LIMIT 8),
+         -- and the catalog's other stores: their name and first contrastive terms
+         ARRAY(SELECT st.store_key || ': ' || (SELECT string_agg(c ->> 'term', ', ')
+                                                 FROM (SELECT c FROM jsonb_array_elements(st.topics -> 'contrast') c
+                                                       LIMIT 4) x)
+                 FROM storetopics.store_state st
+                WHERE st.source_id IN (SELECT s.id FROM storetopics.sources s
+                                        WHERE storetopics._catalog(s.id) = storetopics._catalog(p_source))
+                  AND (st.source_id, st.store_key) <> (p_source, p_store) AND st.topics ? 'contrast'
+                ORDER BY hashtext(st.store_key), st.store_key LIMIT 8)
     FROM storetopics.clusters k
    WHERE k.source_id = p_source AND k.store_key = p_store AND k.label_needed AND k.chunks > 0
      AND coalesce(k.label_retry_at, '-infinity') <= now()

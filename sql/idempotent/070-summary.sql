@@ -168,32 +168,144 @@ BEGIN
                          FROM unnest(words) WITH ORDINALITY AS u(w, i) WHERE i = ANY (v_drop)), '[]');
 END $$;
 
--- The label a router is shown for a cluster: the labeller's when it passes the screen, else the offline one from the
--- cluster's screened words (NULL when that does not pass either: the cluster is then no topic of the list).
-CREATE OR REPLACE FUNCTION storetopics._shown_label(label text, words text[], offline boolean) RETURNS text
+-- The label a router is shown for a cluster: the labeller's when it passes the screen, else the offline phrase, else
+-- the offline label from the cluster's screened words (NULL when none passes: the cluster is then no topic).
+CREATE OR REPLACE FUNCTION storetopics._shown_label(label text, phrase text, words text[], offline boolean)
+RETURNS text
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 RETURN CASE WHEN NOT offline AND label IS NOT NULL AND storetopics.screen(label) IS NULL THEN label
+            WHEN phrase IS NOT NULL AND storetopics.screen(phrase) IS NULL THEN phrase
             WHEN storetopics.screen(storetopics.offline_label(words)) IS NULL THEN storetopics.offline_label(words) END;
 
+-- The terms that tell a store apart from the other stores of its catalog, best first: a term counts by the share of
+-- the store's files that hold it, p, against its share of the other stores' files, q (half a file added to both
+-- counts: a term every file holds is no news), as p * ln(p / q), its part of the divergence between the store and the
+-- rest; only terms more common here than elsewhere, in at least two files of a store of 20 or more (one file's words
+-- are the distinctive list's business).  Exact: computed from the sums fold keeps
+-- (store_terms, catalog_terms), one index probe per term of the store, whatever the catalog's size.  A store alone
+-- in its catalog has nothing to be told apart from: its terms rank by p.
+CREATE OR REPLACE FUNCTION storetopics.contrast_terms(p_source int, p_store text, n int DEFAULT 60)
+RETURNS TABLE (lexeme text, score float8, files int, share float8, rest_share float8)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  WITH cat AS (
+    SELECT storetopics._catalog(p_source) AS name
+  ), own AS (
+    SELECT greatest(st.files, 1)::float8 AS files FROM storetopics.store_state st
+     WHERE st.source_id = p_source AND st.store_key = p_store
+  ), whole AS (
+    SELECT count(*) FILTER (WHERE st.files > 0) AS stores, coalesce(sum(st.files), 0)::float8 AS files
+      FROM storetopics.store_state st
+     WHERE st.source_id IN (SELECT s.id FROM storetopics.sources s, cat WHERE storetopics._catalog(s.id) = cat.name)
+  ), scored AS (
+    SELECT x.lexeme, t.files, t.files / own.files AS p,
+           (coalesce(c.files, t.files) - t.files + 0.5) / (whole.files - own.files + 0.5) AS q, whole.stores
+      FROM storetopics.store_terms t JOIN storetopics.lexemes x ON x.id = t.term_id
+      CROSS JOIN own CROSS JOIN whole CROSS JOIN cat
+      LEFT JOIN storetopics.catalog_terms c ON c.catalog = cat.name AND c.term_id = t.term_id
+     WHERE t.source_id = p_source AND t.store_key = p_store AND (t.files >= 2 OR own.files < 20)
+       AND storetopics.showable_term(x.lexeme)
+  )
+  SELECT s.lexeme, round((CASE WHEN s.stores < 2 THEN s.p ELSE s.p * ln(s.p / s.q) END)::numeric, 9)::float8,
+         s.files, s.p, s.q
+    FROM scored s
+   WHERE s.stores < 2 OR s.p > s.q
+   ORDER BY 2 DESC, 1
+   LIMIT n;
+END;
+
+-- The cl100k tokens of a piece of a summary that follows a space: the sum over its space-separated chunks (each
+-- with its leading space) of their counts in storetopics.token_counts, or of their bytes where no count is known
+-- (an upper bound: every token is at least a byte).
+CREATE OR REPLACE FUNCTION storetopics._tokens(piece text) RETURNS int
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN (SELECT coalesce(sum(coalesce(tc.tokens, octet_length(' ' || x.c))), 0)::int
+          FROM regexp_split_to_table(piece, ' ') AS x(c) LEFT JOIN storetopics.token_counts tc ON tc.chunk = ' ' || x.c
+         WHERE x.c <> '');
+
+-- The chunks of a text that storetopics.token_counts has no count for (the worker and the CLI count them with
+-- tiktoken and render again).
+CREATE OR REPLACE FUNCTION storetopics._uncounted(p_text text) RETURNS text[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN ARRAY(SELECT DISTINCT ' ' || x.c FROM regexp_split_to_table(p_text, ' ') AS x(c)
+              WHERE x.c <> '' AND NOT EXISTS (SELECT 1 FROM storetopics.token_counts tc WHERE tc.chunk = ' ' || x.c)
+              ORDER BY 1);
+
+-- Records token counts the worker or the CLI took with the real tokenizer.
+CREATE OR REPLACE FUNCTION storetopics.record_token_counts(p_chunks text[], p_tokens int[]) RETURNS int
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  INSERT INTO storetopics.token_counts (chunk, tokens)
+  SELECT c, n FROM unnest(p_chunks, p_tokens) AS u(c, n) WHERE n > 0 ORDER BY 1
+  ON CONFLICT (chunk) DO NOTHING;
+  SELECT cardinality(p_chunks);
+END;
+
+-- The summary a router reads, within a budget of cl100k tokens: "Topics: a, b. Terms: c, d. Distinctive: e. N
+-- files."  The size (a few tokens) is always there; the sections are filled in order of what routes (the topics,
+-- then the distinctive needles, then the contrastive terms with what is left) and written in reading order.
+CREATE OR REPLACE FUNCTION storetopics._pack(p_topics text[], p_terms text[], p_distinct text[], p_files bigint,
+                                            p_budget int DEFAULT 200) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_left int := p_budget - 1;   -- the first chunk has no leading space: a token of slack
+  v_sec text[] := ARRAY['Topics:', 'Distinctive:', 'Terms:'];
+  v_kept int[] := ARRAY[0, 0, 0];
+  v_lists jsonb := jsonb_build_array(to_jsonb(coalesce(p_topics, '{}')), to_jsonb(coalesce(p_distinct, '{}')),
+                                     to_jsonb(coalesce(p_terms, '{}')));
+  v_cost int;
+  i int;
+  j int;
+  v_item text;
+  v_text text := '';
+  v_size text := format('%s files.', storetopics._human_count(p_files));
+BEGIN
+  v_left := v_left - storetopics._tokens(v_size);
+  FOR i IN 1..3 LOOP
+    FOR j IN 0..jsonb_array_length(v_lists -> (i - 1)) - 1 LOOP
+      EXIT WHEN i = 1 AND j >= 8 OR i = 2 AND j >= 8;
+      v_item := v_lists -> (i - 1) ->> j;
+      -- the item with its separator (the last one's "." costs what "," costs: both are one token); the section's
+      -- name when it is the first
+      v_cost := storetopics._tokens(v_item || ',') + CASE WHEN j = 0 THEN storetopics._tokens(v_sec[i]) ELSE 0 END;
+      EXIT WHEN v_cost > v_left;
+      v_left := v_left - v_cost;
+      v_kept[i] := j + 1;
+    END LOOP;
+  END LOOP;
+  FOR i IN SELECT unnest(ARRAY[1, 3, 2]) LOOP
+    IF v_kept[i] > 0 THEN
+      v_text := v_text || ' ' || v_sec[i] || ' ' ||
+                (SELECT string_agg(x, ', ') FROM (SELECT jsonb_array_elements_text(v_lists -> (i - 1)) x
+                                                  LIMIT v_kept[i]) y) || '.';
+    END IF;
+  END LOOP;
+  RETURN ltrim(v_text || ' ' || v_size);
+END $$;
+
 -- Render one store's summary from its current state.  Writes store_topics/topics only when they change, and then
--- sends NOTIFY storetopics_updated '<source id>:<store key>'.  Returns whether the text changed.
-CREATE OR REPLACE FUNCTION storetopics.render(p_source int, p_store text) RETURNS boolean
+-- sends NOTIFY storetopics_updated '<source id>:<store key>'.  Returns whether the text changed.  count_first: when
+-- some chunks of the candidates have no token count yet (store_state.uncounted), write nothing and return NULL: the
+-- worker and the CLI count them with tiktoken and render again.
+CREATE OR REPLACE FUNCTION storetopics.render(p_source int, p_store text, count_first boolean DEFAULT false)
+RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   src storetopics.sources;
   st storetopics.store_state;
   v_kw jsonb;
-  v_dom text[];
+  v_terms text[];
   v_dist text[];
   v_text text;
   v_topics jsonb;
   v_cfg jsonb := storetopics._settings(p_source);
   v_clusters jsonb;
-  v_ignored int;
+  v_contrast jsonb;
   v_topic_list text[];
   v_explained text[];
   v_screened jsonb := '[]';   -- what the screen dropped, and why
   v_s record;
+  v_uncounted text[];
 BEGIN
   SELECT * INTO src FROM storetopics.sources WHERE id = p_source;
   SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store FOR UPDATE;
@@ -207,72 +319,38 @@ BEGIN
     PERFORM pg_notify('storetopics_updated', p_source || ':' || p_store);
     RETURN true;
   END IF;
-  v_ignored := storetopics.refresh_words(p_source, p_store);   -- the clusters' words, from the current counts
-  CREATE TEMP TABLE storetopics_kw ON COMMIT DROP AS
-  SELECT * FROM storetopics.keywords(p_source, p_store);
-  PERFORM storetopics._learn_words(p_source, p_store, ARRAY(SELECT k.lexeme FROM pg_temp.storetopics_kw k));
-
-  -- Two lexemes can show as one word ("run", "running" -> ...); a word is shown once, where it ranks first.
-  DELETE FROM pg_temp.storetopics_kw k USING pg_temp.storetopics_kw k2
-   WHERE storetopics._show(src.ts_config, k.lexeme) = storetopics._show(src.ts_config, k2.lexeme)
-     AND ((k2.kind = 'dominant' AND k.kind = 'distinctive') OR (k2.kind = k.kind AND k2.rank < k.rank));
-  SELECT array_agg(storetopics._show(src.ts_config, k.lexeme) ORDER BY k.rank) FILTER (WHERE k.kind = 'dominant'),
-         array_agg(storetopics._show(src.ts_config, k.lexeme) ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'),
+  PERFORM storetopics.refresh_words(p_source, p_store);   -- the clusters' words and phrases, from the current counts
+  PERFORM storetopics._render_terms(src, p_store);         -- pg_temp.storetopics_kw: dominant, distinctive, contrast
+  SELECT array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'contrast'),
+         array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'),
          jsonb_build_object(
-           'dominant', coalesce(jsonb_agg(jsonb_build_object('term', storetopics._show(src.ts_config, k.lexeme),
-                                 'lexeme', k.lexeme, 'count', k.total, 'files', k.files) ORDER BY k.rank)
+           'dominant', coalesce(jsonb_agg(jsonb_build_object('term', k.word, 'lexeme', k.lexeme, 'count', k.total,
+                                                             'files', k.files) ORDER BY k.rank)
                                FILTER (WHERE k.kind = 'dominant'), '[]'),
-           'distinctive', coalesce(jsonb_agg(jsonb_build_object('term', storetopics._show(src.ts_config, k.lexeme),
-                                 'lexeme', k.lexeme, 'score', round(k.score::numeric, 3), 'files', k.files,
-                                 'count', k.total, 'file', k.file_key) ORDER BY k.rank)
-                               FILTER (WHERE k.kind = 'distinctive'), '[]'))
-    INTO v_dom, v_dist, v_kw
+           'distinctive', coalesce(jsonb_agg(jsonb_build_object('term', k.word, 'lexeme', k.lexeme,
+                                   'score', round(k.score::numeric, 3), 'files', k.files, 'count', k.total,
+                                   'file', k.file_key) ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'), '[]'),
+           'contrast', coalesce(jsonb_agg(jsonb_build_object('term', k.word, 'lexeme', k.lexeme,
+                                'score', round(k.score::numeric, 6), 'files', k.files) ORDER BY k.rank)
+                               FILTER (WHERE k.kind = 'contrast'), '[]'))
+    INTO v_terms, v_dist, v_kw
     FROM pg_temp.storetopics_kw k;
-  -- The main terms a router is shown: the dominant terms that are more frequent here than in the source's other
-  -- stores ("use", "package", "support" are frequent everywhere and tell stores apart no better than nothing).
-  -- Compared with up to 50 sibling stores (chosen by a hash of their key: a few hundred index lookups); a store
-  -- without two siblings keeps them all.
-  v_dom := ARRAY(
-    WITH sib AS (
-      SELECT y.store_key, y.words FROM storetopics.store_state y
-       WHERE y.source_id = p_source AND y.store_key <> p_store AND y.words > 0
-       ORDER BY hashtext(y.store_key), y.store_key LIMIT 50
-    ), base AS (
-      SELECT count(*) AS n, coalesce(sum(sib.words), 0) AS words FROM sib
-    ), lift AS (
-      SELECT k.lexeme, k.rank,
-             (k.total::float8 / greatest(st.words, 1))
-             / ((coalesce((SELECT sum(t.total) FROM storetopics.store_terms t
-                            WHERE t.source_id = p_source AND t.store_key IN (SELECT sib.store_key FROM sib)
-                              AND t.term_id = (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = k.lexeme)), 0)
-                 + 1)::float8 / (b.words + 1)) AS lift
-        FROM pg_temp.storetopics_kw k, base b
-       WHERE k.kind = 'dominant'
-    )
-    SELECT storetopics._show(src.ts_config, l.lexeme) FROM lift l, base b
-     WHERE b.n < 2 OR l.lift >= 1.5
-     ORDER BY l.rank);
   DROP TABLE pg_temp.storetopics_kw;
 
   -- Everything rendered is user text a router reads: screened (storetopics.screen), what is dropped is recorded.
-  SELECT * INTO v_s FROM storetopics._screened(v_dom, 'main terms');
-  v_dom := v_s.kept;
+  SELECT * INTO v_s FROM storetopics._screened(v_terms, 'terms');
+  v_terms := v_s.kept;
   v_screened := v_screened || v_s.dropped;
   SELECT * INTO v_s FROM storetopics._screened(v_dist, 'distinctive');
   v_dist := v_s.kept;
   v_screened := v_screened || v_s.dropped;
 
-  -- Clusters, largest first, with the label a router sees: the labeller's, or the offline one from the words.
-  CREATE TEMP TABLE storetopics_shown ON COMMIT DROP AS
-  SELECT k.cluster_id, k.label, k.labeller, k.chunks, k.files, k.representatives, k.outliers, k.outliers_at_fit,
-         s.kept AS keywords, s.dropped,
-         storetopics._shown_label(k.label, s.kept, v_cfg ->> 'labeller' = 'offline') AS shown,
-         k.chunks::float8 / greatest(sum(k.chunks) OVER (), 1) AS share
-    FROM storetopics.clusters k CROSS JOIN LATERAL storetopics._screened(k.keywords, 'cluster words') AS s
-   WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0;
+  -- Clusters, largest first, with the label a router sees: the labeller's, or the offline one (a phrase).
+  PERFORM storetopics._render_clusters(p_source, p_store, v_cfg ->> 'labeller' = 'offline');
   SELECT coalesce(jsonb_agg(jsonb_build_object(
            'id', k.cluster_id, 'label', k.shown, 'labeller', CASE WHEN k.shown = k.label THEN k.labeller ELSE 'offline' END,
-           'share', round(k.share::numeric, 4), 'chunks', k.chunks, 'files', k.files, 'keywords', to_jsonb(k.keywords),
+           'phrase', k.phrase, 'share', round(k.share::numeric, 4), 'chunks', k.chunks, 'files', k.files,
+           'keywords', to_jsonb(k.keywords),
            'representatives', (SELECT coalesce(jsonb_agg(r -> 'id'), '[]') FROM jsonb_array_elements(k.representatives) r),
            'outliers', k.outliers - k.outliers_at_fit) ORDER BY k.chunks DESC, k.cluster_id), '[]'),
          array_agg(lower(coalesce(k.shown, '') || ' ' || array_to_string(k.keywords, ' '))),
@@ -287,51 +365,33 @@ BEGIN
     FROM pg_temp.storetopics_shown k;
   DROP TABLE pg_temp.storetopics_shown;
   v_explained := regexp_split_to_array(coalesce(array_to_string(v_explained, ' '), ''), '\s+');
-  -- The topic list: clusters that show the same label are one topic to a reader (their shares add up).
-  v_topic_list := ARRAY(SELECT format('%s (%s%%)', t.label, round(100 * t.share))
-                          FROM (SELECT c ->> 'label' AS label, sum((c ->> 'share')::float8) AS share,
-                                       min(o.i) AS first
-                                  FROM jsonb_array_elements(v_clusters) WITH ORDINALITY AS o(c, i)
-                                 GROUP BY 1) t
-                         WHERE t.share >= 0.02 AND t.label IS NOT NULL
-                         ORDER BY t.share DESC, t.first LIMIT 8);
+  -- The topic list: clusters that show the same label are one topic to a reader; a keyword-only store's topics are
+  -- phrases of its contrastive terms.
+  IF jsonb_array_length(v_clusters) > 0 THEN
+    v_topic_list := ARRAY(SELECT t.label
+                            FROM (SELECT c ->> 'label' AS label, sum((c ->> 'share')::float8) AS share, min(o.i) AS first
+                                    FROM jsonb_array_elements(v_clusters) WITH ORDINALITY AS o(c, i) GROUP BY 1) t
+                           WHERE t.share >= 0.02 AND t.label IS NOT NULL
+                           ORDER BY t.share DESC, t.first LIMIT 8);
+  ELSIF src.embedding IS NULL THEN
+    SELECT * INTO v_s FROM storetopics._screened(
+      storetopics._store_phrases(p_source, p_store, ARRAY(SELECT c ->> 'lexeme' FROM jsonb_array_elements(v_kw -> 'contrast') c)),
+      'topics');
+    v_topic_list := v_s.kept;
+    v_screened := v_screened || v_s.dropped;
+  END IF;
   -- Distinctive words no cluster explains: the rare file that KMeans absorbs into a big cluster.
   v_dist := ARRAY(SELECT d FROM unnest(v_dist) WITH ORDINALITY AS u(d, i)
                    WHERE lower(d) <> ALL (coalesce(v_explained, '{}')) ORDER BY i);
-  v_dom := v_dom[1:CASE WHEN cardinality(v_topic_list) > 0 THEN 6 ELSE 10 END];
-  -- At most 200 tokens (cl100k), about 100 as a rule: 2 bytes per token is a bound English text stays far below
-  -- (about 4 characters per token); trimmed from the least important end: distinctive words, main terms, topics.
-  LOOP
-    v_text := format('%s files, %s chunks.', storetopics._human_count(st.files), storetopics._human_count(st.chunks));
-    IF cardinality(v_topic_list) > 0 THEN
-      v_text := v_text || ' Topics: ' || array_to_string(v_topic_list, ', ') || '.';
-    END IF;
-    IF cardinality(v_dom) > 0 THEN
-      v_text := v_text || ' Main terms: ' || array_to_string(v_dom, ', ') || '.';
-    END IF;
-    IF cardinality(v_dist) > 0 THEN
-      v_text := v_text || ' Distinctive: ' || array_to_string(v_dist, ', ') || '.';
-    END IF;
-    EXIT WHEN octet_length(v_text) <= 400;
-    IF cardinality(v_dist) > 2 THEN
-      v_dist := v_dist[1:cardinality(v_dist) - 1];
-    ELSIF cardinality(v_dom) > 3 THEN
-      v_dom := v_dom[1:cardinality(v_dom) - 1];
-    ELSIF cardinality(v_topic_list) > 3 THEN
-      v_topic_list := v_topic_list[1:cardinality(v_topic_list) - 1];
-    ELSIF cardinality(v_dist) > 0 THEN
-      v_dist := v_dist[1:cardinality(v_dist) - 1];
-    ELSIF cardinality(v_dom) > 0 THEN
-      v_dom := v_dom[1:cardinality(v_dom) - 1];
-    ELSIF cardinality(v_topic_list) > 0 THEN
-      v_topic_list := v_topic_list[1:cardinality(v_topic_list) - 1];
-    ELSE
-      v_text := left(v_text, 200);
-      EXIT;
-    END IF;
-  END LOOP;
-  v_topics := jsonb_build_object('version', 1, 'files', st.files, 'chunks', st.chunks, 'words', st.words,
-                                 'skipped', st.skipped, 'clusters', v_clusters,
+  -- Terms that a topic already says are no news.
+  v_terms := ARRAY(SELECT w FROM unnest(v_terms) WITH ORDINALITY AS u(w, i)
+                    WHERE lower(w) <> ALL (regexp_split_to_array(lower(coalesce(array_to_string(v_topic_list, ' '), '')), '\s+'))
+                      AND lower(w) <> ALL (coalesce(ARRAY(SELECT lower(x) FROM unnest(v_dist) x), '{}'))
+                    ORDER BY i);
+  v_text := storetopics._pack(v_topic_list, v_terms, v_dist, st.files);
+  v_topics := jsonb_build_object('version', 2, 'files', st.files, 'chunks', st.chunks, 'words', st.words,
+                                 'skipped', st.skipped, 'clusters', v_clusters, 'topics', to_jsonb(v_topic_list),
+                                 'catalog', storetopics._catalog(p_source),
                                  'fit', CASE WHEN st.fit_at IS NOT NULL THEN jsonb_build_object(
                                    'generation', st.fit_generation, 'at', st.fit_at, 'k', st.fit_k,
                                    'silhouette', round(st.fit_silhouette::numeric, 4),
@@ -344,6 +404,12 @@ BEGIN
                                             FROM storetopics.label_ledger l
                                            WHERE l.source_id = p_source AND l.store_key = p_store)) || v_kw;
 
+  -- chunks of the candidates whose token count is not known (counted at one token per byte meanwhile)
+  v_uncounted := storetopics._uncounted(storetopics._pack(v_topic_list, v_terms, v_dist, st.files, 100000));
+  UPDATE storetopics.store_state SET uncounted = v_uncounted WHERE source_id = p_source AND store_key = p_store;
+  IF count_first AND cardinality(v_uncounted) > 0 THEN
+    RETURN NULL;
+  END IF;
   UPDATE storetopics.store_state SET rendered_at = now(), rendered_version = st.version
    WHERE source_id = p_source AND store_key = p_store;
   IF st.store_topics IS NOT DISTINCT FROM v_text AND st.topics IS NOT DISTINCT FROM v_topics THEN
@@ -354,4 +420,39 @@ BEGIN
   PERFORM storetopics._mirror(src, p_store, v_text);
   PERFORM pg_notify('storetopics_updated', p_source || ':' || p_store);
   RETURN true;
+END $$;
+
+-- render()'s term lists, in pg_temp.storetopics_kw (kind, rank, lexeme, word, score, files, total, file_key): the
+-- dominant and distinctive lists of keywords() and the contrastive terms, as people write them; two lexemes that show
+-- as one word ("run", "running") are shown once, where they rank first.
+CREATE OR REPLACE FUNCTION storetopics._render_terms(src storetopics.sources, p_store text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  CREATE TEMP TABLE storetopics_kw ON COMMIT DROP AS
+  SELECT k.kind, k.rank, k.lexeme, NULL::text AS word, k.score, k.files, k.total, k.file_key
+    FROM storetopics.keywords(src.id, p_store) k
+  UNION ALL
+  SELECT 'contrast', (row_number() OVER (ORDER BY c.score DESC, c.lexeme))::int, c.lexeme, NULL, c.score, c.files,
+         NULL, NULL
+    FROM storetopics.contrast_terms(src.id, p_store, 80) c;
+  PERFORM storetopics._learn_words(src.id, p_store, ARRAY(SELECT DISTINCT k.lexeme FROM pg_temp.storetopics_kw k));
+  UPDATE pg_temp.storetopics_kw SET word = storetopics._show(src.ts_config, lexeme);
+  DELETE FROM pg_temp.storetopics_kw k USING pg_temp.storetopics_kw k2
+   WHERE k.word = k2.word AND k.kind = k2.kind AND k2.rank < k.rank;
+  DELETE FROM pg_temp.storetopics_kw k USING pg_temp.storetopics_kw k2
+   WHERE k.word = k2.word AND k2.kind = 'dominant' AND k.kind = 'distinctive';
+END $$;
+
+-- render()'s clusters, in pg_temp.storetopics_shown: each with its screened words and the label shown (the
+-- labeller's if it passes the screen, else the offline phrase, else the offline words).
+CREATE OR REPLACE FUNCTION storetopics._render_clusters(p_source int, p_store text, p_offline boolean) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  CREATE TEMP TABLE storetopics_shown ON COMMIT DROP AS
+  SELECT k.cluster_id, k.label, k.labeller, k.phrase, k.chunks, k.files, k.representatives, k.outliers,
+         k.outliers_at_fit, s.kept AS keywords, s.dropped,
+         storetopics._shown_label(k.label, k.phrase, s.kept, p_offline) AS shown,
+         k.chunks::float8 / greatest(sum(k.chunks) OVER (), 1) AS share
+    FROM storetopics.clusters k CROSS JOIN LATERAL storetopics._screened(k.keywords, 'cluster words') AS s
+   WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0;
 END $$;

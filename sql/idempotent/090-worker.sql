@@ -158,8 +158,10 @@ RETURN EXISTS (SELECT 1 FROM storetopics.work w
                   AND w.lease_expires >= now());
 
 -- render() for a lease holder: NULL (nothing written) when the lease was lost, e.g. the worker stalled past its
--- expiry and another worker took the store over.  The work row stays locked until the render commits.
-CREATE OR REPLACE FUNCTION storetopics.work_render(p_worker text, p_source int, p_store text) RETURNS boolean
+-- expiry and another worker took the store over, or, with count_first, when token counts are missing (see render).
+-- The work row stays locked until the render commits.
+CREATE OR REPLACE FUNCTION storetopics.work_render(p_worker text, p_source int, p_store text,
+                                                  count_first boolean DEFAULT false) RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   PERFORM 1 FROM storetopics.work w
@@ -168,7 +170,7 @@ BEGIN
   IF NOT FOUND THEN
     RETURN NULL;
   END IF;
-  RETURN storetopics.render(p_source, p_store);
+  RETURN storetopics.render(p_source, p_store, count_first);
 END $$;
 
 -- A pass over a store ended: release the lease.  Compare-and-set: the store becomes clean only if its generation

@@ -8,6 +8,10 @@ Descriptions compared (each router sees only this text, nothing of the store's c
   clusters     (d) our cluster summary: topics->'clusters' labels (with shares and keywords); None while the
                database has no clusters (then reported as not available)
   hybrid       (e) store_topics exactly as the database renders it
+  name_hybrid  the store's name and store_topics together, as a router sees a tool's name and description
+  tfidf<N>     the strongest simple baseline: the store's name plus its top N words by TF-IDF with the stores as
+               the documents (sklearn TfidfVectorizer(stop_words="english") fitted on one concatenated text per
+               store; the N highest-weighted words of the store's row), N in BASELINE_WORDS
 """
 from __future__ import annotations
 
@@ -22,7 +26,9 @@ try:
 except ImportError:  # pragma: no cover
     _STOP = frozenset()
 
-ROUTERS = ("names", "handwritten_short", "handwritten", "keywords", "clusters", "hybrid")
+BASELINE_WORDS = (20, 60, 150)
+BASELINES = tuple(f"tfidf{n}" for n in BASELINE_WORDS)
+ROUTERS = ("names", "handwritten_short", "handwritten", "keywords", "clusters", "hybrid", "name_hybrid", *BASELINES)
 LABELS = {
     "names": "(a) store name",
     "handwritten_short": "(b) hand-written, short",
@@ -30,6 +36,8 @@ LABELS = {
     "keywords": "(c) keyword summary",
     "clusters": "(d) cluster summary",
     "hybrid": "(e) hybrid store_topics",
+    "name_hybrid": "(e') name + store_topics",
+    **{f"tfidf{n}": f"baseline: name + top-{n} TF-IDF words" for n in BASELINE_WORDS},
     "centroid": "reference: store centroid (sees the contents)",
 }
 
@@ -65,18 +73,41 @@ def cluster_summary(topics: dict | None, budget: int = 200) -> str | None:
     return "Topics: " + "; ".join(parts) + "." if parts else None
 
 
-def describe(store: str, row: dict | None, handwritten: dict[str, tuple[str, str]]) -> dict[str, str | None]:
-    """Every router's view of one store.  `row` is the store's row of storetopics.stores (store_topics, topics)."""
+def tfidf_words(store_texts: dict[str, str], n: int = max(BASELINE_WORDS)) -> dict[str, list[str]]:
+    """The baseline's words: per store, its top n words by TF-IDF with the stores as the documents (sklearn's
+    TfidfVectorizer(stop_words="english") on one concatenated text per store), best first."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    stores = sorted(store_texts)
+    vec = TfidfVectorizer(stop_words="english")
+    m = vec.fit_transform([store_texts[s] for s in stores])
+    vocab = np.array(vec.get_feature_names_out())
+    out = {}
+    for i, s in enumerate(stores):
+        row = m[i].toarray().ravel()
+        order = np.lexsort((vocab, -row))        # by weight, ties by word: deterministic
+        out[s] = [str(vocab[j]) for j in order[:n] if row[j] > 0]
+    return out
+
+
+def describe(store: str, row: dict | None, handwritten: dict[str, tuple[str, str]],
+             baseline: dict[str, list[str]] | None = None) -> dict[str, str | None]:
+    """Every router's view of one store.  `row` is the store's row of storetopics.stores (store_topics, topics);
+    `baseline` the store's TF-IDF words (tfidf_words)."""
     short, long = handwritten.get(store, ("", ""))
     topics = (row or {}).get("topics")
-    return {
+    hybrid = (row or {}).get("store_topics")
+    out = {
         "names": store,
         "handwritten_short": short or None,
         "handwritten": (short + ". " + long).strip() if short else None,
         "keywords": keyword_summary(topics),
         "clusters": cluster_summary(topics),
-        "hybrid": (row or {}).get("store_topics"),
+        "hybrid": hybrid,
+        "name_hybrid": f"{store}: {hybrid}" if hybrid else None,
     }
+    for n in BASELINE_WORDS:
+        out[f"tfidf{n}"] = f"{store}: " + " ".join(baseline[:n]) if baseline else None
+    return out
 
 
 def truncate_words(text: str | None, n: int | None) -> str | None:

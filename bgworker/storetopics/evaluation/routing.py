@@ -24,6 +24,10 @@ DEFAULT_SECTIONS = ("admin", "utils", "net", "web", "math", "science", "gnome", 
 LOOKALIKE_PAIRS = (("admin", "utils"), ("net", "web"), ("math", "science"), ("gnome", "kde"), ("editors", "text"),
                    ("haskell", "ocaml"), ("python", "perl"))
 TABLE = "eval_routing"
+# Tune on half, report on the other half: settings were chosen on the first half (look-alike pairs kept together),
+# every figure is also reported on the second, and on all 16 sections together.
+HALVES = {"tune": ("admin", "utils", "net", "web", "math", "science", "gnome", "kde"),
+          "report": ("editors", "text", "haskell", "ocaml", "python", "perl", "sound", "games")}
 
 
 @dataclass
@@ -38,6 +42,8 @@ class RoutingConfig:
     lengths: tuple[int, ...] = (5, 10, 20, 40, 80, 160)  # words kept of a summary, for the length curve
     bm25: bool = True
     k: int = 3                          # recall@k
+    table: str = TABLE                  # the chunk table (one source: its own catalog)
+    family: str = "debian"              # the corpus family, for the report
 
 
 @dataclass
@@ -86,7 +92,7 @@ def evaluate(stores: list[str], descs: dict[str, dict[str, str | None]], q_texts
 def length_curve(stores, descs, q_vecs, truth, embedder, lengths, k) -> dict:
     """Top-1 of the embedding router when each summary is cut to its first n words."""
     out: dict[str, list] = {}
-    for r in ("keywords", "clusters", "hybrid", "handwritten"):
+    for r in ("keywords", "clusters", "hybrid", "name_hybrid", "handwritten", "tfidf150"):
         texts = [descs[r].get(s) for s in stores]
         if not any(texts):
             continue
@@ -114,14 +120,72 @@ def confusions(stores: list[str], ranks_top: np.ndarray, truth: np.ndarray) -> l
     return [{"true": a, "chosen": b, "queries": n} for (a, b), n in sorted(pairs.items(), key=lambda x: -x[1])[:10]]
 
 
-def run(dsn: str, cfg: RoutingConfig, embedder, log=print) -> dict:
+def versus_baseline(before: dict) -> dict:
+    """name + store_topics against the best baseline (name + top-N TF-IDF words) whose descriptions are no longer on
+    average, per router: paired bootstrap of the top-1 differences on the same queries."""
+    ours = before.get("name_hybrid", {})
+    if not ours.get("available"):
+        return {}
+    out = {}
+    for router in ("embedding", "bm25"):
+        if router not in ours:
+            continue
+        fits = [b for b in routers.BASELINES if before.get(b, {}).get("available")
+                and before[b]["tokens_mean"] <= ours["tokens_mean"] + 0.5 and router in before[b]]
+        if not fits:
+            continue
+        best = max(fits, key=lambda b: (before[b][router]["top1"]["value"], -before[b]["tokens_mean"]))
+        a = np.array(ours[router]["ranks"]) == 1
+        b = np.array(before[best][router]["ranks"]) == 1
+        out[router] = {"baseline": best, "ours": ours[router]["top1"], "best": before[best][router]["top1"],
+                       "tokens": {"ours": ours["tokens_mean"], "baseline": before[best]["tokens_mean"]},
+                       **metrics.paired_bootstrap(a, b)}
+    return out
+
+
+def label_verbatim(conn, table: str) -> dict:
+    """Offline labels that are phrases people wrote: the share of clusters whose shown offline label occurs verbatim
+    (case aside) in the text of the cluster's files, next to the 0.1 label (the cluster's first three words), and
+    before/after pairs."""
+    rows = conn.execute(f"""
+        SELECT k.store_key, k.cluster_id, storetopics.offline_label(k.keywords) AS old,
+               coalesce(k.phrase, storetopics.offline_label(k.keywords)) AS new, k.phrase IS NOT NULL AS mined,
+               k.chunks
+          FROM storetopics.clusters k JOIN storetopics.sources s ON s.id = k.source_id
+         WHERE s.chunks = %s::regclass AND k.chunks > 0
+         ORDER BY k.store_key, k.chunks DESC, k.cluster_id""", (table,)).fetchall()
+    out = []
+    for store, cid, old, new, mined, chunks in rows:
+        def verbatim(label):
+            return conn.execute(f"""
+                SELECT EXISTS (SELECT 1 FROM storetopics.file_terms f JOIN {table} c
+                                   ON c.file = f.file_key AND c.store = f.store_key
+                                WHERE f.store_key = %s AND %s = ANY (f.cluster_ids)
+                                  AND f.source_id = (SELECT id FROM storetopics.sources WHERE chunks = %s::regclass)
+                                  AND strpos(lower(c.content), lower(%s)) > 0)""",
+                                (store, cid, table, label)).fetchone()[0]
+        out.append({"store": store, "cluster": cid, "old": old, "new": new, "mined": mined, "chunks": chunks,
+                    "old_verbatim": verbatim(old), "new_verbatim": verbatim(new)})
+    n = len(out)
+    return {"clusters": n, "new_verbatim": sum(x["new_verbatim"] for x in out) / n if n else None,
+            "old_verbatim": sum(x["old_verbatim"] for x in out) / n if n else None,
+            "mined": sum(x["mined"] for x in out) / n if n else None, "pairs": out}
+
+
+def run(dsn: str, cfg: RoutingConfig, embedder, log=print, corpus: dict | None = None,
+        handwritten: dict | None = None) -> dict:
+    """The routing benchmark on Debian sections (corpus None) or on another family's stores (corpus: store ->
+    [data.Package]; handwritten: store -> (short, long) descriptions if the family has any)."""
     t_start = time.perf_counter()
     sections = list(cfg.sections)
     extra = [cfg.drift_from] if cfg.drift_store else []
-    corpus = data.read_sections([*sections, *extra])
+    if corpus is None:
+        corpus = data.read_sections([*sections, *extra])
+        handwritten = data.section_descriptions()
+    handwritten = handwritten or {}
+    table = cfg.table
     sp = data.split(corpus, held_share=cfg.held_share, store_cap=cfg.store_cap,
                     queries_per_section=cfg.queries_per_section)
-    handwritten = data.section_descriptions()
     stores = sorted(sections)
     sidx = {s: i for i, s in enumerate(stores)}
 
@@ -159,13 +223,13 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print) -> dict:
     timings = {"embed_seconds": t_embed}
     with pg.connect(dsn) as conn:
         server = pg.server_info(conn)
-        pg.create_chunks(conn, TABLE, embedder.dim)
+        pg.create_chunks(conn, table, embedder.dim)
         t0 = time.perf_counter()
-        pg.insert(conn, TABLE, ((s, f, c, v) for (s, f, c), v in zip(store_rows, store_vecs)))
+        pg.insert(conn, table, ((s, f, c, v) for (s, f, c), v in zip(store_rows, store_vecs)))
         timings["load_seconds"] = time.perf_counter() - t0
-        pg.attach(conn, TABLE)
+        pg.attach(conn, table)
         timings["backfill_seconds"] = pg.refresh(conn)
-        rows = pg.stores(conn, TABLE)
+        rows = pg.stores(conn, table)
         log(f"  loaded, attached and backfilled: {len(rows)} stores in {timings['backfill_seconds']:.1f}s")
         missing = [s for s in stores if s not in rows]
         if missing:
@@ -177,21 +241,23 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print) -> dict:
         by_store: dict[str, list] = {s: [] for s in stores}
         for (s, _, _), v in zip(store_rows, store_vecs):
             by_store[s].append(v)
+        store_texts = {s: "\n".join(p.text for p in sp.store[s]) for s in stores}
+        baseline = routers.tfidf_words(store_texts)
         descs = {r: {} for r in routers.ROUTERS}
         for s in stores:
-            for r, t in routers.describe(s, rows[s], handwritten).items():
+            for r, t in routers.describe(s, rows[s], handwritten, baseline[s]).items():
                 descs[r][s] = t
         before = evaluate(stores, descs, q_texts, q_vecs, truth, embedder, k=cfg.k, bm25=cfg.bm25,
                           centroids=centroid_matrix(by_store), synopsis=(q_syn, q_syn_vecs))
         curve = length_curve(stores, descs, q_vecs, truth, embedder, cfg.lengths, cfg.k)
         conf = {}
-        for r in ("names", "handwritten", "hybrid"):
+        for r in ("names", "handwritten", "hybrid", "name_hybrid", "tfidf60"):
             if before[r].get("available"):
                 dv = _desc_matrix(embedder, [descs[r][s] for s in stores])
                 conf[r] = confusions(stores, np.argmax(routers.embedding_scores(q_vecs, dv), axis=1), truth)
         paired = {}
         hyb = before["hybrid"]
-        for other in ("names", "handwritten", "handwritten_short", "keywords", "clusters"):
+        for other in ("names", "handwritten", "handwritten_short", "keywords", "clusters", *routers.BASELINES):
             if hyb.get("available") and before[other].get("available"):
                 a = np.array(hyb["embedding"]["ranks"]) == 1
                 b = np.array(before[other]["embedding"]["ranks"]) == 1
@@ -212,6 +278,7 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print) -> dict:
                            "descriptions": {r: descs[r][s] for r in routers.ROUTERS}} for s in stores},
             "queries": len(queries),
             "before": before, "length_curve": curve, "confusions": conf, "paired": paired,
+            "versus_baseline": versus_baseline(before),
             "lookalike_top1": lookalike,
         }
 
@@ -220,16 +287,22 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print) -> dict:
             x = cfg.drift_store
             victims = [p.name for p in data.by_hash(sp.store[x], "drift")[:len(drift_pkgs)]]
             t0 = time.perf_counter()
-            deleted = pg.delete_files(conn, TABLE, x, victims)
-            pg.insert(conn, TABLE, ((s, f, c, v) for (s, f, c), v in zip(drift_rows, drift_vecs)))
+            deleted = pg.delete_files(conn, table, x, victims)
+            pg.insert(conn, table, ((s, f, c, v) for (s, f, c), v in zip(drift_rows, drift_vecs)))
             t_refresh = pg.refresh(conn)
             timings["drift_seconds"] = time.perf_counter() - t0
-            rows2 = pg.stores(conn, TABLE)
+            rows2 = pg.stores(conn, table)
             by_store[x] = [v for (s, f, _), v in zip(store_rows, store_vecs) if s == x and f not in set(victims)] + \
                 list(drift_vecs)
             descs2 = {r: dict(descs[r]) for r in routers.ROUTERS}
-            for r in ("keywords", "clusters", "hybrid"):  # maintained: re-read; names/hand-written stay stale
-                descs2[r][x] = routers.describe(x, rows2[x], handwritten)[r]
+            # maintained: re-read (the baseline too: computed again from the contents); names/hand-written stay stale
+            texts2 = dict(store_texts)
+            texts2[x] = "\n".join([p.text for p in sp.store[x] if p.name not in set(victims)] +
+                                  [p.text for p in drift_pkgs])
+            baseline2 = routers.tfidf_words(texts2)
+            for r in ("keywords", "clusters", "hybrid", "name_hybrid", *routers.BASELINES):
+                for s in stores:
+                    descs2[r][s] = routers.describe(s, rows2[s], handwritten, baseline2[s])[r]
             # Queries after drift: all the old ones, plus the drifted-in section's held-out packages, now owned by x.
             q2_texts = q_texts + [p.text for p in drift_queries]
             q2_vecs = np.vstack([q_vecs, dq_vecs])
@@ -269,6 +342,7 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print) -> dict:
                 f"{t_refresh:.1f}s")
         events = len(store_rows and {(s, f) for s, f, _ in store_rows}) + \
             (result["drift"]["files_replaced"] * 2 if cfg.drift_store else 0)
+        result["labels"] = label_verbatim(conn, table)
         result["ledger"] = quality.ledger(conn, events, len(stores))
         result["db_clusters"] = quality.db_clusters({s: rows[s]["topics"] for s in stores})
     timings["total_seconds"] = time.perf_counter() - t_start

@@ -11,6 +11,7 @@ storetopics installed like the tests do.  Embeddings: all-MiniLM-L6-v2 (extra `e
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import hashlib
 import os
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 
 from .. import embedding
-from . import cost, needle, pg, quality, report, routing
+from . import cost, needle, pg, quality, report, routing, wordnet
 
 REPO = Path(__file__).resolve().parents[3]
 RESULTS = REPO / "bench" / "results"
@@ -160,6 +161,24 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         res["routing"], pooled = routing.run(dsn, rc, emb, log)
         timings["routing + drift"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        res["halves"] = {}
+        for name, secs in routing.HALVES.items():
+            hc = dataclasses.replace(rc, sections=tuple(s for s in secs if s in rc.sections), drift_store=None,
+                                     table=f"eval_{name}", lengths=())
+            if len(hc.sections) >= 2:
+                log(f"half '{name}': {', '.join(hc.sections)}")
+                res["halves"][name], _ = routing.run(dsn, hc, emb, log)
+        timings["routing, halves"] = time.perf_counter() - t0
+        if wordnet.available():
+            t0 = time.perf_counter()
+            wc = dataclasses.replace(rc, sections=wordnet.STORES, drift_store=None, table="eval_wordnet", lengths=(),
+                                     family="wordnet")
+            log("second family: WordNet noun synsets, one store per lexicographer file")
+            res["family2"], _ = routing.run(dsn, wc, emb, log, corpus=wordnet.read(), handwritten={})
+            timings["routing, WordNet"] = time.perf_counter() - t0
+        else:
+            log(f"second family skipped: {wordnet.DATA_NOUN} missing (Debian package wordnet-base)")
         b = res["routing"]["before"]
         for r in ("names", "handwritten", "keywords", "clusters", "hybrid", "centroid"):
             e = b.get(r, {})

@@ -1,0 +1,146 @@
+-- ------------------------------------------------------------------------------------------------------------
+-- Phrases: offline topic labels people wrote, mined from the store's own text
+-- ------------------------------------------------------------------------------------------------------------
+-- A label such as "removed support new" (three stems in c-TF-IDF order) tells a reader little; "text editor" or
+-- "genome assembly" does.  The offline label of a cluster is therefore a short phrase (2-3 words) that occurs in its
+-- files: written by someone, shown as written.  The same miner gives a keyword-only store its topics.
+
+-- Mines phrases for groups of files.  Input: pg_temp.storetopics_mine_files (grp, file_key), the files of each group
+-- (a cluster, or a whole store), and pg_temp.storetopics_mine_words (grp, lexeme, weight), the words a group's
+-- phrases should be made of.  Output: pg_temp.storetopics_mined (grp, phrase, score, rank).
+-- A phrase is a run of 2-3 words within a clause (never across punctuation), letters only, its first and last word
+-- no stopword, at least one of its words (as a lexeme) weighted for the group; it must occur in two of the group's
+-- files (one file's names are no topic).  Score: files it occurs in x (1 + weight of its words) x how rare it is in
+-- the other groups (log(1 + groups / groups holding it)).  Shown in its most common spelling.
+CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
+  v_groups int := (SELECT count(DISTINCT g.grp) FROM pg_temp.storetopics_mine_files g);
+BEGIN
+  DROP TABLE IF EXISTS pg_temp.storetopics_mined;
+  EXECUTE format('CREATE TEMP TABLE storetopics_mine_texts ON COMMIT DROP AS SELECT * FROM %s(''sample_texts'', $1, '
+                 '$2, NULL) AS r(file_key text, t text)', storetopics._reader(p_source))
+    USING ARRAY(SELECT DISTINCT g.file_key FROM pg_temp.storetopics_mine_files g), p_store;
+  CREATE TEMP TABLE storetopics_mine_grams ON COMMIT DROP AS
+  WITH clauses AS (
+    SELECT x.file_key, c.clause, row_number() OVER () AS n
+      FROM pg_temp.storetopics_mine_texts x,
+           regexp_split_to_table(x.t, '[.,;:!?()\[\]{}"<>|/\\=*#`~_\t\r\n]+|\s-+\s') AS c(clause)
+  ), words AS (
+    SELECT cl.file_key, cl.n, w.word, w.i
+      FROM clauses cl, regexp_split_to_table(btrim(cl.clause), '\s+') WITH ORDINALITY AS w(word, i)
+  ), grams AS (
+    SELECT w.file_key, w.word AS w1, lead(w.word) OVER o AS w2, lead(w.word, 2) OVER o AS w3
+      FROM words w WINDOW o AS (PARTITION BY w.n ORDER BY w.i)
+  )
+  SELECT g.file_key, v.len, v.words
+    FROM grams g, LATERAL (VALUES (2, ARRAY[g.w1, g.w2]), (3, ARRAY[g.w1, g.w2, g.w3])) AS v(len, words)
+   WHERE NOT (NULL = ANY (v.words)) AND v.words <@ ARRAY(SELECT w FROM unnest(v.words) w
+                                                         WHERE w ~ '^[[:alpha:]][[:alpha:]''-]*[[:alpha:]]$'
+                                                           AND length(w) <= 30);
+  -- each distinct word's lexeme (none: a stopword)
+  CREATE TEMP TABLE storetopics_mine_lex ON COMMIT DROP AS
+  SELECT w.word, (tsvector_to_array(to_tsvector(v_cfg, w.word)))[1] AS lexeme
+    FROM (SELECT DISTINCT lower(u.w) AS word FROM pg_temp.storetopics_mine_grams g, unnest(g.words) u(w)) w;
+  CREATE TEMP TABLE storetopics_mined ON COMMIT DROP AS
+  WITH per AS (
+    SELECT f.grp, lower(array_to_string(g.words, ' ')) AS key, array_to_string(g.words, ' ') AS surface, g.file_key,
+           g.words
+      FROM pg_temp.storetopics_mine_grams g JOIN pg_temp.storetopics_mine_files f ON f.file_key = g.file_key
+     WHERE (SELECT l.lexeme FROM pg_temp.storetopics_mine_lex l WHERE l.word = lower(g.words[1])) IS NOT NULL
+       AND (SELECT l.lexeme FROM pg_temp.storetopics_mine_lex l
+             WHERE l.word = lower(g.words[cardinality(g.words)])) IS NOT NULL
+  ), scored AS (
+    SELECT p.grp, p.key, count(DISTINCT p.file_key) AS files,
+           (SELECT coalesce(sum(mw.weight), 0) FROM unnest(min(p.words)) u(w)
+              JOIN pg_temp.storetopics_mine_lex l ON l.word = lower(u.w)
+              JOIN pg_temp.storetopics_mine_words mw ON mw.grp = p.grp AND mw.lexeme = l.lexeme) AS weight,
+           (SELECT s.surface FROM per s WHERE s.grp = p.grp AND s.key = p.key
+             GROUP BY s.surface ORDER BY count(*) DESC, s.surface LIMIT 1) AS phrase
+      FROM per p GROUP BY 1, 2
+  ), spread AS (
+    SELECT s.key, count(*) AS groups FROM scored s GROUP BY 1
+  )
+  SELECT s.grp, s.phrase, round((s.files * (1 + s.weight) * ln(1 + v_groups::float8 / sp.groups))::numeric, 9) AS score,
+         row_number() OVER (PARTITION BY s.grp ORDER BY s.files * (1 + s.weight) * ln(1 + v_groups::float8 / sp.groups)
+                            DESC, s.phrase) AS rank
+    FROM scored s JOIN spread sp USING (key)
+   WHERE s.weight > 0 AND s.files >= least(2, (SELECT count(*) FROM pg_temp.storetopics_mine_files f WHERE f.grp = s.grp));
+  DROP TABLE pg_temp.storetopics_mine_texts, pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex;
+END $$;
+
+-- The clusters' offline labels: mined again for the clusters whose top words changed since (a burst that leaves
+-- them alone, or a re-fit that keeps the cluster, mines nothing), from each cluster's 20 most committed files.
+CREATE OR REPLACE FUNCTION storetopics._cluster_phrases(p_source int, p_store text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
+BEGIN
+  CREATE TEMP TABLE storetopics_mine_words ON COMMIT DROP AS
+  SELECT k.cluster_id AS grp, l.lexeme, max(1.0 / (1 + u.i / 3.0)) AS weight   -- the cluster's words, best first
+    FROM storetopics.clusters k, unnest(k.keywords[1:15]) WITH ORDINALITY AS u(w, i),
+         LATERAL unnest(tsvector_to_array(to_tsvector(v_cfg, u.w))) AS l(lexeme)
+   WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0
+     AND k.phrase_words IS DISTINCT FROM k.keywords[1:15]
+   GROUP BY 1, 2;
+  IF NOT EXISTS (SELECT 1 FROM pg_temp.storetopics_mine_words) THEN
+    DROP TABLE pg_temp.storetopics_mine_words;
+    RETURN;
+  END IF;
+  CREATE TEMP TABLE storetopics_mine_files ON COMMIT DROP AS
+  SELECT x.grp, x.file_key FROM (
+    SELECT u.cluster_id AS grp, f.file_key,
+           row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC,
+                                                                 hashtext(f.file_key), f.file_key) AS r
+      FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
+     WHERE f.source_id = p_source AND f.store_key = p_store
+       AND u.cluster_id IN (SELECT w.grp FROM pg_temp.storetopics_mine_words w)) x
+   WHERE x.r <= 20;
+  PERFORM storetopics._mine_phrases(p_source, p_store);
+  UPDATE storetopics.clusters k SET phrase = m.phrase, phrase_words = k.keywords[1:15]
+    FROM (SELECT w.grp, (SELECT m.phrase FROM pg_temp.storetopics_mined m WHERE m.grp = w.grp AND m.rank = 1) AS phrase
+            FROM (SELECT DISTINCT grp FROM pg_temp.storetopics_mine_words) w) m
+   WHERE k.source_id = p_source AND k.store_key = p_store AND k.cluster_id = m.grp;
+  DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files, pg_temp.storetopics_mined;
+END $$;
+
+-- A keyword-only store's topics (it has no clusters): up to 8 phrases made of its contrastive terms, from the 40
+-- files that hold most of them; mined again when those terms change.  Returns the phrases.
+CREATE OR REPLACE FUNCTION storetopics._store_phrases(p_source int, p_store text, p_terms text[]) RETURNS text[]
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  st storetopics.store_state;
+  v_phrases text[];
+BEGIN
+  SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
+  IF st.phrase_terms IS NOT DISTINCT FROM p_terms[1:15] THEN
+    RETURN st.phrases;
+  END IF;
+  CREATE TEMP TABLE storetopics_mine_words ON COMMIT DROP AS
+  SELECT 0 AS grp, u.lexeme, 1.0 / (1 + u.i / 5.0) AS weight FROM unnest(p_terms[1:30]) WITH ORDINALITY AS u(lexeme, i);
+  CREATE TEMP TABLE storetopics_mine_files ON COMMIT DROP AS
+  SELECT 0 AS grp, x.file_key FROM (
+    SELECT f.file_key, count(*) AS hits
+      FROM storetopics.file_terms f, unnest(f.term_ids) AS u(term_id)
+     WHERE f.source_id = p_source AND f.store_key = p_store
+       AND u.term_id IN (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (p_terms[1:30]))
+     GROUP BY 1 ORDER BY 2 DESC, hashtext(f.file_key), 1 LIMIT 40) x;
+  PERFORM storetopics._mine_phrases(p_source, p_store);
+  -- distinct phrases that share no word with a better one
+  v_phrases := ARRAY(
+    WITH RECURSIVE pick AS (
+      SELECT 1 AS n, m.rank, ARRAY[m.phrase] AS phrases, regexp_split_to_array(lower(m.phrase), ' ') AS used
+        FROM pg_temp.storetopics_mined m WHERE m.rank = 1
+      UNION ALL
+      SELECT p.n + 1, m.rank, p.phrases || m.phrase, p.used || regexp_split_to_array(lower(m.phrase), ' ')
+        FROM pick p, LATERAL (SELECT * FROM pg_temp.storetopics_mined m
+                               WHERE m.rank > p.rank AND NOT regexp_split_to_array(lower(m.phrase), ' ') && p.used
+                               ORDER BY m.rank LIMIT 1) m
+       WHERE p.n < 8)
+    SELECT unnest(phrases) FROM (SELECT phrases FROM pick ORDER BY n DESC LIMIT 1) x);
+  UPDATE storetopics.store_state SET phrases = v_phrases, phrase_terms = p_terms[1:15]
+   WHERE source_id = p_source AND store_key = p_store;
+  DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files, pg_temp.storetopics_mined;
+  RETURN v_phrases;
+END $$;
