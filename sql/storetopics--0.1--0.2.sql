@@ -277,6 +277,14 @@ CREATE OR REPLACE FUNCTION storetopics._version() RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN (SELECT m.value FROM storetopics.meta m WHERE m.key = 'version');
 
+-- What \df+ shows a DBA.
+COMMENT ON FUNCTION storetopics.usable_text(text) IS
+  'Whether a text is worth tokenising: not NULL, has a letter or digit, no control characters, under 1 MB. Other rows are counted as skipped.';
+COMMENT ON FUNCTION storetopics.showable_term(text) IS
+  'Whether a term is worth showing: 3-40 letters, maybe inner hyphens or apostrophes.';
+COMMENT ON FUNCTION storetopics.tsvector_or_null(regconfig, text) IS
+  'to_tsvector, or NULL for unusable text or a text whose tsvector would pass 1 MB.';
+
 -- idempotent/015-screen.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Screen: one filter for every text a router LLM reads
@@ -1423,6 +1431,10 @@ BEGIN
   EXECUTE format('DROP FUNCTION IF EXISTS %s(text, text)', storetopics._generated(p_source, 'mirror'));
 END $$;
 
+-- What \df+ shows a DBA.
+COMMENT ON FUNCTION storetopics.max_store_key() IS
+  'The longest store key kept, in characters (500); rows with a longer one are counted as skipped.';
+
 -- idempotent/030-attach.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Attach / detach, and who may do what
@@ -1868,9 +1880,9 @@ COMMENT ON FUNCTION storetopics.grant_read(regrole, regclass) IS
 -- it).  Every read of the chunk table goes through the source's reader (read_<id>), which runs as the table's owner.
 -- Steps: _fold_source (lock, checks, forged events), _fold_resync, _fold_check_counts, _fold_claim, _fold_recount,
 -- _fold_apply.  Returns the number of files recounted (0 = nothing was pending).
--- (jit off here and in apply_fit: compiling the assignment's expressions cost more than it saved; bench/README.md.
--- Custom plans: a batch's file keys are an array; planned as a constant, `= ANY` is hashed, as a parameter of a
--- generic plan it is searched row by row: 5,000 keys against 100k pending rows took 11 s instead of a few ms.)
+-- (jit off here and in apply_fit: compiling the assignment's expressions cost more than it saved.  Custom plans: a
+-- batch's file keys are an array; planned as a constant, `= ANY` is hashed, as a parameter of a generic plan it is
+-- searched row by row.  bench/README.md has the figures.)
 CREATE OR REPLACE FUNCTION storetopics.fold(p_source int, max_files int DEFAULT 5000) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET jit = off
   SET plan_cache_mode = force_custom_plan AS $$
@@ -2173,12 +2185,13 @@ RETURN jsonb_build_object(
   'refit_outliers', 0.05,        -- re-cluster when outliers since the fit pass this share of the store
   'reuse_distance', 0.05,        -- a re-fit cluster this close (cosine) to an old one keeps its id, label, words
   'keyword_shift', 0.05,         -- keyword gate: top terms shifted by more than this share
-  'labeller', 'offline',         -- offline | anthropic
+  'labeller', 'offline',         -- offline | anthropic | openai (any Chat Completions server: OPENAI_BASE_URL)
   'model', NULL,                 -- the labeller's model (NULL: its default)
   'prices', jsonb_build_object(  -- USD per million tokens, input and output
               'claude-haiku-4-5', jsonb_build_array(1.0, 5.0),
               'claude-3-5-haiku-latest', jsonb_build_array(0.8, 4.0),
-              'claude-sonnet-4-5', jsonb_build_array(3.0, 15.0)),
+              'claude-sonnet-4-5', jsonb_build_array(3.0, 15.0),
+              'gpt-4o-mini', jsonb_build_array(0.15, 0.6)),   -- the openai labeller's default model
   'embedding_model', NULL,       -- name of the model that made the vectors, recorded as the fit's space
   'debounce', 60,                -- seconds a store must be quiet before the worker refreshes it
   'max_staleness', 600,          -- ... but never longer than this under a continuous stream
@@ -2228,9 +2241,9 @@ BEGIN
       RAISE EXCEPTION 'storetopics: catalog names starting with "source:" are the sources'' own'
         USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF k = 'labeller' AND v #>> '{}' NOT IN ('offline', 'anthropic') THEN
+    IF k = 'labeller' AND v #>> '{}' NOT IN ('offline', 'anthropic', 'openai') THEN
       RAISE EXCEPTION 'storetopics: unknown labeller %', v USING ERRCODE = 'invalid_parameter_value',
-        HINT = 'offline or anthropic';
+        HINT = 'offline, anthropic or openai';
     END IF;
   END LOOP;
 END $$;
@@ -2314,15 +2327,19 @@ BEGIN
   END LOOP;
 END $$;
 
+-- What \df+ shows a DBA.
+COMMENT ON FUNCTION storetopics.default_settings() IS
+  'The defaults of every setting (jsonb); storetopics.settings(table) gives a table''s effective ones.';
+
 -- idempotent/060-clusters.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Clusters: assignment of chunks to the current fit, kept by fold(); fits applied by apply_fit()
 -- ------------------------------------------------------------------------------------------------------------
 -- A chunk is clustered in its file's context: as the unit sum of its own direction and its file's mean direction
 -- (files of one chunk: the chunk itself).  Read alone, a chunk such as "This package contains the documentation" or
--- a table of numbers says little about the topic its file is about; in context it goes where its file goes.  On
--- Debian descriptions (16 sections, chunks = paragraphs) this raised the NMI of the clusters against the sections
--- from 0.377 to 0.49.  Both the fit (_fit_input) and the assignment below use it, so distances and radii agree.
+-- a table of numbers says little about the topic its file is about; in context it goes where its file goes (the
+-- clusters agree better with the Debian sections: bench/README.md).  Both the fit (_fit_input) and the assignment
+-- below use it, so distances and radii agree.
 --
 -- Assigns the chunk rows of the files p_files (or of the store p_store) to their store's clusters, into
 -- pg_temp.storetopics_assign: per (store, file), the chunks per nearest cluster of the store's fit, the outliers
@@ -2555,7 +2572,7 @@ END $$;
 -- over its chunks) and the cluster sizes are recounted.  Compare-and-set: if another fit was applied since the
 -- input was read, nothing is written.  Returns a jsonb report.
 -- (Joins between a store's files and the pass's result are hashed: right after a big fold file_terms has no
--- statistics yet, and a nested loop over 10k x 10k files took 60 s instead of 0.1 s.)
+-- statistics yet, and the planner's nested loop over both was orders of magnitude slower.)
 CREATE OR REPLACE FUNCTION storetopics.apply_fit(p_source int, p_store text, p_fit jsonb) RETURNS jsonb
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET enable_nestloop = off SET jit = off
 AS $$
@@ -2635,8 +2652,8 @@ BEGIN
     FROM pg_temp.storetopics_assign a
    WHERE f.source_id = p_source AND f.store_key = p_store AND a.store_key = p_store AND f.file_key = a.file_key;
   GET DIAGNOSTICS v_updated = ROW_COUNT;
-  -- (a 10k-file store backfilled in two batches kept the statistics of the first: render's keywords() then took
-  -- 26 s per pass instead of 0.07 s until autovacuum came by)
+  -- (a store backfilled in two batches kept the statistics of the first, and render's keywords() crawled until
+  -- autovacuum came by)
   PERFORM storetopics._analyze_if_stale(v_updated);
   -- files of the store the pass did not see (their rows changed since; a pending event will recount them)
   UPDATE storetopics.file_terms f
@@ -2921,6 +2938,24 @@ BEGIN
   RETURN v_result;
 END $$;
 
+-- What \df+ shows a DBA.
+COMMENT ON FUNCTION storetopics.fit_due(int, text) IS
+  'Why a store needs a (re-)fit now: no fit, outliers, dimension; NULL while its fit holds.';
+COMMENT ON FUNCTION storetopics.apply_fit(int, text, jsonb) IS
+  'Write a fit computed from _fit_input (clusters matched to the old ones keep their rows and labels) and assign every chunk of the store; compare-and-set on the fit generation. Returns a report.';
+COMMENT ON FUNCTION storetopics.refresh_words(int, text) IS
+  'Recompute a store''s cluster words and offline phrases from the current counts and run the keyword gate; returns how many labels became due.';
+COMMENT ON FUNCTION storetopics.offline_label(text[]) IS
+  'The fallback offline label: a cluster''s first three words that say something new.';
+COMMENT ON FUNCTION storetopics.label_ok(text) IS
+  'Whether a label has a label''s shape: 3-48 characters, 2-5 words (what it says is screen()''s business).';
+COMMENT ON FUNCTION storetopics.labels_due(int, text) IS
+  'The clusters whose label is due from the configured LLM labeller, with what it may see: words, representatives, the other clusters and stores.';
+COMMENT ON FUNCTION storetopics.record_label(int, text, int, text, text, text, text, int, int, text) IS
+  'Record a labelling call in the ledger and, when the label passes label_ok, screen() and the grounding check, store it; errors schedule a retry with backoff.';
+COMMENT ON FUNCTION storetopics.cluster(int, text) IS
+  'Re-fit one store''s clusters inside the database (needs plpython3u); elsewhere the worker or `storetopics backfill` fits.';
+
 -- idempotent/065-phrases.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Phrases: offline topic labels people wrote, mined from the store's own text
@@ -2932,8 +2967,8 @@ END $$;
 -- Mines phrases for groups of files.  Input: pg_temp.storetopics_mine_files (grp, file_key), the files of each group
 -- (a cluster, or a whole store), and pg_temp.storetopics_mine_words (grp, lexeme, weight), the words a group's
 -- phrases should be made of.  Output: pg_temp.storetopics_mined (grp, phrase, score, rank).
--- A phrase is a run of 2-3 words within a clause (never across punctuation), letters only, its first and last word
--- no stopword, at least one of its words (as a lexeme) weighted for the group; it must occur in two of the group's
+-- A phrase is a run of 2-3 different words within a clause (never across punctuation), letters only, its first and
+-- last word no stopword, at least one of its words (as a lexeme) weighted for the group; it must occur in two of the group's
 -- files (one file's names are no topic).  Score: files it occurs in x (1 + weight of its words) x how rare it is in
 -- the other groups (log(1 + groups / groups holding it)).  Shown in its most common spelling.
 CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text) RETURNS void
@@ -2960,37 +2995,44 @@ BEGIN
   )
   SELECT g.file_key, v.len, v.words
     FROM grams g, LATERAL (VALUES (2, ARRAY[g.w1, g.w2]), (3, ARRAY[g.w1, g.w2, g.w3])) AS v(len, words)
-   WHERE NOT (NULL = ANY (v.words)) AND v.words <@ ARRAY(SELECT w FROM unnest(v.words) w
-                                                         WHERE w ~ '^[[:alpha:]][[:alpha:]''-]*[[:alpha:]]$'
-                                                           AND length(w) <= 30);
+   WHERE array_position(v.words, NULL) IS NULL
+     AND v.words <@ ARRAY(SELECT w FROM unnest(v.words) w
+                           WHERE w ~ '^[[:alpha:]][[:alpha:]''-]*[[:alpha:]]$' AND length(w) <= 30)
+     AND cardinality(ARRAY(SELECT DISTINCT lower(w) FROM unnest(v.words) w)) = v.len;   -- no word twice
   -- each distinct word's lexeme (none: a stopword)
   CREATE TEMP TABLE storetopics_mine_lex ON COMMIT DROP AS
   SELECT w.word, (tsvector_to_array(to_tsvector(v_cfg, w.word)))[1] AS lexeme
     FROM (SELECT DISTINCT lower(u.w) AS word FROM pg_temp.storetopics_mine_grams g, unnest(g.words) u(w)) w;
+  -- set-based throughout (joins, not per-row look-ups): a store's sample holds 10^5 n-grams
   CREATE TEMP TABLE storetopics_mined ON COMMIT DROP AS
   WITH per AS (
     SELECT f.grp, lower(array_to_string(g.words, ' ')) AS key, array_to_string(g.words, ' ') AS surface, g.file_key,
            g.words
-      FROM pg_temp.storetopics_mine_grams g JOIN pg_temp.storetopics_mine_files f ON f.file_key = g.file_key
-     WHERE (SELECT l.lexeme FROM pg_temp.storetopics_mine_lex l WHERE l.word = lower(g.words[1])) IS NOT NULL
-       AND (SELECT l.lexeme FROM pg_temp.storetopics_mine_lex l
-             WHERE l.word = lower(g.words[cardinality(g.words)])) IS NOT NULL
+      FROM pg_temp.storetopics_mine_grams g
+      JOIN pg_temp.storetopics_mine_files f ON f.file_key = g.file_key
+      JOIN pg_temp.storetopics_mine_lex l1 ON l1.word = lower(g.words[1]) AND l1.lexeme IS NOT NULL
+      JOIN pg_temp.storetopics_mine_lex l2 ON l2.word = lower(g.words[cardinality(g.words)]) AND l2.lexeme IS NOT NULL
   ), scored AS (
-    SELECT p.grp, p.key, count(DISTINCT p.file_key) AS files,
-           (SELECT coalesce(sum(mw.weight), 0) FROM unnest(min(p.words)) u(w)
-              JOIN pg_temp.storetopics_mine_lex l ON l.word = lower(u.w)
-              JOIN pg_temp.storetopics_mine_words mw ON mw.grp = p.grp AND mw.lexeme = l.lexeme) AS weight,
-           (SELECT s.surface FROM per s WHERE s.grp = p.grp AND s.key = p.key
-             GROUP BY s.surface ORDER BY count(*) DESC, s.surface LIMIT 1) AS phrase
+    -- shown in its most common spelling (mode(): ties go to the first in order)
+    SELECT p.grp, p.key, count(DISTINCT p.file_key) AS files, mode() WITHIN GROUP (ORDER BY p.surface) AS phrase,
+           min(p.words) AS words
       FROM per p GROUP BY 1, 2
+  ), weighted AS (
+    SELECT s.grp, s.key, sum(mw.weight) AS weight
+      FROM scored s CROSS JOIN LATERAL unnest(s.words) AS u(w)
+      JOIN pg_temp.storetopics_mine_lex l ON l.word = lower(u.w)
+      JOIN pg_temp.storetopics_mine_words mw ON mw.grp = s.grp AND mw.lexeme = l.lexeme
+     GROUP BY 1, 2
   ), spread AS (
     SELECT s.key, count(*) AS groups FROM scored s GROUP BY 1
+  ), sizes AS (
+    SELECT f.grp, count(*) AS files FROM pg_temp.storetopics_mine_files f GROUP BY 1
   )
-  SELECT s.grp, s.phrase, round((s.files * (1 + s.weight) * ln(1 + v_groups::float8 / sp.groups))::numeric, 9) AS score,
-         row_number() OVER (PARTITION BY s.grp ORDER BY s.files * (1 + s.weight) * ln(1 + v_groups::float8 / sp.groups)
+  SELECT s.grp, s.phrase, round((s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups))::numeric, 9) AS score,
+         row_number() OVER (PARTITION BY s.grp ORDER BY s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups)
                             DESC, s.phrase) AS rank
-    FROM scored s JOIN spread sp USING (key)
-   WHERE s.weight > 0 AND s.files >= least(2, (SELECT count(*) FROM pg_temp.storetopics_mine_files f WHERE f.grp = s.grp));
+    FROM scored s JOIN weighted w USING (grp, key) JOIN spread sp USING (key) JOIN sizes z USING (grp)
+   WHERE w.weight > 0 AND s.files >= least(2, z.files);
   DROP TABLE pg_temp.storetopics_mine_texts, pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex;
 END $$;
 
@@ -3129,13 +3171,13 @@ BEGIN ATOMIC
      WHERE (v.nov - m.med) / (1.4826 * m.mad + 1e-9) >= CASE WHEN a.file_key IS NULL THEN 3.5 ELSE 2.5 END
      ORDER BY v.nov DESC, v.file_key LIMIT 3
   ), outlier_terms AS (
-    -- the top 3 terms of each outlier file; a term two outlier files share is kept once, with its best file
+    -- the top 3 terms of each outlier file, even when they also rank as dominant (in a small store a needle's words
+    -- do: they are still what the file is about); a term two outlier files share is kept once, with its best file
     SELECT DISTINCT ON (x.term) x.term, x.score, x.files, x.total, x.file_key, x.nov FROM (
       SELECT w.term, w.n * w.idf AS score, w.files, w.total, w.file_key, o.nov,
              row_number() OVER (PARTITION BY w.file_key ORDER BY w.n * w.idf DESC, w.term) AS r
         FROM file_words w JOIN outliers o ON o.file_key = w.file_key
-       WHERE storetopics.showable_term(w.term) AND w.idf > 0
-         AND w.term NOT IN (SELECT d.term FROM dominant d)) x
+       WHERE storetopics.showable_term(w.term) AND w.idf > 0) x
      WHERE x.r <= 3
      ORDER BY x.term, x.nov DESC, x.score DESC, x.file_key
   ), dense AS (
@@ -3511,8 +3553,6 @@ BEGIN
   UPDATE pg_temp.storetopics_kw SET word = storetopics._show(src.ts_config, lexeme);
   DELETE FROM pg_temp.storetopics_kw k USING pg_temp.storetopics_kw k2
    WHERE k.word = k2.word AND k.kind = k2.kind AND k2.rank < k.rank;
-  DELETE FROM pg_temp.storetopics_kw k USING pg_temp.storetopics_kw k2
-   WHERE k.word = k2.word AND k2.kind = 'dominant' AND k.kind = 'distinctive';
 END $$;
 
 -- render()'s clusters, in pg_temp.storetopics_shown: each with its screened words and the label shown (the
@@ -3528,6 +3568,16 @@ BEGIN
     FROM storetopics.clusters k CROSS JOIN LATERAL storetopics._screened(k.keywords, 'cluster words') AS s
    WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0;
 END $$;
+
+-- What \df+ shows a DBA.
+COMMENT ON FUNCTION storetopics.keywords(int, text, int, int) IS
+  'A store''s dominant (by count) and distinctive (outlier files, dense terms) terms, exact, deterministic.';
+COMMENT ON FUNCTION storetopics.contrast_terms(int, text, int) IS
+  'The terms that tell a store apart from the other stores of its catalog, best first (p ln(p/q) over file shares), exact.';
+COMMENT ON FUNCTION storetopics.record_token_counts(text[], int[]) IS
+  'Record cl100k token counts of summary chunks, counted by the worker or the CLI with tiktoken.';
+COMMENT ON FUNCTION storetopics.render(int, text, boolean) IS
+  'Render a store''s summary (store_topics, topics) from its state within 200 cl100k tokens; returns whether it changed (NULL with count_first while token counts are missing).';
 
 -- idempotent/080-backfill.sql
 -- ------------------------------------------------------------------------------------------------------------
@@ -3616,6 +3666,10 @@ BEGIN
      WHERE y.source_id = p_source AND (p_store IS NULL OR y.store_key = p_store) AND storetopics.render_due(y)
      ORDER BY y.store_key;
 END $$;
+
+-- What \df+ shows a DBA.
+COMMENT ON FUNCTION storetopics.render_due(storetopics.store_state) IS
+  'Whether a store''s summary must be rendered again (its state changed since, or it emptied).';
 
 -- idempotent/090-worker.sql
 -- ------------------------------------------------------------------------------------------------------------
@@ -3926,6 +3980,30 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION storetopics.verify_due() IS
   'For the worker: ask a count check (see verify()) of every source whose last one is older than verify_every.';
+
+-- What \df+ shows a DBA.
+COMMENT ON FUNCTION storetopics.failing_after() IS
+  'Failures in a row after which a store shows as failing (3).';
+COMMENT ON FUNCTION storetopics.sources_to_fold() IS
+  'For the worker: sources whose logged changes name no store (deletes, TRUNCATE, attach), debounced.';
+COMMENT ON FUNCTION storetopics.worker_heartbeat(text, text, int, float8, int, text) IS
+  'For the worker: register or beat a worker''s heart and extend its leases; returns how many it holds.';
+COMMENT ON FUNCTION storetopics.claim(text, float8, int) IS
+  'For the worker: lease up to p_limit due stores (FOR UPDATE SKIP LOCKED); returns them with their generation.';
+COMMENT ON FUNCTION storetopics.next_due() IS
+  'For the worker: seconds until a store can next be claimed (NULL: nothing dirty).';
+COMMENT ON FUNCTION storetopics.lease_held(text, int, text) IS
+  'For the worker: whether it still holds its lease on a store.';
+COMMENT ON FUNCTION storetopics.work_render(text, int, text, boolean) IS
+  'For the worker: render() if the lease is still held (NULL otherwise).';
+COMMENT ON FUNCTION storetopics.work_done(text, int, text, bigint, boolean, text, int) IS
+  'For the worker: a pass ended; release the lease (compare-and-set on the generation); a failure backs off.';
+COMMENT ON FUNCTION storetopics.worker_stop(text) IS
+  'For the worker: give its leases back (SIGTERM).';
+COMMENT ON FUNCTION storetopics.work_status() IS
+  'Per store: idle, dirty, working or failing, with the last error, passes and LLM cost.';
+COMMENT ON FUNCTION storetopics.worker_status() IS
+  'Per worker: heartbeat, what it works on, passes, failures, labelling calls.';
 
 -- idempotent/100-views.sql
 -- ------------------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Cluster labels from an LLM (the Anthropic labeller).
+"""Cluster labels from an LLM: the Anthropic labeller (Messages API) and the OpenAI-compatible one (Chat Completions:
+OpenAI, Ollama, vLLM, LiteLLM proxies...), both given the same prompt and held to the same checks.
 
 The offline label (the default, no network) is not made here: it is derived in SQL from the cluster's words
 (storetopics.offline_label), so every summary has a label without any call.  An LLM label replaces it when the
@@ -17,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 DEFAULT_MODEL = os.environ.get("STORETOPICS_MODEL", "claude-haiku-4-5")
+DEFAULT_OPENAI_MODEL = os.environ.get("STORETOPICS_OPENAI_MODEL", "gpt-4o-mini")
 
 
 def clean_label(text: str | None) -> tuple[str | None, str | None]:
@@ -71,6 +73,27 @@ Label this cluster in 2-5 plain words that say what sets it apart from the other
 made of words from its documents or keywords, no punctuation, no quotes). Reply with the label only."""
 
 
+def prompt(cluster: ClusterInput, chunk_chars: int = 600) -> str:
+    """The one prompt every LLM labeller sends: the same question whichever API answers it."""
+    docs = "".join(f"<document>{r[:chunk_chars]}</document>\n" for r in cluster.representatives[:3])
+    return PROMPT.format(n=min(3, len(cluster.representatives)), keywords=", ".join(cluster.keywords[:10]),
+                         siblings="; ".join(cluster.siblings[:8]), others="; ".join(cluster.others[:8]),
+                         docs=docs)
+
+
+def _answer(text: str | None, labeller: str, model: str, input_tokens, output_tokens, started: float) -> Label:
+    """An LLM's answer as a Label, its form checked by clean_label (the same for every labeller)."""
+    result = Label(text, labeller, model=model, calls=1, input_tokens=input_tokens or 0,
+                   output_tokens=output_tokens or 0, extra={"seconds": round(time.monotonic() - started, 3)})
+    clean, reason = clean_label(text)
+    if clean is None:
+        result.text = None
+        result.rejected = reason
+    else:
+        result.text = clean
+    return result
+
+
 class AnthropicLabeler:
     """One Messages API call per cluster that needs a label, through the official SDK, temperature 0."""
     name = "anthropic"
@@ -88,10 +111,7 @@ class AnthropicLabeler:
             timeout=timeout, max_retries=max_retries)
 
     def prompt(self, cluster: ClusterInput) -> str:
-        docs = "".join(f"<document>{r[:self.chunk_chars]}</document>\n" for r in cluster.representatives[:3])
-        return PROMPT.format(n=min(3, len(cluster.representatives)), keywords=", ".join(cluster.keywords[:10]),
-                             siblings="; ".join(cluster.siblings[:8]), others="; ".join(cluster.others[:8]),
-                             docs=docs)
+        return prompt(cluster, self.chunk_chars)
 
     def label(self, cluster: ClusterInput) -> Label:
         started = time.monotonic()
@@ -105,23 +125,68 @@ class AnthropicLabeler:
             raise LabelError(f"{type(e).__name__}: {str(e)[:300]}") from e
         text = "".join(getattr(b, "text", "") for b in (msg.content or []) if getattr(b, "type", "") == "text")
         usage = getattr(msg, "usage", None)
-        result = Label(text, self.name, model=self.model, calls=1,
-                       input_tokens=getattr(usage, "input_tokens", 0) or 0,
-                       output_tokens=getattr(usage, "output_tokens", 0) or 0,
-                       extra={"seconds": round(time.monotonic() - started, 3)})
-        clean, reason = clean_label(text)
-        if clean is None:
-            result.text = None
-            result.rejected = reason
-        else:
-            result.text = clean
-        return result
+        return _answer(text, self.name, self.model, getattr(usage, "input_tokens", 0),
+                       getattr(usage, "output_tokens", 0), started)
+
+
+class OpenAILabeler:
+    """One Chat Completions call per cluster that needs a label, through the official `openai` SDK, temperature 0.
+    Any server that speaks that API works: OpenAI, or Ollama, vLLM, a LiteLLM proxy... given its base_url
+    (OPENAI_BASE_URL)."""
+    name = "openai"
+
+    def __init__(self, model: str | None = None, *, api_key: str | None = None, base_url: str | None = None,
+                 timeout: float = 30.0, max_retries: int = 0, chunk_chars: int = 600, max_tokens: int = 24):
+        try:
+            import openai  # imported here so the offline path never needs it
+        except ImportError as e:  # an optional dependency, unlike anthropic: say how to get it
+            raise ImportError("the openai labeller needs the openai package: pip install 'storetopics[openai]'") from e
+
+        self.model = model or DEFAULT_OPENAI_MODEL
+        self.chunk_chars = chunk_chars
+        self.max_tokens = max_tokens
+        base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        api_key = api_key or os.environ.get("OPENAI_API_KEY") or None
+        if api_key is None and base_url is not None:
+            api_key = "unused"  # local servers (Ollama, vLLM) want no key, but the SDK refuses to start without one
+        self._error: str | None = None
+        try:
+            # no retries in the SDK by default: a failed call is recorded and retried by SQL's backoff
+            # (record_label), which outlives the process and does not hold a worker's lease while it waits
+            self.client = openai.OpenAI(api_key=api_key, base_url=base_url, timeout=timeout,
+                                        max_retries=max_retries)
+        except openai.OpenAIError as e:  # no key at all: every call fails, recorded, like a network error
+            self.client = None
+            self._error = f"{type(e).__name__}: {str(e)[:300]}"
+
+    def prompt(self, cluster: ClusterInput) -> str:
+        return prompt(cluster, self.chunk_chars)
+
+    def label(self, cluster: ClusterInput) -> Label:
+        started = time.monotonic()
+        if self.client is None:
+            raise LabelError(self._error)
+        try:
+            response = self.client.chat.completions.create(
+                model=self.model, max_tokens=self.max_tokens, temperature=0,
+                messages=[{"role": "user", "content": self.prompt(cluster)}])
+            # read inside the try: a body that is no completion (a proxy's HTML page) is an error, retried later
+            choices = response.choices or []
+            text = choices[0].message.content if choices else None
+            usage = response.usage
+        except Exception as e:  # status errors, timeouts, connection errors, malformed bodies: all retried later
+            raise LabelError(f"{type(e).__name__}: {str(e)[:300]}") from e
+        return _answer(text, self.name, self.model, getattr(usage, "prompt_tokens", 0),
+                       getattr(usage, "completion_tokens", 0), started)
 
 
 def make_labeler(name: str | None, model: str | None = None, **kw):
-    """The LLM labeller a source's settings name ('anthropic').  'offline' needs no labeller object: its label is
-    derived in SQL."""
+    """The LLM labeller a source's settings name ('anthropic', 'openai').  'offline' needs no labeller object: its
+    label is derived in SQL."""
     name = (name or "").lower()
     if name == "anthropic":
         return AnthropicLabeler(model, **kw)
-    raise ValueError(f"no labeller object for {name!r}: 'offline' labels are derived in SQL; LLM: 'anthropic'")
+    if name == "openai":
+        return OpenAILabeler(model, **kw)
+    raise ValueError(f"no labeller object for {name!r}: 'offline' labels are derived in SQL; "
+                     "LLM: 'anthropic', 'openai'")

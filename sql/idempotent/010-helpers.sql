@@ -79,3 +79,11 @@ END $$;
 CREATE OR REPLACE FUNCTION storetopics._version() RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN (SELECT m.value FROM storetopics.meta m WHERE m.key = 'version');
+
+-- What \df+ shows a DBA.
+COMMENT ON FUNCTION storetopics.usable_text(text) IS
+  'Whether a text is worth tokenising: not NULL, has a letter or digit, no control characters, under 1 MB. Other rows are counted as skipped.';
+COMMENT ON FUNCTION storetopics.showable_term(text) IS
+  'Whether a term is worth showing: 3-40 letters, maybe inner hyphens or apostrophes.';
+COMMENT ON FUNCTION storetopics.tsvector_or_null(regconfig, text) IS
+  'to_tsvector, or NULL for unusable text or a text whose tsvector would pass 1 MB.';

@@ -317,3 +317,7 @@ BEGIN
   EXECUTE format('DROP FUNCTION IF EXISTS %s(text, text[], text, jsonb)', storetopics._generated(p_source, 'read'));
   EXECUTE format('DROP FUNCTION IF EXISTS %s(text, text)', storetopics._generated(p_source, 'mirror'));
 END $$;
+
+-- What \df+ shows a DBA.
+COMMENT ON FUNCTION storetopics.max_store_key() IS
+  'The longest store key kept, in characters (500); rows with a longer one are counted as skipped.';

@@ -7,9 +7,9 @@
 -- it).  Every read of the chunk table goes through the source's reader (read_<id>), which runs as the table's owner.
 -- Steps: _fold_source (lock, checks, forged events), _fold_resync, _fold_check_counts, _fold_claim, _fold_recount,
 -- _fold_apply.  Returns the number of files recounted (0 = nothing was pending).
--- (jit off here and in apply_fit: compiling the assignment's expressions cost more than it saved; bench/README.md.
--- Custom plans: a batch's file keys are an array; planned as a constant, `= ANY` is hashed, as a parameter of a
--- generic plan it is searched row by row: 5,000 keys against 100k pending rows took 11 s instead of a few ms.)
+-- (jit off here and in apply_fit: compiling the assignment's expressions cost more than it saved.  Custom plans: a
+-- batch's file keys are an array; planned as a constant, `= ANY` is hashed, as a parameter of a generic plan it is
+-- searched row by row.  bench/README.md has the figures.)
 CREATE OR REPLACE FUNCTION storetopics.fold(p_source int, max_files int DEFAULT 5000) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET jit = off
   SET plan_cache_mode = force_custom_plan AS $$

@@ -14,12 +14,13 @@ RETURN jsonb_build_object(
   'refit_outliers', 0.05,        -- re-cluster when outliers since the fit pass this share of the store
   'reuse_distance', 0.05,        -- a re-fit cluster this close (cosine) to an old one keeps its id, label, words
   'keyword_shift', 0.05,         -- keyword gate: top terms shifted by more than this share
-  'labeller', 'offline',         -- offline | anthropic
+  'labeller', 'offline',         -- offline | anthropic | openai (any Chat Completions server: OPENAI_BASE_URL)
   'model', NULL,                 -- the labeller's model (NULL: its default)
   'prices', jsonb_build_object(  -- USD per million tokens, input and output
               'claude-haiku-4-5', jsonb_build_array(1.0, 5.0),
               'claude-3-5-haiku-latest', jsonb_build_array(0.8, 4.0),
-              'claude-sonnet-4-5', jsonb_build_array(3.0, 15.0)),
+              'claude-sonnet-4-5', jsonb_build_array(3.0, 15.0),
+              'gpt-4o-mini', jsonb_build_array(0.15, 0.6)),   -- the openai labeller's default model
   'embedding_model', NULL,       -- name of the model that made the vectors, recorded as the fit's space
   'debounce', 60,                -- seconds a store must be quiet before the worker refreshes it
   'max_staleness', 600,          -- ... but never longer than this under a continuous stream
@@ -69,9 +70,9 @@ BEGIN
       RAISE EXCEPTION 'storetopics: catalog names starting with "source:" are the sources'' own'
         USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF k = 'labeller' AND v #>> '{}' NOT IN ('offline', 'anthropic') THEN
+    IF k = 'labeller' AND v #>> '{}' NOT IN ('offline', 'anthropic', 'openai') THEN
       RAISE EXCEPTION 'storetopics: unknown labeller %', v USING ERRCODE = 'invalid_parameter_value',
-        HINT = 'offline or anthropic';
+        HINT = 'offline, anthropic or openai';
     END IF;
   END LOOP;
 END $$;
@@ -154,3 +155,7 @@ BEGIN
     PERFORM storetopics._catalog_apply(v_catalog);
   END LOOP;
 END $$;
+
+-- What \df+ shows a DBA.
+COMMENT ON FUNCTION storetopics.default_settings() IS
+  'The defaults of every setting (jsonb); storetopics.settings(table) gives a table''s effective ones.';

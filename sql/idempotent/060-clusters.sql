@@ -3,9 +3,9 @@
 -- ------------------------------------------------------------------------------------------------------------
 -- A chunk is clustered in its file's context: as the unit sum of its own direction and its file's mean direction
 -- (files of one chunk: the chunk itself).  Read alone, a chunk such as "This package contains the documentation" or
--- a table of numbers says little about the topic its file is about; in context it goes where its file goes.  On
--- Debian descriptions (16 sections, chunks = paragraphs) this raised the NMI of the clusters against the sections
--- from 0.377 to 0.49.  Both the fit (_fit_input) and the assignment below use it, so distances and radii agree.
+-- a table of numbers says little about the topic its file is about; in context it goes where its file goes (the
+-- clusters agree better with the Debian sections: bench/README.md).  Both the fit (_fit_input) and the assignment
+-- below use it, so distances and radii agree.
 --
 -- Assigns the chunk rows of the files p_files (or of the store p_store) to their store's clusters, into
 -- pg_temp.storetopics_assign: per (store, file), the chunks per nearest cluster of the store's fit, the outliers
@@ -238,7 +238,7 @@ END $$;
 -- over its chunks) and the cluster sizes are recounted.  Compare-and-set: if another fit was applied since the
 -- input was read, nothing is written.  Returns a jsonb report.
 -- (Joins between a store's files and the pass's result are hashed: right after a big fold file_terms has no
--- statistics yet, and a nested loop over 10k x 10k files took 60 s instead of 0.1 s.)
+-- statistics yet, and the planner's nested loop over both was orders of magnitude slower.)
 CREATE OR REPLACE FUNCTION storetopics.apply_fit(p_source int, p_store text, p_fit jsonb) RETURNS jsonb
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET enable_nestloop = off SET jit = off
 AS $$
@@ -318,8 +318,8 @@ BEGIN
     FROM pg_temp.storetopics_assign a
    WHERE f.source_id = p_source AND f.store_key = p_store AND a.store_key = p_store AND f.file_key = a.file_key;
   GET DIAGNOSTICS v_updated = ROW_COUNT;
-  -- (a 10k-file store backfilled in two batches kept the statistics of the first: render's keywords() then took
-  -- 26 s per pass instead of 0.07 s until autovacuum came by)
+  -- (a store backfilled in two batches kept the statistics of the first, and render's keywords() crawled until
+  -- autovacuum came by)
   PERFORM storetopics._analyze_if_stale(v_updated);
   -- files of the store the pass did not see (their rows changed since; a pending event will recount them)
   UPDATE storetopics.file_terms f
@@ -603,3 +603,21 @@ BEGIN
   EXECUTE 'SELECT storetopics._fit_in_database($1, $2)' INTO v_result USING p_source, p_store;
   RETURN v_result;
 END $$;
+
+-- What \df+ shows a DBA.
+COMMENT ON FUNCTION storetopics.fit_due(int, text) IS
+  'Why a store needs a (re-)fit now: no fit, outliers, dimension; NULL while its fit holds.';
+COMMENT ON FUNCTION storetopics.apply_fit(int, text, jsonb) IS
+  'Write a fit computed from _fit_input (clusters matched to the old ones keep their rows and labels) and assign every chunk of the store; compare-and-set on the fit generation. Returns a report.';
+COMMENT ON FUNCTION storetopics.refresh_words(int, text) IS
+  'Recompute a store''s cluster words and offline phrases from the current counts and run the keyword gate; returns how many labels became due.';
+COMMENT ON FUNCTION storetopics.offline_label(text[]) IS
+  'The fallback offline label: a cluster''s first three words that say something new.';
+COMMENT ON FUNCTION storetopics.label_ok(text) IS
+  'Whether a label has a label''s shape: 3-48 characters, 2-5 words (what it says is screen()''s business).';
+COMMENT ON FUNCTION storetopics.labels_due(int, text) IS
+  'The clusters whose label is due from the configured LLM labeller, with what it may see: words, representatives, the other clusters and stores.';
+COMMENT ON FUNCTION storetopics.record_label(int, text, int, text, text, text, text, int, int, text) IS
+  'Record a labelling call in the ledger and, when the label passes label_ok, screen() and the grounding check, store it; errors schedule a retry with backoff.';
+COMMENT ON FUNCTION storetopics.cluster(int, text) IS
+  'Re-fit one store''s clusters inside the database (needs plpython3u); elsewhere the worker or `storetopics backfill` fits.';

@@ -8,8 +8,8 @@
 -- Mines phrases for groups of files.  Input: pg_temp.storetopics_mine_files (grp, file_key), the files of each group
 -- (a cluster, or a whole store), and pg_temp.storetopics_mine_words (grp, lexeme, weight), the words a group's
 -- phrases should be made of.  Output: pg_temp.storetopics_mined (grp, phrase, score, rank).
--- A phrase is a run of 2-3 words within a clause (never across punctuation), letters only, its first and last word
--- no stopword, at least one of its words (as a lexeme) weighted for the group; it must occur in two of the group's
+-- A phrase is a run of 2-3 different words within a clause (never across punctuation), letters only, its first and
+-- last word no stopword, at least one of its words (as a lexeme) weighted for the group; it must occur in two of the group's
 -- files (one file's names are no topic).  Score: files it occurs in x (1 + weight of its words) x how rare it is in
 -- the other groups (log(1 + groups / groups holding it)).  Shown in its most common spelling.
 CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text) RETURNS void
@@ -36,37 +36,44 @@ BEGIN
   )
   SELECT g.file_key, v.len, v.words
     FROM grams g, LATERAL (VALUES (2, ARRAY[g.w1, g.w2]), (3, ARRAY[g.w1, g.w2, g.w3])) AS v(len, words)
-   WHERE NOT (NULL = ANY (v.words)) AND v.words <@ ARRAY(SELECT w FROM unnest(v.words) w
-                                                         WHERE w ~ '^[[:alpha:]][[:alpha:]''-]*[[:alpha:]]$'
-                                                           AND length(w) <= 30);
+   WHERE array_position(v.words, NULL) IS NULL
+     AND v.words <@ ARRAY(SELECT w FROM unnest(v.words) w
+                           WHERE w ~ '^[[:alpha:]][[:alpha:]''-]*[[:alpha:]]$' AND length(w) <= 30)
+     AND cardinality(ARRAY(SELECT DISTINCT lower(w) FROM unnest(v.words) w)) = v.len;   -- no word twice
   -- each distinct word's lexeme (none: a stopword)
   CREATE TEMP TABLE storetopics_mine_lex ON COMMIT DROP AS
   SELECT w.word, (tsvector_to_array(to_tsvector(v_cfg, w.word)))[1] AS lexeme
     FROM (SELECT DISTINCT lower(u.w) AS word FROM pg_temp.storetopics_mine_grams g, unnest(g.words) u(w)) w;
+  -- set-based throughout (joins, not per-row look-ups): a store's sample holds 10^5 n-grams
   CREATE TEMP TABLE storetopics_mined ON COMMIT DROP AS
   WITH per AS (
     SELECT f.grp, lower(array_to_string(g.words, ' ')) AS key, array_to_string(g.words, ' ') AS surface, g.file_key,
            g.words
-      FROM pg_temp.storetopics_mine_grams g JOIN pg_temp.storetopics_mine_files f ON f.file_key = g.file_key
-     WHERE (SELECT l.lexeme FROM pg_temp.storetopics_mine_lex l WHERE l.word = lower(g.words[1])) IS NOT NULL
-       AND (SELECT l.lexeme FROM pg_temp.storetopics_mine_lex l
-             WHERE l.word = lower(g.words[cardinality(g.words)])) IS NOT NULL
+      FROM pg_temp.storetopics_mine_grams g
+      JOIN pg_temp.storetopics_mine_files f ON f.file_key = g.file_key
+      JOIN pg_temp.storetopics_mine_lex l1 ON l1.word = lower(g.words[1]) AND l1.lexeme IS NOT NULL
+      JOIN pg_temp.storetopics_mine_lex l2 ON l2.word = lower(g.words[cardinality(g.words)]) AND l2.lexeme IS NOT NULL
   ), scored AS (
-    SELECT p.grp, p.key, count(DISTINCT p.file_key) AS files,
-           (SELECT coalesce(sum(mw.weight), 0) FROM unnest(min(p.words)) u(w)
-              JOIN pg_temp.storetopics_mine_lex l ON l.word = lower(u.w)
-              JOIN pg_temp.storetopics_mine_words mw ON mw.grp = p.grp AND mw.lexeme = l.lexeme) AS weight,
-           (SELECT s.surface FROM per s WHERE s.grp = p.grp AND s.key = p.key
-             GROUP BY s.surface ORDER BY count(*) DESC, s.surface LIMIT 1) AS phrase
+    -- shown in its most common spelling (mode(): ties go to the first in order)
+    SELECT p.grp, p.key, count(DISTINCT p.file_key) AS files, mode() WITHIN GROUP (ORDER BY p.surface) AS phrase,
+           min(p.words) AS words
       FROM per p GROUP BY 1, 2
+  ), weighted AS (
+    SELECT s.grp, s.key, sum(mw.weight) AS weight
+      FROM scored s CROSS JOIN LATERAL unnest(s.words) AS u(w)
+      JOIN pg_temp.storetopics_mine_lex l ON l.word = lower(u.w)
+      JOIN pg_temp.storetopics_mine_words mw ON mw.grp = s.grp AND mw.lexeme = l.lexeme
+     GROUP BY 1, 2
   ), spread AS (
     SELECT s.key, count(*) AS groups FROM scored s GROUP BY 1
+  ), sizes AS (
+    SELECT f.grp, count(*) AS files FROM pg_temp.storetopics_mine_files f GROUP BY 1
   )
-  SELECT s.grp, s.phrase, round((s.files * (1 + s.weight) * ln(1 + v_groups::float8 / sp.groups))::numeric, 9) AS score,
-         row_number() OVER (PARTITION BY s.grp ORDER BY s.files * (1 + s.weight) * ln(1 + v_groups::float8 / sp.groups)
+  SELECT s.grp, s.phrase, round((s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups))::numeric, 9) AS score,
+         row_number() OVER (PARTITION BY s.grp ORDER BY s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups)
                             DESC, s.phrase) AS rank
-    FROM scored s JOIN spread sp USING (key)
-   WHERE s.weight > 0 AND s.files >= least(2, (SELECT count(*) FROM pg_temp.storetopics_mine_files f WHERE f.grp = s.grp));
+    FROM scored s JOIN weighted w USING (grp, key) JOIN spread sp USING (key) JOIN sizes z USING (grp)
+   WHERE w.weight > 0 AND s.files >= least(2, z.files);
   DROP TABLE pg_temp.storetopics_mine_texts, pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex;
 END $$;
 

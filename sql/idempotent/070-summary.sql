@@ -57,13 +57,13 @@ BEGIN ATOMIC
      WHERE (v.nov - m.med) / (1.4826 * m.mad + 1e-9) >= CASE WHEN a.file_key IS NULL THEN 3.5 ELSE 2.5 END
      ORDER BY v.nov DESC, v.file_key LIMIT 3
   ), outlier_terms AS (
-    -- the top 3 terms of each outlier file; a term two outlier files share is kept once, with its best file
+    -- the top 3 terms of each outlier file, even when they also rank as dominant (in a small store a needle's words
+    -- do: they are still what the file is about); a term two outlier files share is kept once, with its best file
     SELECT DISTINCT ON (x.term) x.term, x.score, x.files, x.total, x.file_key, x.nov FROM (
       SELECT w.term, w.n * w.idf AS score, w.files, w.total, w.file_key, o.nov,
              row_number() OVER (PARTITION BY w.file_key ORDER BY w.n * w.idf DESC, w.term) AS r
         FROM file_words w JOIN outliers o ON o.file_key = w.file_key
-       WHERE storetopics.showable_term(w.term) AND w.idf > 0
-         AND w.term NOT IN (SELECT d.term FROM dominant d)) x
+       WHERE storetopics.showable_term(w.term) AND w.idf > 0) x
      WHERE x.r <= 3
      ORDER BY x.term, x.nov DESC, x.score DESC, x.file_key
   ), dense AS (
@@ -439,8 +439,6 @@ BEGIN
   UPDATE pg_temp.storetopics_kw SET word = storetopics._show(src.ts_config, lexeme);
   DELETE FROM pg_temp.storetopics_kw k USING pg_temp.storetopics_kw k2
    WHERE k.word = k2.word AND k.kind = k2.kind AND k2.rank < k.rank;
-  DELETE FROM pg_temp.storetopics_kw k USING pg_temp.storetopics_kw k2
-   WHERE k.word = k2.word AND k2.kind = 'dominant' AND k.kind = 'distinctive';
 END $$;
 
 -- render()'s clusters, in pg_temp.storetopics_shown: each with its screened words and the label shown (the
@@ -456,3 +454,13 @@ BEGIN
     FROM storetopics.clusters k CROSS JOIN LATERAL storetopics._screened(k.keywords, 'cluster words') AS s
    WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0;
 END $$;
+
+-- What \df+ shows a DBA.
+COMMENT ON FUNCTION storetopics.keywords(int, text, int, int) IS
+  'A store''s dominant (by count) and distinctive (outlier files, dense terms) terms, exact, deterministic.';
+COMMENT ON FUNCTION storetopics.contrast_terms(int, text, int) IS
+  'The terms that tell a store apart from the other stores of its catalog, best first (p ln(p/q) over file shares), exact.';
+COMMENT ON FUNCTION storetopics.record_token_counts(text[], int[]) IS
+  'Record cl100k token counts of summary chunks, counted by the worker or the CLI with tiktoken.';
+COMMENT ON FUNCTION storetopics.render(int, text, boolean) IS
+  'Render a store''s summary (store_topics, topics) from its state within 200 cl100k tokens; returns whether it changed (NULL with count_first while token counts are missing).';

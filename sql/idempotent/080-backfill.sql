@@ -84,3 +84,7 @@ BEGIN
      WHERE y.source_id = p_source AND (p_store IS NULL OR y.store_key = p_store) AND storetopics.render_due(y)
      ORDER BY y.store_key;
 END $$;
+
+-- What \df+ shows a DBA.
+COMMENT ON FUNCTION storetopics.render_due(storetopics.store_state) IS
+  'Whether a store''s summary must be rendered again (its state changed since, or it emptied).';

@@ -306,3 +306,27 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION storetopics.verify_due() IS
   'For the worker: ask a count check (see verify()) of every source whose last one is older than verify_every.';
+
+-- What \df+ shows a DBA.
+COMMENT ON FUNCTION storetopics.failing_after() IS
+  'Failures in a row after which a store shows as failing (3).';
+COMMENT ON FUNCTION storetopics.sources_to_fold() IS
+  'For the worker: sources whose logged changes name no store (deletes, TRUNCATE, attach), debounced.';
+COMMENT ON FUNCTION storetopics.worker_heartbeat(text, text, int, float8, int, text) IS
+  'For the worker: register or beat a worker''s heart and extend its leases; returns how many it holds.';
+COMMENT ON FUNCTION storetopics.claim(text, float8, int) IS
+  'For the worker: lease up to p_limit due stores (FOR UPDATE SKIP LOCKED); returns them with their generation.';
+COMMENT ON FUNCTION storetopics.next_due() IS
+  'For the worker: seconds until a store can next be claimed (NULL: nothing dirty).';
+COMMENT ON FUNCTION storetopics.lease_held(text, int, text) IS
+  'For the worker: whether it still holds its lease on a store.';
+COMMENT ON FUNCTION storetopics.work_render(text, int, text, boolean) IS
+  'For the worker: render() if the lease is still held (NULL otherwise).';
+COMMENT ON FUNCTION storetopics.work_done(text, int, text, bigint, boolean, text, int) IS
+  'For the worker: a pass ended; release the lease (compare-and-set on the generation); a failure backs off.';
+COMMENT ON FUNCTION storetopics.worker_stop(text) IS
+  'For the worker: give its leases back (SIGTERM).';
+COMMENT ON FUNCTION storetopics.work_status() IS
+  'Per store: idle, dirty, working or failing, with the last error, passes and LLM cost.';
+COMMENT ON FUNCTION storetopics.worker_status() IS
+  'Per worker: heartbeat, what it works on, passes, failures, labelling calls.';
