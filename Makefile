@@ -25,7 +25,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo test pytest regress bench soak ext-install eval sql
+.PHONY: setup demo test pytest regress bench soak ext-install eval sql lint
 setup:
 	@bash scripts/setup.sh
 
@@ -41,23 +41,29 @@ ext-install: setup
 	@$(SUDO) $(MAKE) --no-print-directory -s install PG_CONFIG=$(PG_CONFIG)
 
 demo: ext-install
-	$(PY) -m storetopics.demo
+	$(PY) -m lab.demo
 
-# pg_regress on a throwaway cluster, then pytest (which starts its own clusters).
-test: ext-install
-	$(PY) -m storetopics.testing regress
+# lint, pg_regress on a throwaway cluster, then pytest (which starts its own clusters; tests/test_package.py builds
+# the wheel and runs it from a fresh virtualenv, tests/test_upgrade.py upgrades a populated 0.1 database).
+test: ext-install lint
+	$(PY) -m lab.testing regress
 	$(PY) -m pytest -q tests
 
 regress: ext-install
-	$(PY) -m storetopics.testing regress
+	$(PY) -m lab.testing regress
 
 pytest: ext-install
 	$(PY) -m pytest -q tests
 
 bench: ext-install
+	$(PY) -m bench.startup
 	$(PY) -m bench.run
 	$(PY) -m bench.clusters
 	$(PY) -m bench.worker
+
+# ruff over the package, the lab, the benchmarks and the tests (configuration in pyproject.toml).
+lint: setup
+	$(VENV)/bin/ruff check bgworker lab bench tests plpy scripts
 
 # Opt-in: 10 minutes of steady churn on a 50k-chunk 1536-d store under a running worker; its memory is sampled
 # (target <= 1 GB).  Writes bench/results/worker-soak-latest.md.
@@ -69,4 +75,4 @@ soak: ext-install
 # bench/results/eval.json, report.md and eval-*.png.  EVAL_ARGS='--quick' for a smoke run.
 eval: ext-install
 	@bash scripts/eval_setup.sh
-	$(PY) -m storetopics.evaluation all $(EVAL_ARGS)
+	$(PY) -m lab.evaluation all $(EVAL_ARGS)

@@ -23,9 +23,10 @@ import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector
 
+from lab import testing
+from lab.fakes.messages import MessagesServer
 from storetopics import install as st_install
-from storetopics import refresh, testing
-from storetopics.messages_server import MessagesServer
+from storetopics import refresh
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -126,7 +127,7 @@ def main(argv=None) -> int:
                 log(f"  clustering inside Postgres: {fit_s:.1f}s, backend peak {peak / 1024 if peak else -1:.0f} MB, "
                     f"{report}")
                 t0 = time.perf_counter()
-                stats = refresh.label(conn, source, "big")
+                refresh.label(conn, source, "big")
                 label_s = time.perf_counter() - t0
                 t0 = time.perf_counter()
                 refresh.render(conn, source, "big")

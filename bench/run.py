@@ -9,7 +9,7 @@ assertion: the run always completes, and a missed target is reported as MISS.
     .venv/bin/python -m bench.run --quick         # a small smoke run (not written to latest.md)
     .venv/bin/python -m bench.run --explain       # also print the plans of fold()'s statements (auto_explain)
 
-The server is a throwaway cluster (storetopics.testing.server(), fast settings: fsync off) or STORETOPICS_TEST_DSN;
+The server is a throwaway cluster (lab.testing.server(), fast settings: fsync off) or STORETOPICS_TEST_DSN;
 in both cases the bench works in a database of its own, created and dropped here.  See bench/README.md.
 """
 from __future__ import annotations
@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import psycopg
 
+from lab import testing
+from lab.localpg import FAST_SETTINGS
 from storetopics import install as st_install
-from storetopics import testing
-from storetopics.localpg import FAST_SETTINGS
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -69,7 +69,7 @@ class Config:
     seed: int = 20240501
 
     @classmethod
-    def quick(cls) -> "Config":
+    def quick(cls) -> Config:
         return cls(chunks=3_000, reps=2, small_reps=2, per_row=200, hnsw_rows=2_000, hnsw_preload=1_000, hnsw_reps=2,
                    delete_files=100, files_per_writer=3, concurrent_reps=2, catchup_reps=1)
 

@@ -30,9 +30,10 @@ from pathlib import Path
 import numpy as np
 import psycopg
 
+from lab import testing
+from lab.fakes.messages import MessagesServer
+from storetopics import api
 from storetopics import install as st_install
-from storetopics import cli, testing
-from storetopics.messages_server import MessagesServer
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -87,7 +88,7 @@ def setup(dsn: str, data: Data, chunks: int, settings: dict, log) -> None:
         conn.execute("SELECT storetopics.attach('docs', 'store', 'file', 'content', 'embedding')")
         conn.execute("SELECT storetopics.configure('docs', %s)", (json.dumps(settings),))
         t0 = time.perf_counter()
-        res = cli.backfill(conn, progress=False)
+        res = api.backfill(conn)
         log(f"backfill (fold, fit, labels, render) in {time.perf_counter() - t0:.1f}s: {res.summary()}")
 
 

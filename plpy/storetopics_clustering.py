@@ -336,7 +336,6 @@ def _jsonish(v):
 def space_fingerprint(x: np.ndarray, model: str | None) -> str:
     """What space the vectors live in: the model's name when configured, else the dimension and the coordinates
     where the sample's mean is largest (models have a few such 'rogue' dimensions, stable across texts)."""
-    import hashlib
 
     dim = x.shape[1]
     if model:

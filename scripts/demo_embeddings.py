@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write data/debian/demo-embeddings.npz: the all-MiniLM-L6-v2 embedding of every chunk `make demo` loads.
 
-The demo (bgworker/storetopics/demo.py) turns the Debian corpus into stores: one store per section of
+The demo (lab/demo.py) turns the Debian corpus into stores: one store per section of
 demo.STORES, one file per package, one chunk per paragraph (demo.chunks_of(rec)), plus one extra package
 (demo.EXTRA_PACKAGE from demo.EXTRA_SECTION).  This script embeds exactly those chunks, so the demo can fill its
 `embedding` column (and show cluster labels) without torch installed.
@@ -28,10 +28,9 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bgworker"))
+sys.path.insert(0, str(REPO))   # lab/ (the demo and the embedding model) beside the installed package
 
-from storetopics import demo  # noqa: E402
-from storetopics import embedding  # noqa: E402
+from lab import demo, embedding  # noqa: E402
 
 OUT = REPO / "data" / "debian" / "demo-embeddings.npz"
 SCALE = 127.0

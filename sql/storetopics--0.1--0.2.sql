@@ -180,11 +180,12 @@ CREATE TABLE storetopics.token_counts (
   tokens int NOT NULL
 );
 
--- Offline labels are phrases mined from the cluster's own text (storetopics._mine_phrases): the phrase, and the
--- cluster words it was mined for (mined again when they change).
-ALTER TABLE storetopics.clusters ADD COLUMN phrase text, ADD COLUMN phrase_words text[];
--- A keyword-only store's topics: phrases mined from its files, and the terms they were mined for.
-ALTER TABLE storetopics.store_state ADD COLUMN phrases text[], ADD COLUMN phrase_terms text[];
+-- Offline labels are phrases mined from the cluster's own text (storetopics._mine_phrases); the store keeps a digest
+-- of what its clusters' phrases were mined from (mined again when it changes).
+ALTER TABLE storetopics.clusters ADD COLUMN phrase text;
+ALTER TABLE storetopics.store_state ADD COLUMN cluster_phrases_from text;
+-- A keyword-only store's topics: phrases mined from its files, and a digest of what they were mined from.
+ALTER TABLE storetopics.store_state ADD COLUMN phrases text[], ADD COLUMN phrases_from text;
 -- The chunks of a store's last candidate summary that have no token count yet (render(..., count_first) returns
 -- NULL while there are any: the worker counts them and renders again, one write and one NOTIFY).
 ALTER TABLE storetopics.store_state ADD COLUMN uncounted text[];
@@ -1227,7 +1228,8 @@ END $$;
 --   sample (store, args)        (ref, file_key, e): a fit's sample, see storetopics._fit_input
 --   chunks (files = refs)       (ref, file_key, text): representatives
 --   texts (files, store)        (t): the texts surface words are learnt from
---   sample_texts (files, store) (file_key, t): the first 3 chunks of each file, 1,500 characters each: what
+--   sample_texts (files, store) (file_key, t): 3 chunks of each file (chosen by content, not by row: the same
+--                               texts give the same phrases however they were written), 1,500 characters each: what
 --                               phrases are mined from
 CREATE OR REPLACE FUNCTION storetopics._reader_body(src storetopics.sources) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -1334,7 +1336,8 @@ END$f$,
        LIMIT ($3 ->> 'limit')::int$q$, by_store, e, f, storetopics._chunk_ref_sql(src.chunks)),
     format($q$
       SELECT x.f, x.t FROM (SELECT (%1$s)::text AS f, left((%2$s)::text, 1500) AS t,
-                                   row_number() OVER (PARTITION BY (%1$s)::text ORDER BY %3$s) AS r
+                                   row_number() OVER (PARTITION BY (%1$s)::text
+                                                      ORDER BY pg_catalog.md5((%2$s)::text), %3$s) AS r
                               FROM %4$s AS c WHERE %5$s AND %6$s) x
        WHERE x.r <= 3$q$, f, t, storetopics._chunk_ref_sql(src.chunks), tbl, by_files, by_store));
 END $$;
@@ -1589,6 +1592,7 @@ BEGIN
   PERFORM storetopics._generate(src);
   PERFORM storetopics._create_triggers(src);
   UPDATE storetopics.sources s SET generated = storetopics._version() WHERE s.id = src.id;
+  PERFORM storetopics._warn_unindexed_file_key(chunks, file_key);
   PERFORM pg_notify('storetopics_dirty', src.id::text);
   RETURN src.id;
 END $$;
@@ -1658,6 +1662,39 @@ BEGIN
     PERFORM storetopics._mirror_check(v_owner, p_mirror, p_mirror_key, p_mirror_column);
   END IF;
   RETURN v_file_type;
+END $$;
+
+-- fold() recounts every file a write touched (an insert, an update, a delete) by reading that file's chunks through
+-- the file key: without an index whose first column is that key, each recount reads the whole table, so attach()
+-- warns (it does not fail: a small table does without, and the index can come later).  Only a file key that is a
+-- plain column is checked: whether an expression index serves an expression key is the planner's business, and
+-- planning the attacher's expression here, as the extension's owner, could run it.  A partitioned table is covered
+-- by an index on it (its partitions get one each) or by one on every partition.
+CREATE OR REPLACE FUNCTION storetopics._warn_unindexed_file_key(p_chunks regclass, p_file_key text) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_indexed boolean;
+BEGIN
+  IF storetopics._key_sql(p_chunks, p_file_key) <> format('c.%I', p_file_key) THEN
+    RETURN;
+  END IF;
+  WITH keyed AS (       -- tables of the tree with a whole (not partial), valid index that starts with the file key
+    SELECT i.indrelid FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+     WHERE i.indrelid = ANY (storetopics._tree(p_chunks)) AND a.attname = p_file_key AND i.indisvalid
+       AND i.indpred IS NULL)
+  SELECT p_chunks IN (SELECT l.indrelid FROM keyed l)
+         OR coalesce((SELECT bool_and(r.oid IN (SELECT l.indrelid FROM keyed l))
+                        FROM unnest(storetopics._tree(p_chunks)) x(relid) JOIN pg_class r ON r.oid = x.relid
+                       WHERE r.relkind = 'r' AND r.oid <> p_chunks), false)
+    INTO v_indexed;
+  IF NOT v_indexed THEN
+    RAISE WARNING 'storetopics: % has no index on its file key %', p_chunks, p_file_key
+      USING DETAIL = 'Each file a write touches is recounted by reading its chunks through the file key: without '
+                     'an index, every recount reads the whole table.',
+            HINT = format('CREATE INDEX %sON %s (%I);',
+                          CASE WHEN (SELECT c.relkind FROM pg_class c WHERE c.oid = p_chunks) = 'r'
+                               THEN 'CONCURRENTLY ' ELSE '' END, p_chunks, p_file_key);
+  END IF;
 END $$;
 
 -- A mirror target: a table with the key column and a text column of its own, which the table's owner may update
@@ -1866,9 +1903,12 @@ BEGIN
   INSERT INTO storetopics.grants (role, kind, source_id) VALUES (role_name, 'read', v_source) ON CONFLICT DO NOTHING;
   EXECUTE format('GRANT USAGE ON SCHEMA storetopics TO %s', role_name);
   EXECUTE format('GRANT SELECT ON storetopics.stores, storetopics.status TO %s', role_name);
+  -- a monitoring role is a reader: metrics() shows it the sources it may read, like the views
+  EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.metrics() TO %s', role_name);
 END $$;
 COMMENT ON FUNCTION storetopics.grant_read(regrole, regclass) IS
-  'Let a role (a router) read the summaries of one attached table, or of all (NULL; administrators only).';
+  'Let a role (a router, a monitoring role) read the summaries and metrics() of one attached table, or of all '
+  '(NULL; administrators only).';
 
 -- idempotent/040-fold.sql
 -- ------------------------------------------------------------------------------------------------------------
@@ -3036,62 +3076,75 @@ BEGIN
   DROP TABLE pg_temp.storetopics_mine_texts, pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex;
 END $$;
 
--- The clusters' offline labels: mined again for the clusters whose top words changed since (a burst that leaves
--- them alone, or a re-fit that keeps the cluster, mines nothing), from each cluster's 20 most committed files.
+-- The clusters' offline labels, mined for all of a store's clusters together (a phrase's rarity is counted across
+-- them) from each cluster's 20 most committed files, and only when what they would be mined from changed: the
+-- clusters' words or those files' counted words (store_state.cluster_phrases_from, a digest).  So a phrase is a
+-- function of the store's state, not of the path that led there.
 CREATE OR REPLACE FUNCTION storetopics._cluster_phrases(p_source int, p_store text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
+  v_from text;
 BEGIN
   CREATE TEMP TABLE storetopics_mine_words ON COMMIT DROP AS
   SELECT k.cluster_id AS grp, l.lexeme, max(1.0 / (1 + u.i / 3.0)) AS weight   -- the cluster's words, best first
     FROM storetopics.clusters k, unnest(k.keywords[1:15]) WITH ORDINALITY AS u(w, i),
          LATERAL unnest(tsvector_to_array(to_tsvector(v_cfg, u.w))) AS l(lexeme)
    WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0
-     AND k.phrase_words IS DISTINCT FROM k.keywords[1:15]
    GROUP BY 1, 2;
-  IF NOT EXISTS (SELECT 1 FROM pg_temp.storetopics_mine_words) THEN
-    DROP TABLE pg_temp.storetopics_mine_words;
-    RETURN;
-  END IF;
   CREATE TEMP TABLE storetopics_mine_files ON COMMIT DROP AS
-  SELECT x.grp, x.file_key FROM (
-    SELECT u.cluster_id AS grp, f.file_key,
+  SELECT x.grp, x.file_key, x.digest FROM (
+    SELECT u.cluster_id AS grp, f.file_key, md5(f.term_ids::text || f.counts::text) AS digest,
            row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC,
                                                                  hashtext(f.file_key), f.file_key) AS r
       FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
      WHERE f.source_id = p_source AND f.store_key = p_store
        AND u.cluster_id IN (SELECT w.grp FROM pg_temp.storetopics_mine_words w)) x
    WHERE x.r <= 20;
+  v_from := md5(coalesce((SELECT string_agg(w.grp || ':' || w.lexeme || ':' || w.weight, ',' ORDER BY w.grp, w.lexeme)
+                            FROM pg_temp.storetopics_mine_words w), '') || '|' ||
+                coalesce((SELECT string_agg(f.grp || ':' || f.file_key || ':' || f.digest, ',' ORDER BY f.grp, f.file_key)
+                            FROM pg_temp.storetopics_mine_files f), ''));
+  IF v_from IS NOT DISTINCT FROM (SELECT st.cluster_phrases_from FROM storetopics.store_state st
+                                   WHERE st.source_id = p_source AND st.store_key = p_store) THEN
+    DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files;
+    RETURN;
+  END IF;
   PERFORM storetopics._mine_phrases(p_source, p_store);
-  UPDATE storetopics.clusters k SET phrase = m.phrase, phrase_words = k.keywords[1:15]
-    FROM (SELECT w.grp, (SELECT m.phrase FROM pg_temp.storetopics_mined m WHERE m.grp = w.grp AND m.rank = 1) AS phrase
-            FROM (SELECT DISTINCT grp FROM pg_temp.storetopics_mine_words) w) m
-   WHERE k.source_id = p_source AND k.store_key = p_store AND k.cluster_id = m.grp;
+  UPDATE storetopics.clusters k
+     SET phrase = (SELECT m.phrase FROM pg_temp.storetopics_mined m WHERE m.grp = k.cluster_id AND m.rank = 1)
+   WHERE k.source_id = p_source AND k.store_key = p_store;
+  UPDATE storetopics.store_state SET cluster_phrases_from = v_from WHERE source_id = p_source AND store_key = p_store;
   DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files, pg_temp.storetopics_mined;
 END $$;
 
 -- A keyword-only store's topics (it has no clusters): up to 8 phrases made of its contrastive terms, from the 40
--- files that hold most of them; mined again when those terms change.  Returns the phrases.
+-- files that hold most of them; mined again when those terms or those files' counted words change
+-- (store_state.phrases_from, a digest).  Returns the phrases.
 CREATE OR REPLACE FUNCTION storetopics._store_phrases(p_source int, p_store text, p_terms text[]) RETURNS text[]
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   st storetopics.store_state;
   v_phrases text[];
+  v_from text;
 BEGIN
   SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
-  IF st.phrase_terms IS NOT DISTINCT FROM p_terms[1:15] THEN
+  CREATE TEMP TABLE storetopics_mine_files ON COMMIT DROP AS
+  SELECT 0 AS grp, x.file_key, x.digest FROM (
+    SELECT f.file_key, md5(f.term_ids::text || f.counts::text) AS digest, count(*) AS hits
+      FROM storetopics.file_terms f, unnest(f.term_ids) AS u(term_id)
+     WHERE f.source_id = p_source AND f.store_key = p_store
+       AND u.term_id IN (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (p_terms[1:30]))
+     GROUP BY 1, 2 ORDER BY 3 DESC, hashtext(f.file_key), 1 LIMIT 40) x;
+  v_from := md5(array_to_string(p_terms[1:30], ' ') || '|' ||
+                coalesce((SELECT string_agg(f.file_key || ':' || f.digest, ',' ORDER BY f.file_key)
+                            FROM pg_temp.storetopics_mine_files f), ''));
+  IF st.phrases_from IS NOT DISTINCT FROM v_from THEN
+    DROP TABLE pg_temp.storetopics_mine_files;
     RETURN st.phrases;
   END IF;
   CREATE TEMP TABLE storetopics_mine_words ON COMMIT DROP AS
   SELECT 0 AS grp, u.lexeme, 1.0 / (1 + u.i / 5.0) AS weight FROM unnest(p_terms[1:30]) WITH ORDINALITY AS u(lexeme, i);
-  CREATE TEMP TABLE storetopics_mine_files ON COMMIT DROP AS
-  SELECT 0 AS grp, x.file_key FROM (
-    SELECT f.file_key, count(*) AS hits
-      FROM storetopics.file_terms f, unnest(f.term_ids) AS u(term_id)
-     WHERE f.source_id = p_source AND f.store_key = p_store
-       AND u.term_id IN (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (p_terms[1:30]))
-     GROUP BY 1 ORDER BY 2 DESC, hashtext(f.file_key), 1 LIMIT 40) x;
   PERFORM storetopics._mine_phrases(p_source, p_store);
   -- distinct phrases that share no word with a better one
   v_phrases := ARRAY(
@@ -3105,7 +3158,7 @@ BEGIN
                                ORDER BY m.rank LIMIT 1) m
        WHERE p.n < 8)
     SELECT unnest(phrases) FROM (SELECT phrases FROM pick ORDER BY n DESC LIMIT 1) x);
-  UPDATE storetopics.store_state SET phrases = v_phrases, phrase_terms = p_terms[1:15]
+  UPDATE storetopics.store_state SET phrases = v_phrases, phrases_from = v_from
    WHERE source_id = p_source AND store_key = p_store;
   DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files, pg_temp.storetopics_mined;
   RETURN v_phrases;
@@ -3593,6 +3646,49 @@ CREATE OR REPLACE FUNCTION storetopics.render_due(st storetopics.store_state) RE
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN st.rendered_version <> st.version OR st.files <= 0;
 
+-- The sources a backfill concerns (all, one table, or those that hold or may come to hold a store key), one row
+-- each: present is false for a table dropped without detach (skipped, with a warning); resync when the source is
+-- to be recounted whole (attach, TRUNCATE).  The SQL backfill() and the CLI's select the same way.
+CREATE OR REPLACE FUNCTION storetopics.backfill_sources(p_store text DEFAULT NULL, p_source regclass DEFAULT NULL)
+RETURNS TABLE (source_id int, chunks regclass, resync boolean, present boolean)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  SELECT x.id, x.chunks,
+         EXISTS (SELECT 1 FROM storetopics.pending p WHERE p.source_id = x.id AND p.resync),
+         EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = x.chunks)
+    FROM storetopics.sources x
+   WHERE (p_source IS NULL OR x.chunks = p_source)
+     AND (p_store IS NULL
+          OR EXISTS (SELECT 1 FROM storetopics.store_state y WHERE y.source_id = x.id AND y.store_key = p_store)
+          OR EXISTS (SELECT 1 FROM storetopics.pending p WHERE p.source_id = x.id))
+   ORDER BY x.id;
+END;
+
+-- The stores of a source (or the one store) with work due after a fold, and which: fit (why a (re-)fit is due, or
+-- NULL), words (the clusters' words predate the store's last change: refresh_words() runs the keyword gate), label
+-- (a cluster's label is due from an LLM labeller now), render (render_due()).  One pass over each such store, in
+-- this order, is what backfill() (SQL), `storetopics backfill` and the worker do.
+CREATE OR REPLACE FUNCTION storetopics.stores_due(p_source int, p_store text DEFAULT NULL)
+RETURNS TABLE (store_key text, fit text, words boolean, label boolean, render boolean)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  SELECT d.store_key, d.fit, d.words, d.label, d.render
+    FROM (SELECT st.store_key,
+                 CASE WHEN st.files > 0 THEN storetopics.fit_due(st.source_id, st.store_key) END AS fit,
+                 st.words_version <> st.version
+                   AND EXISTS (SELECT 1 FROM storetopics.clusters k
+                                WHERE k.source_id = st.source_id AND k.store_key = st.store_key) AS words,
+                 storetopics._settings(st.source_id) ->> 'labeller' <> 'offline'
+                   AND EXISTS (SELECT 1 FROM storetopics.clusters k
+                                WHERE k.source_id = st.source_id AND k.store_key = st.store_key AND k.label_needed
+                                  AND k.chunks > 0 AND coalesce(k.label_retry_at, '-infinity') <= now()) AS label,
+                 storetopics.render_due(st) AS render
+            FROM storetopics.store_state st
+           WHERE st.source_id = p_source AND (p_store IS NULL OR st.store_key = p_store)) d
+   WHERE d.fit IS NOT NULL OR d.words OR d.label OR d.render
+   ORDER BY d.store_key;
+END;
+
 CREATE OR REPLACE FUNCTION storetopics.backfill(store_key text DEFAULT NULL, source regclass DEFAULT NULL)
 RETURNS TABLE (source_id int, store text, files bigint, chunks bigint, changed boolean, clusters int)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -3600,14 +3696,8 @@ DECLARE
   s record;
   v_started timestamptz := clock_timestamp();
 BEGIN
-  FOR s IN SELECT x.id, x.chunks FROM storetopics.sources x
-            WHERE (backfill.source IS NULL OR x.chunks = backfill.source)
-              AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = x.chunks)
-              AND (backfill.store_key IS NULL
-                   OR EXISTS (SELECT 1 FROM storetopics.store_state y
-                               WHERE y.source_id = x.id AND y.store_key = backfill.store_key)
-                   OR EXISTS (SELECT 1 FROM storetopics.pending p WHERE p.source_id = x.id))
-            ORDER BY x.id LOOP
+  FOR s IN SELECT x.source_id AS id, x.chunks FROM storetopics.backfill_sources(backfill.store_key, backfill.source) x
+            WHERE x.present LOOP
     -- One source's failure (its owner lacks a right its expressions need, a row that cannot be read) is that
     -- source's alone: its work is rolled back, the others go on.
     BEGIN
@@ -3640,10 +3730,8 @@ BEGIN
                                          WHERE p.source_id = p_source AND p.logged_at < p_started);
     RAISE NOTICE 'storetopics: source %: folded % files', p_source, v_done;
   END LOOP;
-  FOR v_store IN SELECT st.store_key FROM storetopics.store_state st
-                  WHERE st.source_id = p_source AND (p_store IS NULL OR st.store_key = p_store)
-                    AND st.files > 0 AND storetopics.fit_due(p_source, st.store_key) IS NOT NULL
-                  ORDER BY st.store_key LOOP
+  FOR v_store IN SELECT d.store_key FROM storetopics.stores_due(p_source, p_store) d WHERE d.fit IS NOT NULL
+                  ORDER BY d.store_key LOOP
     IF to_regprocedure('storetopics._fit_in_database(int, text)') IS NOT NULL THEN
       -- clustering inside the database; labels are the offline ones (no network call inside a transaction)
       BEGIN
@@ -3670,6 +3758,10 @@ END $$;
 -- What \df+ shows a DBA.
 COMMENT ON FUNCTION storetopics.render_due(storetopics.store_state) IS
   'Whether a store''s summary must be rendered again (its state changed since, or it emptied).';
+COMMENT ON FUNCTION storetopics.backfill_sources(text, regclass) IS
+  'The sources a backfill of (store key, table) concerns, with whether each is to be recounted whole and whether its table still exists.';
+COMMENT ON FUNCTION storetopics.stores_due(int, text) IS
+  'The stores of a source with work due (fit, words, label, render): what one refresh pass does to each.';
 
 -- idempotent/090-worker.sql
 -- ------------------------------------------------------------------------------------------------------------
@@ -4005,6 +4097,92 @@ COMMENT ON FUNCTION storetopics.work_status() IS
 COMMENT ON FUNCTION storetopics.worker_status() IS
   'Per worker: heartbeat, what it works on, passes, failures, labelling calls.';
 
+-- idempotent/095-metrics.sql
+-- ------------------------------------------------------------------------------------------------------------
+-- Metrics: what a monitoring system scrapes (docker/postgres_exporter-queries.yaml maps them for postgres_exporter)
+-- ------------------------------------------------------------------------------------------------------------
+-- One row per source the calling role may see, with a label column (source) and numeric gauges and counters: the
+-- shape postgres_exporter's custom queries turn into one series per source and column.
+--
+-- Who sees what: the rule of the views storetopics.stores and storetopics.status (the sources the caller may act as
+-- the owner of, those granted to it with grant_read, every source for a worker role or a superuser).  SECURITY
+-- DEFINER because a monitoring role may read none of the tables counted here (work, clusters, label_ledger); the
+-- rule is therefore applied to the role that called in (_caller), as attach() does, not to current_user.  Granted
+-- by grant_read (a monitoring role is a reader: `SELECT storetopics.grant_read('monitoring')` for every source).
+--
+-- Cheap to scrape: it reads, per visible source, only its rows of pending (the backlog
+-- itself), store_state and work (one row per store), the clusters of its stores that still need a label, and the
+-- label ledger (one row per labelling call), each through an index on source_id; never the per-file or per-term
+-- tables.  The ledger grows with every call ever made: the exporter file caches the result for a while.
+--
+-- dirty_stores counts what _store_dirty() and work_status() call dirty: stores named by logged changes, stores
+-- whose summary must be rendered again, stores the worker has seen dirty (work.dirty_since), stores with a labelling
+-- retry come due; and, while a change that names no store is logged (a delete, TRUNCATE, a resync, attach), every
+-- store of the source, because the fold that comes may change any of them.  failing_stores: the 'failing' state of
+-- work_status() (passes or labelling calls failed failing_after() times in a row).
+CREATE OR REPLACE FUNCTION storetopics.metrics()
+RETURNS TABLE (source text, source_id int, stores bigint, pending_events bigint, oldest_pending_seconds float8,
+               dirty_stores bigint, failing_stores bigint, oldest_summary_seconds float8, paused int,
+               label_calls_total bigint, label_errors_total bigint, label_cost_usd_total float8)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+-- a long backlog makes the plan look costly enough to compile, which a query this short, run on every scrape, never
+-- pays back
+SET jit = off
+BEGIN ATOMIC
+WITH src AS (
+  SELECT s.id, s.chunks, storetopics._settings(s.id) AS cfg
+    FROM storetopics.sources s
+   WHERE storetopics._may_act_as(s.owner)
+      OR EXISTS (SELECT 1 FROM storetopics.grants g
+                  WHERE (g.source_id IS NULL OR g.source_id = s.id)
+                    AND pg_has_role(storetopics._caller(), g.role, 'USAGE'))
+), pend AS (
+  SELECT src.id AS source_id, p.store_key, p.n, p.oldest
+    FROM src CROSS JOIN LATERAL (SELECT x.store_key, count(*) AS n, min(x.logged_at) AS oldest
+                                   FROM storetopics.pending x WHERE x.source_id = src.id GROUP BY 1) p
+), dirty AS (
+  SELECT x.source_id, x.store_key FROM pend x
+   WHERE x.store_key IS NOT NULL AND char_length(x.store_key) <= storetopics.max_store_key()   -- else never a store
+  UNION
+  SELECT st.source_id, st.store_key FROM storetopics.store_state st
+   WHERE st.source_id IN (SELECT src.id FROM src)
+     AND (storetopics.render_due(st)
+          OR EXISTS (SELECT 1 FROM pend x WHERE x.source_id = st.source_id AND x.store_key IS NULL))
+  UNION
+  SELECT w.source_id, w.store_key FROM storetopics.work w
+   WHERE w.source_id IN (SELECT src.id FROM src) AND w.dirty_since IS NOT NULL
+  UNION
+  SELECT k.source_id, k.store_key FROM storetopics.clusters k JOIN src ON src.id = k.source_id
+   WHERE k.label_needed AND k.chunks > 0 AND k.label_retry_at <= now() AND src.cfg ->> 'labeller' <> 'offline'
+), failing AS (
+  SELECT w.source_id, w.store_key FROM storetopics.work w
+   WHERE w.source_id IN (SELECT src.id FROM src) AND w.attempts >= storetopics.failing_after()
+  UNION
+  SELECT k.source_id, k.store_key FROM storetopics.clusters k
+   WHERE k.source_id IN (SELECT src.id FROM src) AND k.label_needed AND k.chunks > 0
+     AND k.label_failures >= storetopics.failing_after()
+)
+SELECT src.chunks::text, src.id, st.stores, coalesce(p.n, 0)::bigint,
+       coalesce(extract(epoch FROM now() - p.oldest), 0)::float8,
+       (SELECT count(*) FROM dirty d WHERE d.source_id = src.id),
+       (SELECT count(*) FROM failing f WHERE f.source_id = src.id),
+       coalesce(extract(epoch FROM now() - st.oldest), 0)::float8,
+       (src.cfg ->> 'paused')::boolean::int,
+       l.calls, l.errors, l.cost_usd::float8
+  FROM src
+  LEFT JOIN LATERAL (SELECT sum(x.n) AS n, min(x.oldest) AS oldest FROM pend x WHERE x.source_id = src.id) p ON true
+  -- a store's summary dates from its last render (a store folded but never rendered: from that fold)
+  LEFT JOIN LATERAL (SELECT count(*) AS stores, min(coalesce(y.rendered_at, y.folded_at)) AS oldest
+                       FROM storetopics.store_state y WHERE y.source_id = src.id AND y.files > 0) st ON true
+  LEFT JOIN LATERAL (SELECT count(*) AS calls, count(*) FILTER (WHERE g.outcome = 'error') AS errors,
+                            coalesce(sum(g.cost_usd), 0) AS cost_usd
+                       FROM storetopics.label_ledger g WHERE g.source_id = src.id) l ON true
+ ORDER BY src.id;
+END;
+COMMENT ON FUNCTION storetopics.metrics() IS
+  'For monitoring (postgres_exporter): per source the caller may read, stores, pending events and the oldest one''s '
+  'age, dirty and failing stores, the oldest summary''s age, and labelling calls, errors and cost since attach.';
+
 -- idempotent/100-views.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Views: what a router, a tenant and a DBA read
@@ -4092,6 +4270,7 @@ BEGIN
   END LOOP;
   FOR r IN SELECT DISTINCT g.role FROM storetopics.grants g WHERE g.kind = 'read' LOOP
     EXECUTE format('GRANT SELECT ON storetopics.stores, storetopics.status TO %s', r.role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.metrics() TO %s', r.role);
   END LOOP;
   FOR r IN SELECT DISTINCT s.owner FROM storetopics.sources s LOOP
     EXECUTE format('GRANT INSERT (source_id, store_key, file_key, resync, deletes), SELECT (source_id) '

@@ -6,8 +6,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from lab import testing
 from storetopics import install as st_install
-from storetopics import testing
 
 
 @pytest.fixture(scope="session")

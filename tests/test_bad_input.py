@@ -5,10 +5,9 @@ from __future__ import annotations
 import random
 import string
 
+import helpers
 import psycopg
 import pytest
-
-import helpers
 
 GOOD = "kitchen renovation tiles"      # 3 terms: kitchen, renov, tile
 EMB = "[1,2,3,4,5,6,7,8]"

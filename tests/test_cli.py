@@ -11,7 +11,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from storetopics import cli, demo, testing
+from lab import demo, testing
+from storetopics import api, cli
 from storetopics import install as st_install
 
 VERSION = st_install.default_version()
@@ -174,7 +175,7 @@ def test_attach_backfill_status_show_detach(make_db, capsys, how):
 
 def test_incremental_backfill_restores_summary_exactly(dsn, conn, capsys):
     make_chunks(conn)
-    cli.attach(conn, "chunks", "store", "file", content="body")
+    api.attach(conn, "chunks", "store", "file", content="body")
     rc, out, err = run(capsys, "--dsn", dsn, "backfill", "--quiet")
     assert rc == 0 and err == ""
     before = db_topics(conn)
@@ -204,7 +205,7 @@ def test_backfill_progress_recounts_after_resync(dsn, conn, monkeypatch):
     conn.execute("CREATE TABLE many (id serial PRIMARY KEY, s text, f int, content text)")
     conn.execute("INSERT INTO many (s, f, content) SELECT 's' || (g % 4), g % 57, 'word' || (g % 13) || ' alpha' "
                  "FROM generate_series(1, 600) g")
-    cli.attach(conn, "many", "s", "f")
+    api.attach(conn, "many", "s", "f")
     updates: list[tuple[str, int, int]] = []
 
     class Recording(cli.Progress):
@@ -214,21 +215,21 @@ def test_backfill_progress_recounts_after_resync(dsn, conn, monkeypatch):
 
     monkeypatch.setattr(cli, "Progress", Recording)
     stream = io.StringIO()
-    res = cli.backfill(conn, batch=5, stream=stream)
+    res = api.backfill(conn, batch=5, progress=cli.Bars(stream=stream))
     assert res.files == 57 and res.full and res.chunks == 600 and res.rendered == 4
     folds = [u for u in updates if u[0] == "fold"]
     assert [d for _, d, _ in folds] == list(range(5, 57, 5)) + [55 + 2, 57]
     assert all(t == 57 for _, _, t in folds)
-    assert [u for u in updates if u[0] == "render"] == [("render", i, 4) for i in range(1, 5)]
+    assert [u for u in updates if u[0] == "refresh"] == [("refresh", i, 4) for i in range(1, 5)]
     log = stream.getvalue()  # not a terminal: one line per bar at the end
-    assert log.splitlines()[0].startswith("fold   many [") and "57/57 files" in log and "4/4 stores" in log
+    assert log.splitlines()[0].startswith("fold    many [") and "57/57 files" in log and "4/4 stores" in log
 
 
 def test_backfill_source_and_store_filters(dsn, conn, capsys):
     make_chunks(conn, "a")
     make_chunks(conn, "b")
-    cli.attach(conn, "a", "store", "file", content="body")
-    cli.attach(conn, "b", "store", "file", content="body")
+    api.attach(conn, "a", "store", "file", content="body")
+    api.attach(conn, "b", "store", "file", content="body")
     rc, out, err = run(capsys, "--dsn", dsn, "backfill", "--source", "a", "-q")
     assert rc == 0 and "10 files folded" in out
     pending_b = conn.execute("SELECT count(*) FROM storetopics.pending p JOIN storetopics.sources s "
@@ -254,8 +255,8 @@ def test_backfill_source_and_store_filters(dsn, conn, capsys):
 def test_dropping_an_attached_table_forgets_its_source(dsn, conn, capsys):
     make_chunks(conn, "a")
     make_chunks(conn, "gone")
-    cli.attach(conn, "a", "store", "file", content="body")
-    gone = cli.attach(conn, "gone", "store", "file", content="body")
+    api.attach(conn, "a", "store", "file", content="body")
+    gone = api.attach(conn, "gone", "store", "file", content="body")
     conn.execute("DROP TABLE gone")   # the sql_drop event trigger forgets the source and its capture function
     assert conn.execute("SELECT count(*) FROM storetopics.sources WHERE id = %s", (gone,)).fetchone()[0] == 0
     assert conn.execute("SELECT to_regprocedure(%s)", (f"storetopics.capture_{gone}()",)).fetchone()[0] is None
@@ -269,8 +270,8 @@ def test_backfill_skips_a_table_dropped_while_attached(dsn, conn, capsys):
     conn.execute("ALTER EVENT TRIGGER storetopics_forget_dropped_tables DISABLE")
     make_chunks(conn, "a")
     make_chunks(conn, "gone")
-    cli.attach(conn, "a", "store", "file", content="body")
-    gone = cli.attach(conn, "gone", "store", "file", content="body")
+    api.attach(conn, "a", "store", "file", content="body")
+    gone = api.attach(conn, "gone", "store", "file", content="body")
     conn.execute("DROP TABLE gone")
     rc, out, err = run(capsys, "--dsn", dsn, "backfill")
     assert rc == 0, err

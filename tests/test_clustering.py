@@ -3,8 +3,6 @@ Small synthetic data: these check behaviour, not speed."""
 from __future__ import annotations
 
 import struct
-import sys
-from pathlib import Path
 
 import numpy as np
 

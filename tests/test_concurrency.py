@@ -6,9 +6,8 @@ import random
 import threading
 import time
 
-import psycopg
-
 import helpers
+import psycopg
 
 WORDS = ["kitchen", "renovation", "tiles", "plumbing", "bathroom", "garden", "fence", "roof", "paint", "floor",
          "the", "and", "running", "runs"]

@@ -12,8 +12,8 @@ import numpy as np
 import psycopg
 import pytest
 
-from storetopics import embedding
-from storetopics.evaluation import cost, data, metrics, needle, pg, quality, report, routers, routing
+from lab import embedding
+from lab.evaluation import cost, data, metrics, needle, pg, quality, report, routers, routing
 
 
 def test_wilson_and_ranks():

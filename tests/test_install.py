@@ -2,12 +2,12 @@
 with no plpython3u, hardened functions and capture triggers that application roles cannot call."""
 from __future__ import annotations
 
+import helpers
 import psycopg
 import pytest
 
-import helpers
+from lab import testing
 from storetopics import install as st_install
-from storetopics import testing
 
 VERSION = st_install.default_version()
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from lab.fakes.messages import MessagesServer
 from storetopics.labels import AnthropicLabeler, ClusterInput, LabelError, clean_label
-from storetopics.messages_server import MessagesServer
 
 CLUSTER = ClusterInput(keywords=["chess", "board", "engine", "opening"],
                        representatives=["A chess engine that plays strong openings.", "Board game for two players."])

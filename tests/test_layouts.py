@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import uuid
 
-import pytest
-
 import helpers
+import pytest
 
 RECIPES = ["pasta with tomato sauce and garlic", "tomato soup with basil and garlic bread",
            "fresh pasta dough, knead and rest", "garlic butter for the pasta"]

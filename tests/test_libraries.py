@@ -12,12 +12,8 @@ from __future__ import annotations
 
 import uuid
 
-import pytest
-from psycopg import conninfo
-from sqlalchemy import create_engine
-from sqlalchemy.pool import NullPool
-
 import helpers
+import pytest
 from langchain_core.documents import Document
 from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_postgres import Column, PGEngine, PGVector, PGVectorStore
@@ -26,6 +22,9 @@ from llama_index.core import VectorStoreIndex
 from llama_index.core.embeddings import MockEmbedding
 from llama_index.core.schema import NodeRelationship, RelatedNodeInfo, TextNode
 from llama_index.vector_stores.postgres import PGVectorStore as LlamaPGVectorStore
+from psycopg import conninfo
+from sqlalchemy import create_engine
+from sqlalchemy.pool import NullPool
 
 DIM = 8
 # file -> its chunks

@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 import string
 
+import helpers
 import psycopg
 import pytest
 
-import helpers
 from storetopics import worker as st_worker
 
 
@@ -83,7 +83,7 @@ def test_the_worker_tells_a_failing_statement_from_a_lost_connection(dsn):
         bad, good = _poisoned(conn)
         conn.execute("SELECT storetopics.configure('bad', '{\"debounce\": 0}'), "
                      "storetopics.configure('docs', '{\"debounce\": 0}')")
-        w = st_worker.Worker(st_worker.Options(dsn=dsn, once=True, poll=0.1, lease=30), stream=open("/dev/null", "w"))
+        w = st_worker.Worker(st_worker.Options(dsn=dsn, once=True, poll=0.1, lease=30))
         assert w.run() == 0
         assert w.stats.reconnects == 0
         assert "kitchen" in helpers.summary(conn, good, "home")[0]

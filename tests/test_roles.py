@@ -9,11 +9,10 @@
 Both install paths (extension and plain script) are exercised."""
 from __future__ import annotations
 
+import helpers
 import psycopg
 import pytest
 from psycopg import conninfo
-
-import helpers
 from test_libraries import GARAGE, KITCHEN, STARS
 from test_recipes import HAND_ATTACH, HAND_DDL
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from storetopics import testing
+from lab import testing
 
 REPO = Path(__file__).resolve().parents[1]
 SQL_FILE = REPO / "sql" / "idempotent" / "015-screen.sql"

@@ -15,11 +15,10 @@ from __future__ import annotations
 import re
 import uuid
 
+import helpers
 import psycopg
 import pytest
 from psycopg import conninfo
-
-import helpers
 
 
 def _connect(dsn: str, role: str | None = None) -> psycopg.Connection:
@@ -393,9 +392,10 @@ HOSTILE_ANSWERS = [
 def test_hostile_llm_labels_never_reach_store_topics(make_db, monkeypatch):
     """End to end: the Anthropic labeller through the real SDK against the local Messages API server answers with
     hostile labels; record_label refuses them (the ledger says why), the offline label is shown instead."""
-    from storetopics import cli
-    from storetopics.messages_server import MessagesServer
     from test_clusters import base_rows, insert, setup_table
+
+    from lab.fakes.messages import MessagesServer
+    from storetopics import api
     with MessagesServer() as server, psycopg.connect(make_db(), autocommit=True) as conn:
         monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
         monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
@@ -409,7 +409,7 @@ def test_hostile_llm_labels_never_reach_store_topics(make_db, monkeypatch):
             k = conn.execute("SELECT count(*) FROM storetopics.clusters WHERE chunks > 0").fetchone()[0] or 5
             for _ in range(k):
                 server.plan("text", text=answers.pop() if answers else "Chess Board Engine")
-            cli.backfill(conn, progress=False, stream=open("/dev/null", "w"))
+            api.backfill(conn)
             rendered.append(conn.execute("SELECT store_topics FROM storetopics.stores").fetchone()[0])
             conn.execute("UPDATE storetopics.clusters SET label_needed = true")   # ask again next round
         outcomes = conn.execute("SELECT outcome, detail FROM storetopics.label_ledger ORDER BY id").fetchall()

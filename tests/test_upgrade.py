@@ -7,14 +7,13 @@ from __future__ import annotations
 import threading
 import time
 
+import helpers
 import psycopg
 import pytest
-
-import helpers
-from storetopics import demo
-from storetopics import install as st_install
-from storetopics import testing
 from test_install import _catalog
+
+from lab import demo, testing
+from storetopics import install as st_install
 
 STORES = ("games", "science", "mail")
 PER_STORE = 60

@@ -24,8 +24,8 @@ import numpy as np
 import psycopg
 import pytest
 
-from storetopics.localpg import LocalPostgres
-from storetopics.messages_server import MessagesServer
+from lab.fakes.messages import MessagesServer
+from lab.localpg import LocalPostgres
 from storetopics import install as st_install
 
 DIM = 16
@@ -137,6 +137,10 @@ def summaries(conn) -> dict:
             c.pop("id", None)          # identity numbers depend on the order stores were fitted in
         if t.get("fit"):
             t["fit"] = {k: v for k, v in t["fit"].items() if k != "at"}
+        if t.get("cost"):
+            # the ledger is history: a prompt carries what the other clusters and stores were about when the call
+            # was made, so its length (and price) depends on when; the calls and the answers do not
+            t["cost"] = {k: v for k, v in t["cost"].items() if k not in ("input_tokens", "usd")}
         out[key] = (text, t)
     return out
 
@@ -259,7 +263,10 @@ def test_many_workers_share_50_stores_one_worker_per_store_at_a_time(dsn, worker
             assert p.term() == 0
         # one worker per store at a time: no two passes over a store overlap
         intervals = pass_intervals([p.log() for p in procs])
-        assert sum(len(v) for v in intervals.values()) == passes
+        # every logged claim..release is a counted pass, or one whose lease ran out under load (2 s here) and was
+        # taken over: it writes nothing, says so, and is not counted
+        lost = sum(p.log().count(": lease lost (another worker has it)") for p in procs)
+        assert sum(len(v) for v in intervals.values()) == passes + lost
         for store, iv in intervals.items():
             iv.sort()
             for (s1, e1, w1), (s2, e2, w2) in zip(iv, iv[1:]):

@@ -6,7 +6,6 @@ recorded in storetopics.meta, so `storetopics install` on an older plain install
 """
 from __future__ import annotations
 
-import re
 from importlib import resources
 
 import psycopg
@@ -16,7 +15,30 @@ SQL_DIR = resources.files("storetopics.sql")
 
 
 class InstallError(RuntimeError):
-    pass
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(f"{message} (hint: {hint})" if hint else message)
+        self.message, self.hint = message, hint
+
+
+# storetopics' own tables hold vectors (cluster centroids), so the vector type must exist before its script runs,
+# whether the tables attached later have an embedding column or not: there is no install without pgvector.
+PGVECTOR_HINT = ("install pgvector on the database server (https://github.com/pgvector/pgvector), run "
+                 "CREATE EXTENSION vector in this database as a superuser, then install storetopics again")
+
+
+def require_pgvector(conn: psycopg.Connection) -> None:
+    """Create pgvector in the database if it is not there; one clear InstallError when that cannot be done."""
+    if conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone():
+        return
+    if not conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone():
+        raise InstallError("storetopics needs pgvector, which is not installed on this database server",
+                           PGVECTOR_HINT)
+    try:
+        with conn.transaction():
+            conn.execute("CREATE EXTENSION vector")
+    except psycopg.Error as e:
+        raise InstallError(f"storetopics needs pgvector, and CREATE EXTENSION vector failed: "
+                           f"{e.diag.message_primary or e}", PGVECTOR_HINT) from e
 
 
 def _scripts() -> list[str]:
@@ -72,18 +94,16 @@ def install(dsn: str, *, extension: bool = False, version: str | None = None, lo
             how, current = installed(conn)
             if extension:
                 if how == "script":
-                    raise InstallError("storetopics is installed as a plain script here; keep using `storetopics install`")
+                    raise InstallError("storetopics is installed as a plain script here; "
+                                       "keep using `storetopics install`")
+                require_pgvector(conn)
                 conn.execute("CREATE EXTENSION IF NOT EXISTS storetopics CASCADE")
                 if how == "extension" and current != target:
                     conn.execute(f"ALTER EXTENSION storetopics UPDATE TO '{target}'")
                 return installed(conn)[1]
             if how == "extension":
                 raise InstallError("storetopics is installed as an extension here; upgrade it with ALTER EXTENSION")
-            try:
-                with conn.transaction():
-                    conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-            except psycopg.Error as e:
-                log(f"storetopics install: pgvector not available ({e.diag.message_primary}); keyword summaries only")
+            require_pgvector(conn)
             if how is None:
                 conn.execute("CREATE SCHEMA storetopics")
                 conn.execute(script(f"storetopics--{target}.sql"))

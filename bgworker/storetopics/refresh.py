@@ -1,18 +1,24 @@
-"""Bring stores up to date from outside the database: fit clusters when due, label them, render.
+"""One refresh pass over one store, from outside the database: fit its clusters when due, refresh their words
+(the keyword gate), label what is due, render.
 
-Used by `storetopics backfill` and by the worker.  The connection must be in autocommit mode: no transaction is
+`refresh_store()` is the pass: `storetopics backfill` (api.backfill) runs it on every store with work due after a
+fold, and the worker runs it on the store it claimed, adding its lease check between steps and rendering under its
+lease (Hooks).  Which stores have work due is one SQL function, storetopics.stores_due(), which the SQL backfill()
+uses too.  The connection must be in autocommit mode: no transaction is
 held open while clustering runs or while a labelling call waits on the network.  The fit itself is the same code
 that runs inside Postgres where plpython3u exists (clustering.fit_store, from plpy/storetopics_clustering.py).
 """
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 
 import psycopg
 
-from .plpy import storetopics_clustering as clustering
 from .labels import ClusterInput, LabelError, make_labeler
+
+log = logging.getLogger("storetopics.refresh")
 
 
 @dataclass
@@ -38,6 +44,7 @@ def fit(conn: psycopg.Connection, source: int, store: str) -> dict:
     """Sample, fit, match and apply one store's clusters (storetopics.apply_fit writes it, compare-and-set)."""
     if not conn.autocommit:
         raise ValueError("refresh.fit needs an autocommit connection (no transaction open while fitting)")
+    from .plpy import storetopics_clustering as clustering  # numpy, scikit-learn: loaded when a fit runs
     return json.loads(clustering.fit_store(clustering.PsycopgDatabase(conn), source, store))
 
 
@@ -104,36 +111,68 @@ def count_tokens(conn: psycopg.Connection, source: int, store: str) -> int:
     return len(chunks)
 
 
-def stores_to_fit(conn: psycopg.Connection, source: int, store: str | None = None) -> list[tuple[str, str]]:
-    return [tuple(r) for r in conn.execute(
-        """SELECT st.store_key, storetopics.fit_due(st.source_id, st.store_key) FROM storetopics.store_state st
-            WHERE st.source_id = %s AND (%s::text IS NULL OR st.store_key = %s) AND st.files > 0
-              AND storetopics.fit_due(st.source_id, st.store_key) IS NOT NULL
-            ORDER BY st.store_key""", (source, store, store))]
+def stores_due(conn: psycopg.Connection, source: int, store: str | None = None) -> list[str]:
+    """The stores of a source (or the one store) with work due: a fit, stale words, a label, a render."""
+    return [r[0] for r in conn.execute("SELECT store_key FROM storetopics.stores_due(%s, %s)", (source, store))]
 
 
-def stores_with_stale_words(conn: psycopg.Connection, source: int, store: str | None = None) -> list[str]:
-    """Stores whose clusters' words predate their last change (storetopics.refresh_words recomputes them and runs
-    the keyword gate: labels due where the words moved)."""
-    return [r[0] for r in conn.execute(
-        """SELECT st.store_key FROM storetopics.store_state st
-            WHERE st.source_id = %s AND (%s::text IS NULL OR st.store_key = %s) AND st.words_version <> st.version
-              AND EXISTS (SELECT 1 FROM storetopics.clusters k
-                           WHERE k.source_id = st.source_id AND k.store_key = st.store_key)
-            ORDER BY 1""", (source, store, store))]
+class Hooks:
+    """What a caller adds to a pass.  The worker overrides these to check its lease between steps (check raises to
+    stop the pass), to check it again before each labelling call (labeller), and to render under its lease
+    (render returns None when the lease is gone)."""
+
+    def check(self) -> None:
+        pass
+
+    def labeller(self, labeller):
+        return labeller
+
+    def render(self, conn: psycopg.Connection, source: int, store: str, count_first: bool) -> bool | None:
+        return conn.execute("SELECT storetopics.render(%s, %s, %s)", (source, store, count_first)).fetchone()[0]
+
+
+@dataclass
+class Pass:
+    fit: dict | None = None            # the fit's report when one ran
+    labels: LabelStats = field(default_factory=LabelStats)
+    changed: bool | None = None        # whether the summary changed; None: not rendered (Hooks.render refused)
+
+    @property
+    def fitted(self) -> bool:
+        return bool(self.fit and self.fit.get("applied"))
+
+
+def refresh_store(conn: psycopg.Connection, source: int, store: str, hooks: Hooks | None = None,
+                  labeller=None) -> Pass:
+    """The pass over one store, after its source was folded: fit (when fit_due says so), the clusters' words and
+    the keyword gate (refresh_words, gated in SQL on the store's version), the labels that are due (LLM labeller
+    only), render (counting unknown token counts with tiktoken first: one write, one NOTIFY)."""
+    hooks = hooks or Hooks()
+    result = Pass()
+    why = fit_due(conn, source, store)
+    if why:
+        log.debug("fit %s:%s (%s)", source, store, why, extra={"source": source, "store": store})
+        result.fit = fit(conn, source, store)
+        log.debug("fitted %s:%s: k=%s applied=%s in %ss", source, store, result.fit.get("k"), result.fitted,
+                  result.fit.get("seconds"), extra={"source": source, "store": store})
+        hooks.check()
+    conn.execute("SELECT storetopics.refresh_words(%s, %s)", (source, store))
+    cfg = settings(conn, source)
+    if cfg.get("labeller", "offline") != "offline" and stores_to_label(conn, source, store):
+        inner = labeller or make_labeler(cfg["labeller"], cfg.get("model"))
+        result.labels = label(conn, source, store, hooks.labeller(inner))
+        if result.labels.errors:
+            log.warning("%s labelling call(s) failed for %s:%s (old labels kept, retried later): %s",
+                        result.labels.errors, source, store, result.labels.last_error,
+                        extra={"source": source, "store": store})
+    hooks.check()
+    changed = hooks.render(conn, source, store, True)
+    if changed is None and count_tokens(conn, source, store):
+        changed = hooks.render(conn, source, store, False)
+    result.changed = changed
+    return result
 
 
 def stores_to_label(conn: psycopg.Connection, source: int, store: str | None = None) -> list[str]:
-    return [r[0] for r in conn.execute(
-        """SELECT DISTINCT k.store_key FROM storetopics.clusters k
-            WHERE k.source_id = %s AND (%s::text IS NULL OR k.store_key = %s) AND k.label_needed AND k.chunks > 0
-              AND coalesce(k.label_retry_at, '-infinity') <= now()
-              AND storetopics._settings(k.source_id) ->> 'labeller' <> 'offline'
-            ORDER BY 1""", (source, store, store))]
-
-
-def stores_to_render(conn: psycopg.Connection, source: int, store: str | None = None) -> list[str]:
-    return [r[0] for r in conn.execute(
-        """SELECT st.store_key FROM storetopics.store_state st
-            WHERE st.source_id = %s AND (%s::text IS NULL OR st.store_key = %s) AND storetopics.render_due(st)
-            ORDER BY st.store_key""", (source, store, store))]
+    return [r[0] for r in conn.execute("SELECT store_key FROM storetopics.stores_due(%s, %s) WHERE label",
+                                       (source, store))]

@@ -1,17 +1,21 @@
 """`storetopics worker`: keeps every store's summary fresh, debounced and drift-gated, safely from many processes.
 
     storetopics worker [--once] [--lease S] [--poll S] [--batch N] [--id NAME] [-v]
-    python -m storetopics.worker [--dsn DSN] ...    (the same, without loading the rest of the CLI: starts faster)
+    python -m storetopics.worker [--dsn DSN] ...    (the same)
+
+Every flag also comes from the environment: STORETOPICS_ONCE, STORETOPICS_LEASE, STORETOPICS_POLL,
+STORETOPICS_BATCH, STORETOPICS_ID, STORETOPICS_LOG_LEVEL, STORETOPICS_LOG_FORMAT (a flag wins); the connection from
+--dsn, else $DATABASE_URL.  Logs go to stderr through Python logging (logger storetopics.worker), as text or JSON.
 
 The loop (one worker process; run as many as you like, on as many machines):
   * wake on NOTIFY storetopics_dirty (a hint only) or after --poll seconds, whichever comes first;
   * fold the sources whose logged changes name no store (deletes, TRUNCATE, attach) once they are quiet;
   * claim one due store with storetopics.claim() (FOR UPDATE SKIP LOCKED + a lease with an expiry; a store is due
-    when quiet for its source's `debounce`, or dirty for `max_staleness`), then in order: fold its source's pending
-    changes, fit its clusters if a gate says so (outliers > refit_outliers, no fit yet, another dimension), refresh
-    the words of clusters new outliers joined (keyword gate), ask the labeller for the labels the gates made due,
-    render (only if the lease is still ours), and hand the store back with storetopics.work_done() (compare-and-set
-    on the store's generation: a store changed underneath stays dirty).
+    when quiet for its source's `debounce`, or dirty for `max_staleness`), fold its source's pending changes, run
+    the refresh pass (refresh.refresh_store, the same as `storetopics backfill`: fit when a gate says so, the
+    clusters' words and the keyword gate, the labels due, render) with the lease checked between steps and before
+    each labelling call and the render written only under the lease, and hand the store back with
+    storetopics.work_done() (compare-and-set on the store's generation: a store changed underneath stays dirty).
   * No transaction is open while a fit runs or a labelling call waits: every statement commits on its own
     (autocommit).  A heartbeat thread renews the lease; after SIGKILL it just runs out and another worker takes over.
   * SIGTERM/SIGINT: the pass stops at its next step, the lease is given back (the store stays dirty), exit 0.
@@ -19,6 +23,8 @@ The loop (one worker process; run as many as you like, on as many machines):
 """
 from __future__ import annotations
 
+import argparse
+import logging
 import os
 import random
 import signal
@@ -28,14 +34,12 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TextIO
 
 import psycopg
 
-from . import refresh
-from .labels import make_labeler
+from . import api, config, refresh
 
-FOLD_SECONDS = 30.0   # fold at most this long before processing a store (under a continuous stream of writes)
+logger = logging.getLogger("storetopics.worker")
 
 
 class Stopping(Exception):
@@ -50,12 +54,13 @@ class LeaseLost(Exception):
 class Options:
     dsn: str = ""
     once: bool = False
-    lease: float = 60.0        # seconds; renewed every lease/3 by the heartbeat
-    poll: float = 5.0          # seconds between polls when no NOTIFY comes
-    batch: int = 500           # files per fold transaction
+    lease: float = config.LEASE
+    poll: float = config.POLL
+    batch: int = config.BATCH
     worker_id: str | None = None
-    verbose: bool = False
-    max_backoff: float = 15.0  # reconnect backoff cap, seconds
+    verbose: bool = False      # the pass-by-pass log (debug level) even when the log level is higher
+    max_backoff: float = config.MAX_BACKOFF
+    fold_seconds: float = config.FOLD_SECONDS
 
 
 @dataclass
@@ -69,28 +74,44 @@ class Stats:
     outcomes: dict = field(default_factory=dict)
 
 
-class _LeaseCheckingLabeller:
-    """Wraps a labeller: before each call, check that the lease is still ours (no call for a store another worker
-    has taken over), and tell the log when a call starts and ends."""
+class _Leased(refresh.Hooks):
+    """The worker's hooks into the refresh pass: the lease is checked between steps and before each labelling
+    call, and the summary is rendered under the lease (storetopics.work_render writes nothing once it is gone)."""
 
-    def __init__(self, inner, worker: "Worker", source: int, store: str):
-        self.inner, self.worker, self.source, self.store = inner, worker, source, store
+    def __init__(self, worker: Worker, source: int, store: str):
+        self.worker, self.source, self.store = worker, source, store
+
+    def check(self) -> None:
+        self.worker.check(self.source, self.store)
+
+    def labeller(self, inner):
+        return _LeaseCheckingLabeller(inner, self)
+
+    def render(self, conn, source: int, store: str, count_first: bool):
+        return conn.execute("SELECT storetopics.work_render(%s, %s, %s, %s)",
+                            (self.worker.id, source, store, count_first)).fetchone()[0]
+
+
+class _LeaseCheckingLabeller:
+    """A labeller whose every call is preceded by the lease check (no call for a store another worker has taken)."""
+
+    def __init__(self, inner, hooks: _Leased):
+        self.inner, self.hooks = inner, hooks
         self.name = inner.name
         self.model = getattr(inner, "model", None)
 
     def label(self, cluster):
-        self.worker.check(self.source, self.store)
-        self.worker.log(f"label call {self.source}:{self.store}", debug=True)
+        self.hooks.check()
+        self.hooks.worker.log(f"label call {self.hooks.source}:{self.hooks.store}", debug=True)
         try:
             return self.inner.label(cluster)
         finally:
-            self.worker.log(f"label done {self.source}:{self.store}", debug=True)
+            self.hooks.worker.log(f"label done {self.hooks.source}:{self.hooks.store}", debug=True)
 
 
 class Worker:
-    def __init__(self, opts: Options, stream: TextIO | None = None):
+    def __init__(self, opts: Options):
         self.opts = opts
-        self.stream = stream if stream is not None else sys.stderr
         self.id = opts.worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.stats = Stats()
         self.conn: psycopg.Connection | None = None
@@ -101,13 +122,11 @@ class Worker:
         self._fold_warned: set[int] = set()
 
     # -- logging ---------------------------------------------------------------------------------------------
-    def log(self, msg: str, debug: bool = False) -> None:
-        if debug and not self.opts.verbose:
-            return
-        now = time.time()
-        stamp = time.strftime('%H:%M:%S', time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
-        self.stream.write(f"{stamp} storetopics worker {self.id}: {msg}\n")
-        self.stream.flush()
+    def log(self, msg: str, debug: bool = False, level: int = logging.INFO, **fields) -> None:
+        """One event: debug ones (each claim, pass, labelling call) show at --log-level debug or with -v."""
+        if debug:
+            level = logging.INFO if self.opts.verbose else logging.DEBUG
+        logger.log(level, msg, extra={"worker": self.id, **fields})
 
     # -- connections -----------------------------------------------------------------------------------------
     def _connect(self) -> psycopg.Connection:
@@ -127,7 +146,8 @@ class Worker:
                 if self.stopping.is_set():
                     raise Stopping() from None
                 wait = delay * (0.5 + random.random() / 2)
-                self.log(f"cannot connect ({' '.join(str(e).split())[:200]}); retrying in {wait:.1f}s")
+                self.log(f"cannot connect ({' '.join(str(e).split())[:200]}); retrying in {wait:.1f}s",
+                         level=logging.WARNING)
                 self.stopping.wait(wait)
                 delay = min(delay * 2, self.opts.max_backoff)
 
@@ -172,16 +192,10 @@ class Worker:
 
     # -- one pass over one store -----------------------------------------------------------------------------
     def fold_source(self, source: int) -> int:
-        done, started = 0, time.monotonic()
-        while time.monotonic() - started < FOLD_SECONDS:
+        def check():
             if self.stopping.is_set():
                 raise Stopping()
-            n = self.conn.execute("SELECT storetopics.fold(%s, max_files => %s)",
-                                  (source, self.opts.batch)).fetchone()[0]
-            if not n:
-                break
-            done += n
-        return done
+        return api.fold(self.conn, source, self.opts.batch, seconds=self.opts.fold_seconds, check=check)
 
     def _releasing(self, source: int, store: str) -> None:
         # logged before the lease is given back, as `claim` is logged after it was taken: the logged intervals of
@@ -196,46 +210,21 @@ class Worker:
         try:
             folded = self.fold_source(source)
             self.check(source, store)
-            why = refresh.fit_due(conn, source, store)
-            fitted = False
-            if why:
-                self.log(f"fit {source}:{store} ({why})", debug=True)
-                report = refresh.fit(conn, source, store)
-                fitted = bool(report.get("applied"))
-                self.log(f"fitted {source}:{store}: k={report.get('k')} applied={fitted} in "
-                         f"{report.get('seconds')}s (read {report.get('seconds_read_sample')}s, fit "
-                         f"{report.get('seconds_fit')}s, apply {report.get('seconds_apply')}s)", debug=True)
-                self.check(source, store)
-            if conn.execute("SELECT EXISTS (SELECT 1 FROM storetopics.clusters k WHERE k.source_id = %s "
-                            "AND k.store_key = %s AND k.outliers > k.outliers_seen)", (source, store)).fetchone()[0]:
-                conn.execute("SELECT storetopics.refresh_words(%s, %s)", (source, store))
-            cfg = refresh.settings(conn, source)
-            if cfg.get("labeller", "offline") != "offline" and refresh.stores_to_label(conn, source, store):
-                labeller = _LeaseCheckingLabeller(make_labeler(cfg["labeller"], cfg.get("model")), self, source, store)
-                stats = refresh.label(conn, source, store, labeller)
-                calls = stats.calls
-                self.stats.label_calls += calls
-                if stats.errors:
-                    self.log(f"{stats.errors} labelling call(s) failed for {source}:{store} (old labels kept, "
-                             f"retried later): {stats.last_error}")
-            self.check(source, store)
-            # count_first: words whose token count is not known yet are counted (tiktoken) before the one write
-            changed = conn.execute("SELECT storetopics.work_render(%s, %s, %s, true)",
-                                   (self.id, source, store)).fetchone()[0]
-            if changed is None and refresh.count_tokens(conn, source, store):
-                changed = conn.execute("SELECT storetopics.work_render(%s, %s, %s)",
-                                       (self.id, source, store)).fetchone()[0]
-            if changed is None:
+            p = refresh.refresh_store(conn, source, store, _Leased(self, source, store))
+            calls = p.labels.calls
+            self.stats.label_calls += calls
+            if p.changed is None:
                 raise LeaseLost()
             self._releasing(source, store)
             outcome = conn.execute("SELECT storetopics.work_done(%s, %s, %s, %s, %s, NULL, %s)",
-                                   (self.id, source, store, generation, changed, calls)).fetchone()[0]
+                                   (self.id, source, store, generation, p.changed, calls)).fetchone()[0]
             self.stats.passes += 1
-            self.stats.regenerated += bool(changed)
+            self.stats.regenerated += bool(p.changed)
             self.stats.outcomes[outcome] = self.stats.outcomes.get(outcome, 0) + 1
-            self.log(f"pass {source}:{store}: folded {folded} files{', fitted' if fitted else ''}, {calls} labelling "
-                     f"calls, {'summary changed' if changed else 'summary unchanged'}, {outcome} "
-                     f"({time.monotonic() - t0:.2f}s)", debug=not changed and not fitted and not calls)
+            self.log(f"pass {source}:{store}: folded {folded} files{', fitted' if p.fitted else ''}, {calls} "
+                     f"labelling calls, {'summary changed' if p.changed else 'summary unchanged'}, {outcome} "
+                     f"({time.monotonic() - t0:.2f}s)", debug=not p.changed and not p.fitted and not calls,
+                     source=source, store=store, outcome=outcome)
             return outcome
         except LeaseLost:
             self._releasing(source, store)
@@ -256,7 +245,7 @@ class Worker:
     def _failed(self, source: int, store: str, generation: int, e: Exception, calls: int) -> str:
         msg = " ".join(f"{type(e).__name__}: {e}".split())
         self.stats.failed += 1
-        self.log(f"{source}:{store}: pass failed: {msg}")
+        self.log(f"{source}:{store}: pass failed: {msg}", level=logging.WARNING, source=source, store=store)
         self._releasing(source, store)
         self.conn.execute("SELECT storetopics.work_done(%s, %s, %s, %s, false, %s, %s)",
                           (self.id, source, store, generation, msg, calls))
@@ -279,7 +268,7 @@ class Worker:
                     raise
                 if source not in self._fold_warned:
                     self._fold_warned.add(source)
-                    self.log(f"cannot fold source {source}: {' '.join(str(e).split())}")
+                    self.log(f"cannot fold source {source}: {' '.join(str(e).split())}", level=logging.WARNING)
         while not self.stopping.is_set():
             row = self.conn.execute("SELECT source_id, store_key, generation, takeover FROM storetopics.claim(%s, %s)",
                                     (self.id, self.opts.lease)).fetchone()
@@ -336,11 +325,13 @@ class Worker:
                     if not self.connection_lost(e):
                         # a statement failed outside any store's pass (claiming, say): report it, wait, go on
                         self.stats.failed += 1
-                        self.log(f"error ({' '.join(str(e).split())[:200]}); retrying in {self.opts.poll:g}s")
+                        self.log(f"error ({' '.join(str(e).split())[:200]}); retrying in {self.opts.poll:g}s",
+                                 level=logging.WARNING)
                         self.stopping.wait(self.opts.poll)
                         continue
                     self.stats.reconnects += 1
-                    self.log(f"lost the database ({' '.join(str(e).split())[:200]}); reconnecting")
+                    self.log(f"lost the database ({' '.join(str(e).split())[:200]}); reconnecting",
+                             level=logging.WARNING)
                     try:
                         self.conn.close()
                     except Exception:
@@ -368,21 +359,26 @@ class Worker:
         return 0
 
 
-def run(opts: Options, stream: TextIO | None = None) -> int:
-    return Worker(opts, stream).run()
+def run(opts: Options) -> int:
+    return Worker(opts).run()
 
 
 def add_arguments(p) -> None:
-    """The worker's flags (shared by `storetopics worker` and `python -m storetopics.worker`)."""
-    p.add_argument("--once", action="store_true", help="process what is due now, then exit (cron, tests)")
-    p.add_argument("--lease", type=float, default=60.0, metavar="S",
-                   help="seconds a claimed store stays ours without a heartbeat (default 60): how soon another "
-                        "worker takes over after a crash")
-    p.add_argument("--poll", type=float, default=5.0, metavar="S",
-                   help="seconds between polls when no NOTIFY arrives (default 5)")
-    p.add_argument("--batch", type=int, default=500, metavar="N", help="files per fold transaction (default 500)")
-    p.add_argument("--id", metavar="NAME", help="worker name in `status` (default host:pid:random)")
-    p.add_argument("-v", "--verbose", action="store_true", help="log every pass and labelling call")
+    """The worker's flags (shared by `storetopics worker` and `python -m storetopics.worker`), each defaulting to
+    its STORETOPICS_* environment variable, else to config's default."""
+    p.add_argument("--once", action="store_true", default=config.env("once", False, bool),
+                   help="process what is due now, then exit (cron, tests) [$STORETOPICS_ONCE]")
+    p.add_argument("--lease", type=float, default=config.env("lease", config.LEASE, float), metavar="S",
+                   help=f"seconds a claimed store stays ours without a heartbeat (default {config.LEASE:g}): how "
+                        "soon another worker takes over after a crash [$STORETOPICS_LEASE]")
+    p.add_argument("--poll", type=float, default=config.env("poll", config.POLL, float), metavar="S",
+                   help=f"seconds between polls when no NOTIFY arrives (default {config.POLL:g}) [$STORETOPICS_POLL]")
+    p.add_argument("--batch", type=int, default=config.env("batch", config.BATCH, int), metavar="N",
+                   help=f"files per fold transaction (default {config.BATCH}) [$STORETOPICS_BATCH]")
+    p.add_argument("--id", default=config.env("id", None), metavar="NAME",
+                   help="worker name in `status` (default host:pid:random) [$STORETOPICS_ID]")
+    p.add_argument("-v", "--verbose", action="store_true", default=config.env("verbose", False, bool),
+                   help="log every claim, pass and labelling call at info level [$STORETOPICS_VERBOSE]")
 
 
 def options(args) -> Options:
@@ -393,16 +389,23 @@ def options(args) -> Options:
 
 
 def main(argv=None) -> int:
-    import argparse
+    from . import log as st_log
     p = argparse.ArgumentParser(prog="python -m storetopics.worker", description=__doc__.split("\n\n")[0])
-    p.add_argument("--dsn", default=os.environ.get("DATABASE_URL", ""),
-                   help="libpq connection string or URL (default: $DATABASE_URL, else the PG* variables)")
-    add_arguments(p)
+    try:
+        p.add_argument("--dsn", default=config.dsn(),
+                       help="libpq connection string or URL (default: $DATABASE_URL, else the PG* variables)")
+        p.add_argument("--log-level", default=config.env("log_level", config.LOG_LEVEL), choices=config.LOG_LEVELS)
+        p.add_argument("--log-format", default=config.env("log_format", config.LOG_FORMAT),
+                       choices=config.LOG_FORMATS)
+        add_arguments(p)
+    except ValueError as e:
+        p.error(str(e))
     args = p.parse_args(argv)
     try:
         opts = options(args)
     except ValueError as e:
         p.error(str(e))
+    st_log.setup(args.log_level, args.log_format)
     return run(opts)
 
 

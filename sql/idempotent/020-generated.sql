@@ -114,7 +114,8 @@ END $$;
 --   sample (store, args)        (ref, file_key, e): a fit's sample, see storetopics._fit_input
 --   chunks (files = refs)       (ref, file_key, text): representatives
 --   texts (files, store)        (t): the texts surface words are learnt from
---   sample_texts (files, store) (file_key, t): the first 3 chunks of each file, 1,500 characters each: what
+--   sample_texts (files, store) (file_key, t): 3 chunks of each file (chosen by content, not by row: the same
+--                               texts give the same phrases however they were written), 1,500 characters each: what
 --                               phrases are mined from
 CREATE OR REPLACE FUNCTION storetopics._reader_body(src storetopics.sources) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -221,7 +222,8 @@ END$f$,
        LIMIT ($3 ->> 'limit')::int$q$, by_store, e, f, storetopics._chunk_ref_sql(src.chunks)),
     format($q$
       SELECT x.f, x.t FROM (SELECT (%1$s)::text AS f, left((%2$s)::text, 1500) AS t,
-                                   row_number() OVER (PARTITION BY (%1$s)::text ORDER BY %3$s) AS r
+                                   row_number() OVER (PARTITION BY (%1$s)::text
+                                                      ORDER BY pg_catalog.md5((%2$s)::text), %3$s) AS r
                               FROM %4$s AS c WHERE %5$s AND %6$s) x
        WHERE x.r <= 3$q$, f, t, storetopics._chunk_ref_sql(src.chunks), tbl, by_files, by_store));
 END $$;

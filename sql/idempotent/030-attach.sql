@@ -151,6 +151,7 @@ BEGIN
   PERFORM storetopics._generate(src);
   PERFORM storetopics._create_triggers(src);
   UPDATE storetopics.sources s SET generated = storetopics._version() WHERE s.id = src.id;
+  PERFORM storetopics._warn_unindexed_file_key(chunks, file_key);
   PERFORM pg_notify('storetopics_dirty', src.id::text);
   RETURN src.id;
 END $$;
@@ -220,6 +221,39 @@ BEGIN
     PERFORM storetopics._mirror_check(v_owner, p_mirror, p_mirror_key, p_mirror_column);
   END IF;
   RETURN v_file_type;
+END $$;
+
+-- fold() recounts every file a write touched (an insert, an update, a delete) by reading that file's chunks through
+-- the file key: without an index whose first column is that key, each recount reads the whole table, so attach()
+-- warns (it does not fail: a small table does without, and the index can come later).  Only a file key that is a
+-- plain column is checked: whether an expression index serves an expression key is the planner's business, and
+-- planning the attacher's expression here, as the extension's owner, could run it.  A partitioned table is covered
+-- by an index on it (its partitions get one each) or by one on every partition.
+CREATE OR REPLACE FUNCTION storetopics._warn_unindexed_file_key(p_chunks regclass, p_file_key text) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_indexed boolean;
+BEGIN
+  IF storetopics._key_sql(p_chunks, p_file_key) <> format('c.%I', p_file_key) THEN
+    RETURN;
+  END IF;
+  WITH keyed AS (       -- tables of the tree with a whole (not partial), valid index that starts with the file key
+    SELECT i.indrelid FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+     WHERE i.indrelid = ANY (storetopics._tree(p_chunks)) AND a.attname = p_file_key AND i.indisvalid
+       AND i.indpred IS NULL)
+  SELECT p_chunks IN (SELECT l.indrelid FROM keyed l)
+         OR coalesce((SELECT bool_and(r.oid IN (SELECT l.indrelid FROM keyed l))
+                        FROM unnest(storetopics._tree(p_chunks)) x(relid) JOIN pg_class r ON r.oid = x.relid
+                       WHERE r.relkind = 'r' AND r.oid <> p_chunks), false)
+    INTO v_indexed;
+  IF NOT v_indexed THEN
+    RAISE WARNING 'storetopics: % has no index on its file key %', p_chunks, p_file_key
+      USING DETAIL = 'Each file a write touches is recounted by reading its chunks through the file key: without '
+                     'an index, every recount reads the whole table.',
+            HINT = format('CREATE INDEX %sON %s (%I);',
+                          CASE WHEN (SELECT c.relkind FROM pg_class c WHERE c.oid = p_chunks) = 'r'
+                               THEN 'CONCURRENTLY ' ELSE '' END, p_chunks, p_file_key);
+  END IF;
 END $$;
 
 -- A mirror target: a table with the key column and a text column of its own, which the table's owner may update
@@ -428,6 +462,9 @@ BEGIN
   INSERT INTO storetopics.grants (role, kind, source_id) VALUES (role_name, 'read', v_source) ON CONFLICT DO NOTHING;
   EXECUTE format('GRANT USAGE ON SCHEMA storetopics TO %s', role_name);
   EXECUTE format('GRANT SELECT ON storetopics.stores, storetopics.status TO %s', role_name);
+  -- a monitoring role is a reader: metrics() shows it the sources it may read, like the views
+  EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.metrics() TO %s', role_name);
 END $$;
 COMMENT ON FUNCTION storetopics.grant_read(regrole, regclass) IS
-  'Let a role (a router) read the summaries of one attached table, or of all (NULL; administrators only).';
+  'Let a role (a router, a monitoring role) read the summaries and metrics() of one attached table, or of all '
+  '(NULL; administrators only).';

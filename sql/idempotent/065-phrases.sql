@@ -77,62 +77,75 @@ BEGIN
   DROP TABLE pg_temp.storetopics_mine_texts, pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex;
 END $$;
 
--- The clusters' offline labels: mined again for the clusters whose top words changed since (a burst that leaves
--- them alone, or a re-fit that keeps the cluster, mines nothing), from each cluster's 20 most committed files.
+-- The clusters' offline labels, mined for all of a store's clusters together (a phrase's rarity is counted across
+-- them) from each cluster's 20 most committed files, and only when what they would be mined from changed: the
+-- clusters' words or those files' counted words (store_state.cluster_phrases_from, a digest).  So a phrase is a
+-- function of the store's state, not of the path that led there.
 CREATE OR REPLACE FUNCTION storetopics._cluster_phrases(p_source int, p_store text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
+  v_from text;
 BEGIN
   CREATE TEMP TABLE storetopics_mine_words ON COMMIT DROP AS
   SELECT k.cluster_id AS grp, l.lexeme, max(1.0 / (1 + u.i / 3.0)) AS weight   -- the cluster's words, best first
     FROM storetopics.clusters k, unnest(k.keywords[1:15]) WITH ORDINALITY AS u(w, i),
          LATERAL unnest(tsvector_to_array(to_tsvector(v_cfg, u.w))) AS l(lexeme)
    WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0
-     AND k.phrase_words IS DISTINCT FROM k.keywords[1:15]
    GROUP BY 1, 2;
-  IF NOT EXISTS (SELECT 1 FROM pg_temp.storetopics_mine_words) THEN
-    DROP TABLE pg_temp.storetopics_mine_words;
-    RETURN;
-  END IF;
   CREATE TEMP TABLE storetopics_mine_files ON COMMIT DROP AS
-  SELECT x.grp, x.file_key FROM (
-    SELECT u.cluster_id AS grp, f.file_key,
+  SELECT x.grp, x.file_key, x.digest FROM (
+    SELECT u.cluster_id AS grp, f.file_key, md5(f.term_ids::text || f.counts::text) AS digest,
            row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC,
                                                                  hashtext(f.file_key), f.file_key) AS r
       FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
      WHERE f.source_id = p_source AND f.store_key = p_store
        AND u.cluster_id IN (SELECT w.grp FROM pg_temp.storetopics_mine_words w)) x
    WHERE x.r <= 20;
+  v_from := md5(coalesce((SELECT string_agg(w.grp || ':' || w.lexeme || ':' || w.weight, ',' ORDER BY w.grp, w.lexeme)
+                            FROM pg_temp.storetopics_mine_words w), '') || '|' ||
+                coalesce((SELECT string_agg(f.grp || ':' || f.file_key || ':' || f.digest, ',' ORDER BY f.grp, f.file_key)
+                            FROM pg_temp.storetopics_mine_files f), ''));
+  IF v_from IS NOT DISTINCT FROM (SELECT st.cluster_phrases_from FROM storetopics.store_state st
+                                   WHERE st.source_id = p_source AND st.store_key = p_store) THEN
+    DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files;
+    RETURN;
+  END IF;
   PERFORM storetopics._mine_phrases(p_source, p_store);
-  UPDATE storetopics.clusters k SET phrase = m.phrase, phrase_words = k.keywords[1:15]
-    FROM (SELECT w.grp, (SELECT m.phrase FROM pg_temp.storetopics_mined m WHERE m.grp = w.grp AND m.rank = 1) AS phrase
-            FROM (SELECT DISTINCT grp FROM pg_temp.storetopics_mine_words) w) m
-   WHERE k.source_id = p_source AND k.store_key = p_store AND k.cluster_id = m.grp;
+  UPDATE storetopics.clusters k
+     SET phrase = (SELECT m.phrase FROM pg_temp.storetopics_mined m WHERE m.grp = k.cluster_id AND m.rank = 1)
+   WHERE k.source_id = p_source AND k.store_key = p_store;
+  UPDATE storetopics.store_state SET cluster_phrases_from = v_from WHERE source_id = p_source AND store_key = p_store;
   DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files, pg_temp.storetopics_mined;
 END $$;
 
 -- A keyword-only store's topics (it has no clusters): up to 8 phrases made of its contrastive terms, from the 40
--- files that hold most of them; mined again when those terms change.  Returns the phrases.
+-- files that hold most of them; mined again when those terms or those files' counted words change
+-- (store_state.phrases_from, a digest).  Returns the phrases.
 CREATE OR REPLACE FUNCTION storetopics._store_phrases(p_source int, p_store text, p_terms text[]) RETURNS text[]
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   st storetopics.store_state;
   v_phrases text[];
+  v_from text;
 BEGIN
   SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
-  IF st.phrase_terms IS NOT DISTINCT FROM p_terms[1:15] THEN
+  CREATE TEMP TABLE storetopics_mine_files ON COMMIT DROP AS
+  SELECT 0 AS grp, x.file_key, x.digest FROM (
+    SELECT f.file_key, md5(f.term_ids::text || f.counts::text) AS digest, count(*) AS hits
+      FROM storetopics.file_terms f, unnest(f.term_ids) AS u(term_id)
+     WHERE f.source_id = p_source AND f.store_key = p_store
+       AND u.term_id IN (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (p_terms[1:30]))
+     GROUP BY 1, 2 ORDER BY 3 DESC, hashtext(f.file_key), 1 LIMIT 40) x;
+  v_from := md5(array_to_string(p_terms[1:30], ' ') || '|' ||
+                coalesce((SELECT string_agg(f.file_key || ':' || f.digest, ',' ORDER BY f.file_key)
+                            FROM pg_temp.storetopics_mine_files f), ''));
+  IF st.phrases_from IS NOT DISTINCT FROM v_from THEN
+    DROP TABLE pg_temp.storetopics_mine_files;
     RETURN st.phrases;
   END IF;
   CREATE TEMP TABLE storetopics_mine_words ON COMMIT DROP AS
   SELECT 0 AS grp, u.lexeme, 1.0 / (1 + u.i / 5.0) AS weight FROM unnest(p_terms[1:30]) WITH ORDINALITY AS u(lexeme, i);
-  CREATE TEMP TABLE storetopics_mine_files ON COMMIT DROP AS
-  SELECT 0 AS grp, x.file_key FROM (
-    SELECT f.file_key, count(*) AS hits
-      FROM storetopics.file_terms f, unnest(f.term_ids) AS u(term_id)
-     WHERE f.source_id = p_source AND f.store_key = p_store
-       AND u.term_id IN (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (p_terms[1:30]))
-     GROUP BY 1 ORDER BY 2 DESC, hashtext(f.file_key), 1 LIMIT 40) x;
   PERFORM storetopics._mine_phrases(p_source, p_store);
   -- distinct phrases that share no word with a better one
   v_phrases := ARRAY(
@@ -146,7 +159,7 @@ BEGIN
                                ORDER BY m.rank LIMIT 1) m
        WHERE p.n < 8)
     SELECT unnest(phrases) FROM (SELECT phrases FROM pick ORDER BY n DESC LIMIT 1) x);
-  UPDATE storetopics.store_state SET phrases = v_phrases, phrase_terms = p_terms[1:15]
+  UPDATE storetopics.store_state SET phrases = v_phrases, phrases_from = v_from
    WHERE source_id = p_source AND store_key = p_store;
   DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files, pg_temp.storetopics_mined;
   RETURN v_phrases;

@@ -11,6 +11,49 @@ CREATE OR REPLACE FUNCTION storetopics.render_due(st storetopics.store_state) RE
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN st.rendered_version <> st.version OR st.files <= 0;
 
+-- The sources a backfill concerns (all, one table, or those that hold or may come to hold a store key), one row
+-- each: present is false for a table dropped without detach (skipped, with a warning); resync when the source is
+-- to be recounted whole (attach, TRUNCATE).  The SQL backfill() and the CLI's select the same way.
+CREATE OR REPLACE FUNCTION storetopics.backfill_sources(p_store text DEFAULT NULL, p_source regclass DEFAULT NULL)
+RETURNS TABLE (source_id int, chunks regclass, resync boolean, present boolean)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  SELECT x.id, x.chunks,
+         EXISTS (SELECT 1 FROM storetopics.pending p WHERE p.source_id = x.id AND p.resync),
+         EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = x.chunks)
+    FROM storetopics.sources x
+   WHERE (p_source IS NULL OR x.chunks = p_source)
+     AND (p_store IS NULL
+          OR EXISTS (SELECT 1 FROM storetopics.store_state y WHERE y.source_id = x.id AND y.store_key = p_store)
+          OR EXISTS (SELECT 1 FROM storetopics.pending p WHERE p.source_id = x.id))
+   ORDER BY x.id;
+END;
+
+-- The stores of a source (or the one store) with work due after a fold, and which: fit (why a (re-)fit is due, or
+-- NULL), words (the clusters' words predate the store's last change: refresh_words() runs the keyword gate), label
+-- (a cluster's label is due from an LLM labeller now), render (render_due()).  One pass over each such store, in
+-- this order, is what backfill() (SQL), `storetopics backfill` and the worker do.
+CREATE OR REPLACE FUNCTION storetopics.stores_due(p_source int, p_store text DEFAULT NULL)
+RETURNS TABLE (store_key text, fit text, words boolean, label boolean, render boolean)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  SELECT d.store_key, d.fit, d.words, d.label, d.render
+    FROM (SELECT st.store_key,
+                 CASE WHEN st.files > 0 THEN storetopics.fit_due(st.source_id, st.store_key) END AS fit,
+                 st.words_version <> st.version
+                   AND EXISTS (SELECT 1 FROM storetopics.clusters k
+                                WHERE k.source_id = st.source_id AND k.store_key = st.store_key) AS words,
+                 storetopics._settings(st.source_id) ->> 'labeller' <> 'offline'
+                   AND EXISTS (SELECT 1 FROM storetopics.clusters k
+                                WHERE k.source_id = st.source_id AND k.store_key = st.store_key AND k.label_needed
+                                  AND k.chunks > 0 AND coalesce(k.label_retry_at, '-infinity') <= now()) AS label,
+                 storetopics.render_due(st) AS render
+            FROM storetopics.store_state st
+           WHERE st.source_id = p_source AND (p_store IS NULL OR st.store_key = p_store)) d
+   WHERE d.fit IS NOT NULL OR d.words OR d.label OR d.render
+   ORDER BY d.store_key;
+END;
+
 CREATE OR REPLACE FUNCTION storetopics.backfill(store_key text DEFAULT NULL, source regclass DEFAULT NULL)
 RETURNS TABLE (source_id int, store text, files bigint, chunks bigint, changed boolean, clusters int)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -18,14 +61,8 @@ DECLARE
   s record;
   v_started timestamptz := clock_timestamp();
 BEGIN
-  FOR s IN SELECT x.id, x.chunks FROM storetopics.sources x
-            WHERE (backfill.source IS NULL OR x.chunks = backfill.source)
-              AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = x.chunks)
-              AND (backfill.store_key IS NULL
-                   OR EXISTS (SELECT 1 FROM storetopics.store_state y
-                               WHERE y.source_id = x.id AND y.store_key = backfill.store_key)
-                   OR EXISTS (SELECT 1 FROM storetopics.pending p WHERE p.source_id = x.id))
-            ORDER BY x.id LOOP
+  FOR s IN SELECT x.source_id AS id, x.chunks FROM storetopics.backfill_sources(backfill.store_key, backfill.source) x
+            WHERE x.present LOOP
     -- One source's failure (its owner lacks a right its expressions need, a row that cannot be read) is that
     -- source's alone: its work is rolled back, the others go on.
     BEGIN
@@ -58,10 +95,8 @@ BEGIN
                                          WHERE p.source_id = p_source AND p.logged_at < p_started);
     RAISE NOTICE 'storetopics: source %: folded % files', p_source, v_done;
   END LOOP;
-  FOR v_store IN SELECT st.store_key FROM storetopics.store_state st
-                  WHERE st.source_id = p_source AND (p_store IS NULL OR st.store_key = p_store)
-                    AND st.files > 0 AND storetopics.fit_due(p_source, st.store_key) IS NOT NULL
-                  ORDER BY st.store_key LOOP
+  FOR v_store IN SELECT d.store_key FROM storetopics.stores_due(p_source, p_store) d WHERE d.fit IS NOT NULL
+                  ORDER BY d.store_key LOOP
     IF to_regprocedure('storetopics._fit_in_database(int, text)') IS NOT NULL THEN
       -- clustering inside the database; labels are the offline ones (no network call inside a transaction)
       BEGIN
@@ -88,3 +123,7 @@ END $$;
 -- What \df+ shows a DBA.
 COMMENT ON FUNCTION storetopics.render_due(storetopics.store_state) IS
   'Whether a store''s summary must be rendered again (its state changed since, or it emptied).';
+COMMENT ON FUNCTION storetopics.backfill_sources(text, regclass) IS
+  'The sources a backfill of (store key, table) concerns, with whether each is to be recounted whole and whether its table still exists.';
+COMMENT ON FUNCTION storetopics.stores_due(int, text) IS
+  'The stores of a source with work due (fit, words, label, render): what one refresh pass does to each.';

@@ -32,6 +32,7 @@ BEGIN
   END LOOP;
   FOR r IN SELECT DISTINCT g.role FROM storetopics.grants g WHERE g.kind = 'read' LOOP
     EXECUTE format('GRANT SELECT ON storetopics.stores, storetopics.status TO %s', r.role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.metrics() TO %s', r.role);
   END LOOP;
   FOR r IN SELECT DISTINCT s.owner FROM storetopics.sources s LOOP
     EXECUTE format('GRANT INSERT (source_id, store_key, file_key, resync, deletes), SELECT (source_id) '

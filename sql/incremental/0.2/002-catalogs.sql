@@ -36,11 +36,12 @@ CREATE TABLE storetopics.token_counts (
   tokens int NOT NULL
 );
 
--- Offline labels are phrases mined from the cluster's own text (storetopics._mine_phrases): the phrase, and the
--- cluster words it was mined for (mined again when they change).
-ALTER TABLE storetopics.clusters ADD COLUMN phrase text, ADD COLUMN phrase_words text[];
--- A keyword-only store's topics: phrases mined from its files, and the terms they were mined for.
-ALTER TABLE storetopics.store_state ADD COLUMN phrases text[], ADD COLUMN phrase_terms text[];
+-- Offline labels are phrases mined from the cluster's own text (storetopics._mine_phrases); the store keeps a digest
+-- of what its clusters' phrases were mined from (mined again when it changes).
+ALTER TABLE storetopics.clusters ADD COLUMN phrase text;
+ALTER TABLE storetopics.store_state ADD COLUMN cluster_phrases_from text;
+-- A keyword-only store's topics: phrases mined from its files, and a digest of what they were mined from.
+ALTER TABLE storetopics.store_state ADD COLUMN phrases text[], ADD COLUMN phrases_from text;
 -- The chunks of a store's last candidate summary that have no token count yet (render(..., count_first) returns
 -- NULL while there are any: the worker counts them and renders again, one write and one NOTIFY).
 ALTER TABLE storetopics.store_state ADD COLUMN uncounted text[];

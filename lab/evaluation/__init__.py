@@ -1,4 +1,4 @@
-"""The evaluation harness (`make eval`, `storetopics eval routing`): does a store's summary route queries to it?
+"""The evaluation harness (`make eval`, `python -m lab.evaluation routing`): does a store's summary route queries to it?
 
 Modules: data (corpus, split, queries), metrics (accuracy, recall@k, confidence intervals), routers (the store
 descriptions compared and the two routers: nearest embedding, BM25), pg (the real Postgres the stores live in),

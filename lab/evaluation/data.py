@@ -1,6 +1,6 @@
 """The corpus side of the evaluation: Debian sections as stores, a held-out split by hash of the package name.
 
-One file per package, one chunk per paragraph: exactly the demo's layout (storetopics.demo.chunks_of), so the
+One file per package, one chunk per paragraph: exactly the demo's layout (lab.demo.chunks_of), so the
 embedding cache and the shipped demo embeddings share their texts.  The corpus already keeps one binary package
 per source package (scripts/debian_corpus.py), so no two files are near-duplicates of one source.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..demo import CORPUS, chunks_of, read_corpus
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 SECTION_DESCRIPTIONS = REPO / "data" / "debian" / "section-descriptions"
 
 

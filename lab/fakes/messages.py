@@ -117,7 +117,7 @@ class MessagesServer:
         with self._lock:
             self._plan.append((kind, opts))
 
-    def start(self) -> "MessagesServer":
+    def start(self) -> MessagesServer:
         self.thread.start()
         return self
 
@@ -132,7 +132,7 @@ class MessagesServer:
         self.stop()
 
 
-if __name__ == "__main__":  # python -m storetopics.messages_server [port]
+if __name__ == "__main__":  # python -m lab.fakes.messages [port]
     import sys
 
     srv = MessagesServer(port=int(sys.argv[1]) if len(sys.argv) > 1 else 8765).start()

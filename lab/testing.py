@@ -1,6 +1,6 @@
 """Real PostgreSQL servers for tests: a throwaway cluster, or the server named by STORETOPICS_TEST_DSN.
 
-`python -m storetopics.testing regress` runs the extension's pg_regress suite (`make installcheck`) against a
+`python -m lab.testing regress` runs the extension's pg_regress suite (`make installcheck`) against a
 throwaway cluster.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from psycopg import conninfo
 
 from .localpg import LocalPostgres
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 @contextlib.contextmanager
@@ -76,5 +76,5 @@ def regress() -> int:
 if __name__ == "__main__":
     if sys.argv[1:] == ["regress"]:
         sys.exit(regress())
-    print("usage: python -m storetopics.testing regress", file=sys.stderr)
+    print("usage: python -m lab.testing regress", file=sys.stderr)
     sys.exit(2)

@@ -1,8 +1,8 @@
-"""`storetopics eval {routing,all}` and `make eval`: run the evaluation against a real Postgres, write the results.
+"""`python -m lab.evaluation {routing,all}` and `make eval`: run the evaluation against a real Postgres, write the results.
 
-    storetopics eval all              # what `make eval` runs: routing + drift, needle + flood, label quality
-    storetopics eval routing          # the routing benchmark and the drift scenario only
-    storetopics eval all --quick      # a small smoke run (results go to .cache/eval-quick/ unless --out)
+    python -m lab.evaluation all              # what `make eval` runs: routing + drift, needle + flood, label quality
+    python -m lab.evaluation routing          # the routing benchmark and the drift scenario only
+    python -m lab.evaluation all --quick      # a small smoke run (results go to .cache/eval-quick/ unless --out)
 
 The database is a throwaway cluster started for the run (or $STORETOPICS_TEST_DSN's server), with vector and
 storetopics installed like the tests do.  Embeddings: all-MiniLM-L6-v2 (extra `eval`), cached under
@@ -24,7 +24,7 @@ from pathlib import Path
 from .. import embedding
 from . import cost, needle, pg, quality, report, routing, wordnet
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
 
 
@@ -65,7 +65,7 @@ def installed_sql_digest() -> str | None:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="storetopics eval", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m lab.evaluation", description=__doc__.split("\n\n")[0])
     ap.add_argument("what", nargs="?", default="all", choices=("routing", "all"),
                     help="routing: routing + drift only; all: also needle, flood and label quality (default)")
     ap.add_argument("--quick", action="store_true", help="small smoke configuration")
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs what the parsed arguments ask for (`storetopics eval` calls this with its own parse)."""
+    """Runs what the parsed arguments ask for (`python -m lab.evaluation` and `make eval`)."""
     if args.report_only:
         import json
         res = json.loads(args.report_only.read_text())
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             emb = embedding.default_embedder()
         except embedding.ModelUnavailable as e:
-            print(f"storetopics eval: {e}", file=sys.stderr)
+            print(f"lab.evaluation: {e}", file=sys.stderr)
             return 2
     log(f"embedder: {emb.name}")
     res: dict = {"started": started.isoformat(), "what": args.what, "quick": args.quick,

@@ -1,0 +1,289 @@
+"""The library API: what the CLI, the worker, the demo and the evaluation call.
+
+    conn = api.connect(dsn)                     # autocommit: each fold, fit step and render commits on its own
+    api.attach(conn, "public.chunks", store_key="store_id", file_key="file_id", embedding="embedding")
+    result = api.backfill(conn)                 # fold, then one refresh pass per store with work due
+    for row in api.stores(conn): print(row["store_key"], row["store_topics"])
+
+Errors a user can act on are StoretopicsError (a message and a hint); errors from Postgres are psycopg's own.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from . import config, refresh
+
+log = logging.getLogger("storetopics.api")
+
+
+class StoretopicsError(Exception):
+    """An error the user can act on: `message`, and a `hint` saying what to do."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Connection
+# ------------------------------------------------------------------------------------------------------------
+def connect(dsn: str | None = None, application_name: str = "storetopics") -> psycopg.Connection:
+    """An autocommit connection (every statement its own transaction; none is held open while a fit runs or an LLM
+    call waits).  dsn None: $DATABASE_URL, else libpq's PG* variables."""
+    try:
+        conn = psycopg.connect(config.dsn() if dsn is None else dsn, autocommit=True,
+                               application_name=application_name)
+    except psycopg.OperationalError as e:
+        raise StoretopicsError(f"could not connect: {' '.join(str(e).split())}",
+                               "give --dsn, or set DATABASE_URL or the PG* environment variables") from None
+    conn.execute("SET client_min_messages = warning")
+    conn.add_notice_handler(_log_notice)
+    return conn
+
+
+def _log_notice(diag: psycopg.errors.Diagnostic) -> None:
+    """The server's warnings (attach: a file key with no index; backfill: a source skipped) reach the user's log."""
+    text = diag.message_primary or ""
+    if diag.message_hint:
+        text += f" (hint: {diag.message_hint})"
+    log.log(logging.WARNING if diag.severity_nonlocalized in ("WARNING", None) else logging.INFO, "%s", text)
+
+
+def require_installed(conn: psycopg.Connection) -> None:
+    if conn.execute("SELECT to_regclass('storetopics.sources') IS NULL").fetchone()[0]:
+        raise StoretopicsError(f"storetopics is not installed in database {conn.info.dbname!r}",
+                               "run `storetopics install` (or `storetopics install --extension`) first")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Attach / detach
+# ------------------------------------------------------------------------------------------------------------
+ATTACH_OPTIONS = (("files_table", "regclass"), ("files_key", None), ("mirror", "regclass"), ("mirror_key", None),
+                  ("mirror_column", None))
+
+
+def attach_query(table: str, store_key: str, file_key: str, content: str | None = None,
+                 embedding: str | None = None, ts_config: str | None = None, **options: str | None) -> sql.Composed:
+    """The SELECT storetopics.attach(...) statement, with every value inlined as a literal.  options: files_table,
+    files_key, mirror, mirror_key, mirror_column (None: the SQL function's default)."""
+    args = [sql.SQL("chunks => {}::regclass").format(sql.Literal(table)),
+            sql.SQL("store_key => {}").format(sql.Literal(store_key)),
+            sql.SQL("file_key => {}").format(sql.Literal(file_key))]
+    if content is not None:
+        args.append(sql.SQL("content => {}").format(sql.Literal(content)))
+    if embedding is not None:
+        args.append(sql.SQL("embedding => {}").format(sql.Literal(embedding)))
+    if ts_config is not None:
+        args.append(sql.SQL("ts_config => {}::regconfig").format(sql.Literal(ts_config)))
+    unknown = set(options) - {name for name, _ in ATTACH_OPTIONS}
+    if unknown:
+        raise TypeError(f"unknown attach options: {sorted(unknown)}")
+    for name, cast in ATTACH_OPTIONS:
+        if options.get(name) is not None:
+            args.append(sql.SQL("{} => {}{}").format(sql.SQL(name), sql.Literal(options[name]),
+                                                     sql.SQL(f"::{cast}" if cast else "")))
+    return sql.SQL("SELECT storetopics.attach({})").format(sql.SQL(", ").join(args))
+
+
+def attach(conn: psycopg.Connection, table: str, store_key: str, file_key: str, content: str | None = None,
+           embedding: str | None = None, ts_config: str | None = None, *, check_only: bool = False,
+           **options: str | None) -> int | None:
+    """Attach a chunk table; returns the source id.  check_only: run every check of attach() (columns exist, the
+    embedding is a vector, the key expressions type-check, the mirror fits) in a transaction that is rolled back,
+    so nothing is installed; returns None."""
+    require_installed(conn)
+    q = attach_query(table, store_key, file_key, content, embedding, ts_config, **options)
+    if not check_only:
+        return conn.execute(q).fetchone()[0]
+
+    class _Rollback(Exception):
+        pass
+
+    try:
+        with conn.transaction():
+            conn.execute(q)
+            raise _Rollback
+    except _Rollback:
+        pass
+    return None
+
+
+def detach(conn: psycopg.Connection, table: str) -> bool:
+    require_installed(conn)
+    return conn.execute("SELECT storetopics.detach(%s::regclass)", (table,)).fetchone()[0]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Fold and backfill
+# ------------------------------------------------------------------------------------------------------------
+def pending_files(conn: psycopg.Connection, source: int) -> int:
+    return conn.execute("SELECT count(DISTINCT file_key) FROM storetopics.pending "
+                        "WHERE source_id = %s AND file_key IS NOT NULL", (source,)).fetchone()[0]
+
+
+def fold(conn: psycopg.Connection, source: int, batch: int = config.BATCH, *, seconds: float | None = None,
+         check: Callable[[], None] | None = None, progress: Callable[[int], None] | None = None) -> int:
+    """Fold a source's pending changes, `batch` files per transaction, until none is left (or for at most
+    `seconds`).  check() runs before each batch (raise to stop); progress(done) after each.  Returns the files
+    folded."""
+    done, started = 0, time.monotonic()
+    while seconds is None or time.monotonic() - started < seconds:
+        if check is not None:
+            check()
+        n = conn.execute("SELECT storetopics.fold(%s, max_files => %s)", (source, batch)).fetchone()[0]
+        if not n:
+            break
+        done += n
+        if progress is not None:
+            progress(done)
+    return done
+
+
+@dataclass
+class BackfillResult:
+    sources: int = 0
+    files: int = 0            # files folded (recounted)
+    chunks: int = 0           # chunks now held by the stores concerned
+    words: int = 0            # counted words now held by the stores concerned
+    full: bool = False        # every source was recounted from scratch (attach, TRUNCATE, resync)
+    rendered: int = 0         # stores passed over (fit, words, labels, render as due)
+    fitted: int = 0           # stores (re-)clustered
+    label_calls: int = 0      # labelling calls made (0 with the offline labeller)
+    label_errors: int = 0
+    changed: list[tuple[int, str]] = field(default_factory=list)
+    skipped: list[tuple[int, str]] = field(default_factory=list)   # sources whose table was dropped, not detached
+    seconds: float = 0.0
+    store: str | None = None  # the store filter, if any
+
+
+class Progress:
+    """What backfill tells its caller as it goes (the CLI draws bars; the default says nothing)."""
+
+    def start(self, step: str, name: str, total: int, unit: str) -> None: ...
+    def update(self, done: int, total: int | None = None) -> None: ...
+    def close(self) -> None: ...
+
+
+def backfill(conn: psycopg.Connection, store: str | None = None, source: str | None = None, *,
+             batch: int = config.BATCH, progress: Progress | None = None) -> BackfillResult:
+    """Bring the stores up to date: fold every pending change of the sources concerned (a batch of files per
+    transaction; a file can move between stores, so a source is folded whole), then one refresh pass
+    (refresh.refresh_store) over each store with work due."""
+    require_installed(conn)
+    if batch < 1:
+        raise StoretopicsError("--batch must be at least 1")
+    progress = progress or Progress()
+    started = time.monotonic()
+    if source is not None and conn.execute("SELECT NOT EXISTS (SELECT 1 FROM storetopics.sources "
+                                           "WHERE chunks = %s::regclass)", (source,)).fetchone()[0]:
+        raise StoretopicsError(f"{source} is not attached", "attach it first with `storetopics attach`")
+    rows = conn.execute("SELECT source_id, chunks::text, resync, present FROM storetopics.backfill_sources(%s, %s)",
+                        (store, source)).fetchall()
+    result = BackfillResult(store=store, skipped=[(r[0], r[1]) for r in rows if not r[3]])
+    for source_id, name in result.skipped:
+        log.warning("skipping source %s: its table (oid %s) was dropped without being detached", source_id, name)
+    rows = [r for r in rows if r[3]]
+    result.sources, result.full = len(rows), bool(rows) and all(r[2] for r in rows)
+    for source_id, name, resync, _ in rows:
+        result.files += _fold_with_progress(conn, source_id, name, resync, batch, progress)
+        due = refresh.stores_due(conn, source_id, store)
+        if due:
+            progress.start("refresh", name, len(due), "stores")
+            for i, key in enumerate(due, 1):
+                p = refresh.refresh_store(conn, source_id, key)
+                result.fitted += p.fitted
+                result.label_calls += p.labels.calls
+                result.label_errors += p.labels.errors
+                if p.changed:
+                    result.changed.append((source_id, key))
+                progress.update(i)
+            progress.close()
+        result.rendered += len(due)
+    ids = [r[0] for r in rows]
+    result.chunks, result.words, n_store = conn.execute(
+        """SELECT coalesce(sum(chunks), 0)::bigint, coalesce(sum(words), 0)::bigint, count(*)
+             FROM storetopics.store_state
+            WHERE source_id = ANY (%s) AND (%s::text IS NULL OR store_key = %s)""", (ids, store, store)).fetchone()
+    result.seconds = time.monotonic() - started
+    if store is not None and n_store == 0 and not any(k == store for _, k in result.changed):
+        raise StoretopicsError(f"no store {store!r}" + (f" in {source}" if source else ""),
+                               "`storetopics status` lists the stores")
+    return result
+
+
+def _fold_with_progress(conn: psycopg.Connection, source: int, name: str, resync: bool, batch: int,
+                        progress: Progress) -> int:
+    # The first fold after attach/TRUNCATE turns the resync marker into one pending row per live file, so the total
+    # is counted again after it (and every few seconds: writers may add more).
+    total = pending_files(conn, source)
+    if not total and not resync:
+        return fold(conn, source, batch)
+    progress.start("fold", name, total, "files")
+    state = {"total": total, "first": True, "at": time.monotonic()}
+
+    def step(done: int) -> None:
+        now = time.monotonic()
+        if state["first"] or done >= state["total"] or now - state["at"] >= config.RECOUNT_EVERY:
+            state["total"] = done + pending_files(conn, source)
+            state["first"], state["at"] = False, now
+        progress.update(done, state["total"])
+
+    done = fold(conn, source, batch, progress=step)
+    progress.update(done, done)
+    progress.close()
+    return done
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Reading
+# ------------------------------------------------------------------------------------------------------------
+def _rows(conn: psycopg.Connection, query: str, params: Any = None) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query, params)
+        return cur.fetchall()
+
+
+def stores(conn: psycopg.Connection, store: str | None = None, source: str | None = None) -> list[dict[str, Any]]:
+    """The stores and their summaries (storetopics.stores), by source and store key."""
+    require_installed(conn)
+    return _rows(conn, """SELECT source::text AS source, source_id, store_key, files, chunks, words, skipped, dirty,
+                                 updated_at, folded_at, store_topics, topics
+                            FROM storetopics.stores
+                           WHERE (%(store)s::text IS NULL OR store_key = %(store)s)
+                             AND (%(source)s::text IS NULL OR source = %(source)s::text::regclass)
+                           ORDER BY source_id, store_key""", {"store": store, "source": source})
+
+
+def sources(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    """The attached tables and their counts (storetopics.status)."""
+    require_installed(conn)
+    return _rows(conn, "SELECT source_id, source::text AS source, ts_config::text AS ts_config, stores, files, "
+                       "chunks, skipped_text_rows, skipped_null_key_rows, pending_events, oldest_pending, folded_at, "
+                       "attached_at FROM storetopics.status ORDER BY source_id")
+
+
+def workers(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    """The workers seen in the last day (heartbeats)."""
+    return _rows(conn, "SELECT * FROM storetopics.worker_status() "
+                       "WHERE stopped_at IS NULL OR stopped_at > now() - interval '1 day' ORDER BY started_at, id")
+
+
+def work(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    """Each store's work state (idle, dirty, working, failing, with the last error)."""
+    return _rows(conn, "SELECT w.*, w.source::text AS source_name FROM storetopics.work_status() w "
+                       "ORDER BY w.source_id, w.store_key")
+
+
+def label_cost(conn: psycopg.Connection) -> dict[str, Any]:
+    """Labelling calls, failed calls and their cost, from the ledger."""
+    return _rows(conn, "SELECT count(*) AS calls, coalesce(sum(cost_usd), 0) AS usd, "
+                       "count(*) FILTER (WHERE outcome = 'error') AS errors FROM storetopics.label_ledger")[0]
