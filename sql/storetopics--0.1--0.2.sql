@@ -1231,6 +1231,16 @@ END $$;
 --   sample_texts (files, store) (file_key, t): 3 chunks of each file (chosen by content, not by row: the same
 --                               texts give the same phrases however they were written), 1,500 characters each: what
 --                               phrases are mined from
+--   search (store, args.query, args.k, args.embedding)   (file_key, chunk, content, rank, text_rank, distance): the
+--                               store's k best chunks for a query (storetopics.search checks the caller first).
+--                               Full-text always: websearch_to_tsquery(ts_config, query) matched against the row's
+--                               tsvector, ranked by ts_rank; the content is cut at 1,000 characters.  With an embedding
+--                               (a pgvector text, `[...]`) and an embedding column, also the k nearest chunks by cosine
+--                               distance (rows of another dimension left out), and the two lists fused by reciprocal
+--                               rank (1/(60 + rank in each list)); rank is then that score, else ts_rank.  A text whose
+--                               tsvector would pass 1 MB fails the whole query, which then runs again tokenising row by
+--                               row (tsvector_or_null: such texts are left out).  Written so that an application's
+--                               GIN index on to_tsvector('<ts_config>', <content column>) can serve the match.
 CREATE OR REPLACE FUNCTION storetopics._reader_body(src storetopics.sources) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -1260,6 +1270,32 @@ DECLARE
   means text := '';
   assign text[] := '{"", "", ""}';
   sample text := '';
+  -- search: %1$s the tsvector of the row's text, %2$s the CTE v of the nearest chunks (none without an embedding)
+  search text := $q$
+    WITH t AS (
+      SELECT x.*, pg_catalog.row_number() OVER (ORDER BY x.r DESC, x.chunk) AS n FROM (
+        SELECT (%3$s)::pg_catalog.text AS file_key, %4$s AS chunk,
+               pg_catalog.left((%5$s)::pg_catalog.text, 1000) AS content,
+               pg_catalog.ts_rank(%1$s, pg_catalog.websearch_to_tsquery(%6$L::pg_catalog.regconfig,
+                                                                         $3 OPERATOR(pg_catalog.->>) 'query'))::pg_catalog.float8 AS r
+          FROM %7$s AS c
+         WHERE %8$s
+           AND %1$s OPERATOR(pg_catalog.@@) pg_catalog.websearch_to_tsquery(%6$L::pg_catalog.regconfig,
+                                                                           $3 OPERATOR(pg_catalog.->>) 'query')
+         ORDER BY 4 DESC, 2
+         LIMIT ($3 OPERATOR(pg_catalog.->>) 'k')::pg_catalog.int4) x),
+    v AS (%2$s)
+    SELECT coalesce(t.file_key, v.file_key), coalesce(t.chunk, v.chunk), coalesce(t.content, v.content),
+           CASE WHEN $3 OPERATOR(pg_catalog.->>) 'embedding' IS NULL THEN t.r
+                ELSE coalesce(1 OPERATOR(pg_catalog./) (60 OPERATOR(pg_catalog.+) t.n)::pg_catalog.float8, 0)
+                     OPERATOR(pg_catalog.+)
+                     coalesce(1 OPERATOR(pg_catalog./) (60 OPERATOR(pg_catalog.+) v.n)::pg_catalog.float8, 0) END,
+           t.r, v.d
+      FROM t FULL JOIN v ON v.chunk OPERATOR(pg_catalog.=) t.chunk
+     ORDER BY 4 DESC, 2
+     LIMIT ($3 OPERATOR(pg_catalog.->>) 'k')::pg_catalog.int4$q$;
+  nearest text := 'SELECT NULL::pg_catalog.text AS file_key, NULL::pg_catalog.text AS chunk, '
+                  'NULL::pg_catalog.text AS content, NULL::pg_catalog.float8 AS d, NULL::pg_catalog.int8 AS n WHERE false';
   vs name;
   e text;
 BEGIN
@@ -1274,6 +1310,18 @@ BEGIN
     sample := format($q$
       SELECT %1$s AS ref, (%2$s)::text AS file_key, %3$s AS e
         FROM %4$s AS c $q$, storetopics._chunk_ref_sql(src.chunks), f, e, tbl);
+    nearest := format($q$
+      SELECT x.*, pg_catalog.row_number() OVER (ORDER BY x.d, x.chunk) AS n FROM (
+        SELECT (%1$s)::pg_catalog.text AS file_key, %2$s AS chunk,
+               pg_catalog.left((%3$s)::pg_catalog.text, 1000) AS content,
+               (%4$s OPERATOR(%5$I.<=>) ($3 OPERATOR(pg_catalog.->>) 'embedding')::%5$I.vector)::pg_catalog.float8 AS d
+          FROM %6$s AS c
+         WHERE $3 OPERATOR(pg_catalog.->>) 'embedding' IS NOT NULL AND %7$s AND %4$s IS NOT NULL
+           AND %5$I.vector_dims(%4$s)
+               OPERATOR(pg_catalog.=) %5$I.vector_dims(($3 OPERATOR(pg_catalog.->>) 'embedding')::%5$I.vector)
+         ORDER BY %4$s OPERATOR(%5$I.<=>) ($3 OPERATOR(pg_catalog.->>) 'embedding')::%5$I.vector
+         LIMIT ($3 OPERATOR(pg_catalog.->>) 'k')::pg_catalog.int4) x$q$,
+      f, storetopics._chunk_ref_sql(src.chunks), t, e, vs, tbl, by_store);
   END IF;
   RETURN format($f$
 DECLARE
@@ -1310,6 +1358,13 @@ BEGIN
            ELSE 'TABLESAMPLE SYSTEM (($3 ->> ''percent'')::float8) REPEATABLE (($3 ->> ''seed'')::int)' END
       OPERATOR(pg_catalog.||) %17$L
       USING files, store, args;
+  WHEN 'search' THEN
+    -- The fused list is sorted before its first row comes out, so a query that fails has returned no row yet.
+    BEGIN
+      RETURN QUERY EXECUTE %19$L USING files, store, args;
+    EXCEPTION WHEN program_limit_exceeded THEN
+      RETURN QUERY EXECUTE %20$L USING files, store, args;
+    END;
   ELSE
     RAISE EXCEPTION 'storetopics: unknown read %%', op;
   END CASE;
@@ -1339,7 +1394,11 @@ END$f$,
                                    row_number() OVER (PARTITION BY (%1$s)::text
                                                       ORDER BY pg_catalog.md5((%2$s)::text), %3$s) AS r
                               FROM %4$s AS c WHERE %5$s AND %6$s) x
-       WHERE x.r <= 3$q$, f, t, storetopics._chunk_ref_sql(src.chunks), tbl, by_files, by_store));
+       WHERE x.r <= 3$q$, f, t, storetopics._chunk_ref_sql(src.chunks), tbl, by_files, by_store),
+    format(search, format('pg_catalog.to_tsvector(%L::pg_catalog.regconfig, %s)', src.ts_config, t), nearest, f,
+           storetopics._chunk_ref_sql(src.chunks), t, src.ts_config, tbl, by_store),
+    format(search, format('storetopics.tsvector_or_null(%L::pg_catalog.regconfig, %s)', src.ts_config, t), nearest, f,
+           storetopics._chunk_ref_sql(src.chunks), t, src.ts_config, tbl, by_store));
 END $$;
 
 -- The mirror: UPDATE mirror SET mirror_column = summary WHERE mirror_key::text = store (NULL once the store is gone).
@@ -1905,6 +1964,9 @@ BEGIN
   EXECUTE format('GRANT SELECT ON storetopics.stores, storetopics.status TO %s', role_name);
   -- a monitoring role is a reader: metrics() shows it the sources it may read, like the views
   EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.metrics() TO %s', role_name);
+  -- a router is a reader: catalog() and route() show and rank the stores it may read
+  EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.catalog(text), storetopics.route(%I.vector, int, text), '
+                 'storetopics.route_text(text, int, text) TO %s', storetopics._vector_schema(), role_name);
 END $$;
 COMMENT ON FUNCTION storetopics.grant_read(regrole, regclass) IS
   'Let a role (a router, a monitoring role) read the summaries and metrics() of one attached table, or of all '
@@ -2239,8 +2301,13 @@ RETURN jsonb_build_object(
   'replica_capture', false,      -- capture triggers ENABLE ALWAYS: also rows written in session_replication_role
                                  -- replica (logical replication's apply, pg_restore); see README
   'verify_every', 3600,          -- seconds between the worker's count checks of a source (verify()); 0: never
-  'catalog', NULL);              -- the stores a router chooses among, whose terms a summary is contrasted with:
+  'catalog', NULL,               -- the stores a router chooses among, whose terms a summary is contrasted with:
                                  -- NULL, the stores of this source; a name, the stores of every source that has it
+  'route_threshold', 0.45,       -- route(): a store holds a query embedding when its score (a soft maximum of the
+                                 -- cosines to its clusters, 0-1) reaches this; chosen on the routing evaluation's
+                                 -- tuning half (best abstention F1; lab/evaluation)
+  'route_text_threshold', 0.22); -- route_text(): the same for a query text (the mean log ratio of its words'
+                                 -- probability in the store to the background); chosen likewise
 
 CREATE OR REPLACE FUNCTION storetopics._settings(p_source int) RETURNS jsonb
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
@@ -2280,6 +2347,10 @@ BEGIN
     IF k = 'catalog' AND v #>> '{}' ~ '^source:' THEN
       RAISE EXCEPTION 'storetopics: catalog names starting with "source:" are the sources'' own'
         USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF k = 'route_threshold' AND jsonb_typeof(v) = 'number' AND (v #>> '{}')::numeric > 1 THEN
+      RAISE EXCEPTION 'storetopics: setting route_threshold cannot be %: route() scores are at most 1', v
+        USING ERRCODE = 'invalid_parameter_value', HINT = 'A cosine similarity: 0 searches (almost) always, 1 never.';
     END IF;
     IF k = 'labeller' AND v #>> '{}' NOT IN ('offline', 'anthropic', 'openai') THEN
       RAISE EXCEPTION 'storetopics: unknown labeller %', v USING ERRCODE = 'invalid_parameter_value',
@@ -3571,8 +3642,12 @@ BEGIN
                                             FROM storetopics.label_ledger l
                                            WHERE l.source_id = p_source AND l.store_key = p_store)) || v_kw;
 
-  -- chunks of the candidates whose token count is not known (counted at one token per byte meanwhile)
-  v_uncounted := storetopics._uncounted(storetopics._pack(v_topic_list, v_terms, v_dist, st.files, 100000));
+  -- chunks of the candidates whose token count is not known (counted at one token per byte meanwhile): the text
+  -- with every candidate, and each candidate as _pack costs it (followed by a comma, which the last one of a list
+  -- is not in the text), so the same state packs the same way whatever was counted before
+  v_uncounted := storetopics._uncounted(
+    storetopics._pack(v_topic_list, v_terms, v_dist, st.files, 100000) || ' ' ||
+    coalesce(array_to_string(v_topic_list[1:8] || v_dist[1:8] || v_terms, ', '), '') || ',');
   UPDATE storetopics.store_state SET uncounted = v_uncounted WHERE source_id = p_source AND store_key = p_store;
   IF count_first AND cardinality(v_uncounted) > 0 THEN
     RETURN NULL;
@@ -4235,6 +4310,348 @@ SELECT s.id AS source_id, s.chunks AS source, s.ts_config,
 COMMENT ON VIEW storetopics.status IS
   'One row per attached table the reading role may see: stores, files, chunks, skipped rows, pending events.';
 
+-- idempotent/110-routing.sql
+-- ------------------------------------------------------------------------------------------------------------
+-- Routing: the catalog a router shows an LLM (one tool per store), and where to search for a query, or nowhere
+-- ------------------------------------------------------------------------------------------------------------
+-- Who sees what: the rule of the views storetopics.stores and storetopics.status, as metrics() applies it (the
+-- sources the caller may act as the owner of, those granted to it with grant_read, every source for a worker role
+-- or a superuser).  The functions here are SECURITY DEFINER (a router may read none of the tables they read), so
+-- the rule is applied to the role that called in (_caller), not to current_user.  Granted by grant_read.
+
+-- The stores the caller may read that have a summary, of one catalog (NULL: of every catalog), each with its tool
+-- name: 'search_' and the store key, lowercased, every character but [a-z0-9_-] made '_', cut to 64 characters
+-- (the tool names MCP, OpenAI and Anthropic accept: ^[a-zA-Z0-9_-]{1,64}$).  Two stores whose names would be the
+-- same get '_<source id>' appended (cut first, so that it fits); two stores of one source that still collide
+-- (keys that differ only in case or punctuation) get '_<source id>_<8 hex digits of md5(store key)>'.  The names are
+-- unique within the set this returns and a function of it: the same stores give the same names, whatever the order
+-- of rows on disk.
+CREATE OR REPLACE FUNCTION storetopics._readable_stores(p_catalog text)
+RETURNS TABLE (catalog text, source_id int, store_key text, tool_name text)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+WITH me AS MATERIALIZED (
+  SELECT storetopics._caller() AS r
+), src AS MATERIALIZED (
+  -- (_may_act_as and _catalog, written out: called per source they cost more than the rest of a route())
+  SELECT s.id, coalesce((storetopics.default_settings() || s.settings) ->> 'catalog', 'source:' || s.id) AS catalog
+    FROM storetopics.sources s CROSS JOIN me
+   WHERE pg_has_role(me.r, s.owner, 'USAGE')
+      OR EXISTS (SELECT 1 FROM storetopics.grants g
+                  WHERE (g.source_id IS NULL OR g.source_id = s.id) AND pg_has_role(me.r, g.role, 'USAGE'))
+), v AS (
+  SELECT src.catalog, st.source_id, st.store_key,
+         -- (the letters spelled out, so that only ASCII ones pass, whatever the collation)
+         left('search_' || regexp_replace(lower(st.store_key), '[^abcdefghijklmnopqrstuvwxyz0123456789_-]', '_', 'g'),
+              64) AS base
+    FROM src JOIN storetopics.store_state st ON st.source_id = src.id
+   WHERE st.store_topics IS NOT NULL AND (p_catalog IS NULL OR src.catalog = p_catalog)
+), n AS (
+  SELECT v.*, count(*) OVER (PARTITION BY v.base) AS same,
+         count(*) OVER (PARTITION BY v.base, v.source_id) AS same_source
+    FROM v
+), named AS (
+  SELECT n.*,
+         CASE WHEN n.same = 1 THEN n.base
+              WHEN n.same_source = 1 THEN left(n.base, 63 - length(n.source_id::text)) || '_' || n.source_id
+              ELSE left(n.base, 54 - length(n.source_id::text)) || '_' || n.source_id || '_' || left(md5(n.store_key), 8)
+         END AS name1
+    FROM n
+)
+-- a name made with '_<source id>' can be another store's plain name (keys 'docs' twice and 'docs_2'): those that
+-- still collide take the long form
+SELECT x.catalog, x.source_id, x.store_key,
+       CASE WHEN count(*) OVER (PARTITION BY x.name1) = 1 THEN x.name1
+            ELSE left(x.base, 54 - length(x.source_id::text)) || '_' || x.source_id || '_' || left(md5(x.store_key), 8)
+       END
+  FROM named x;
+END;
+
+-- One row per store the caller may read that has a summary, for a router to offer as a tool: its catalog, source,
+-- store key, a tool name (see _readable_stores), the summary (store_topics, ready for a prompt), its cl100k tokens
+-- as render counted them (the sum over its space-separated chunks, storetopics.token_counts; NULL while some chunk
+-- has not been counted with the real tokenizer yet), when it last changed, and md5 of the text (changes only when
+-- the text does: a prompt cache key).
+CREATE OR REPLACE FUNCTION storetopics.catalog(p_catalog text DEFAULT NULL)
+RETURNS TABLE (catalog text, source regclass, source_id int, store_key text, tool_name text, description text,
+               tokens int, updated_at timestamptz, content_hash text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+SELECT r.catalog, s.chunks, r.source_id, r.store_key, r.tool_name, st.store_topics,
+       CASE WHEN cardinality(storetopics._uncounted(st.store_topics)) = 0 THEN storetopics._tokens(st.store_topics) END,
+       st.updated_at, md5(st.store_topics)
+  FROM storetopics._readable_stores(p_catalog) r
+  JOIN storetopics.sources s ON s.id = r.source_id
+  JOIN storetopics.store_state st ON st.source_id = r.source_id AND st.store_key = r.store_key
+ ORDER BY r.catalog, r.tool_name;
+END;
+COMMENT ON FUNCTION storetopics.catalog(text) IS
+  'One row per store the caller may read (of one catalog, or all): a unique tool name (search_<store key>), the '
+  'summary as a tool description, its cl100k tokens when counted, when it changed, and md5 of the text.';
+
+
+-- ------------------------------------------------------------------------------------------------------------
+-- route(): the stores whose clusters hold a query embedding, or none
+-- ------------------------------------------------------------------------------------------------------------
+-- One pass over the centroids of the caller's stores (those catalog() lists, of the catalog asked for; clusters
+-- with chunks, in the query's dimension: others are ignored).  A store's score is how likely the query is under its
+-- clusters as a mixture of von Mises-Fisher components, the clusters' shares as weights, one concentration kappa:
+--     score = ln( sum_c share_c * exp(kappa * cos(q, centroid_c)) ) / kappa
+-- a soft maximum of the cosine similarities (never above the best one; a query near several large clusters of a
+-- store scores above one near a single small cluster).  kappa = 20, and this form, were chosen on the tuning half of
+-- the routing evaluation (lab/evaluation, bench/README.md): against the best cluster's cosine alone, the cosine with
+-- a share prior, and scores relative to the cluster's radius (1 - d / radius, radius - d, with and without the
+-- share), it had the best top-1 and abstention F1 there; every radius-relative score was 10-15 points worse in top-1
+-- (a radius is the 95th percentile of the member chunks' distances, and a store's radii differ more than its
+-- queries' distances do).  cluster_id is the cluster that weighs most in the sum (ties: the lower id), distance its
+-- cosine distance, within_radius whether the query lies inside its radius; label its label as the summary shows it.
+-- search: the score reaches the store's source's route_threshold (settings); false on every row means no store
+-- holds the query: abstain.  Rows: the k best stores, best first (ties: source, store key).
+CREATE OR REPLACE FUNCTION storetopics.route(query_embedding vector, k int DEFAULT 3, p_catalog text DEFAULT NULL)
+RETURNS TABLE (source_id int, store_key text, tool_name text, score float8, cluster_id int, label text,
+               distance float8, within_radius boolean, search boolean)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+DECLARE
+  vs name := storetopics._vector_schema();
+  v_norm float8;
+  v_dims int;
+BEGIN
+  IF query_embedding IS NULL THEN
+    RAISE EXCEPTION 'storetopics: route() needs a query embedding, not NULL' USING ERRCODE = 'null_value_not_allowed';
+  END IF;
+  IF k IS NULL OR k < 1 THEN
+    RAISE EXCEPTION 'storetopics: route() returns k >= 1 stores, not %', coalesce(k::text, 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  EXECUTE format('SELECT %1$I.vector_norm($1), %1$I.vector_dims($1)', vs) INTO v_norm, v_dims USING query_embedding;
+  IF v_norm = 0 OR v_norm = 'NaN'::float8 THEN
+    RAISE EXCEPTION 'storetopics: route() cannot route a zero vector (it has no direction)'
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  RETURN QUERY EXECUTE format($q$
+    WITH vis AS MATERIALIZED (
+      SELECT r.source_id, r.store_key, r.tool_name FROM storetopics._readable_stores($3) r
+    ), c AS (
+      -- per cluster of a listed store, in the query's dimension: its cosine distance, computed once per row (a
+      -- function scan's result is not inlined into the expressions that use it); centroids are unit vectors, so it
+      -- is 1 + <c, q> / |q|
+      SELECT k.source_id, k.store_key, k.cluster_id, k.chunks::float8 AS chunks, k.radius::float8 AS radius, x.d
+        FROM storetopics.clusters k
+        JOIN vis ON vis.source_id = k.source_id AND vis.store_key = k.store_key
+       CROSS JOIN LATERAL unnest(ARRAY[CASE WHEN %1$I.vector_dims(k.centroid) = $4
+                                            THEN 1 + (k.centroid OPERATOR(%1$I.<#>) $1) / $5 END]) AS x(d)
+       WHERE k.chunks > 0 AND x.d IS NOT NULL
+    ), per_store AS (
+      SELECT c.source_id, c.store_key, ln(sum(c.chunks * exp(20 * (1 - c.d))) / sum(c.chunks)) / 20 AS score,
+             -- the cluster that weighs most: [its term of the sum, -id, distance, radius], greatest first
+             max(ARRAY[c.chunks * exp(20 * (1 - c.d)), -c.cluster_id, c.d, c.radius]) AS best
+        FROM c GROUP BY c.source_id, c.store_key
+    ), top AS (
+      SELECT p.* FROM per_store p ORDER BY p.score DESC, p.source_id, p.store_key LIMIT $2
+    )
+    SELECT t.source_id, t.store_key, vis.tool_name, t.score, (-t.best[2])::int,
+           -- the label render showed for the cluster (screened; NULL for a cluster newer than the summary)
+           (SELECT x ->> 'label' FROM jsonb_array_elements(st.topics -> 'clusters') x
+             WHERE x ->> 'id' = (-t.best[2])::int::text LIMIT 1),
+           t.best[3], t.best[3] <= t.best[4],
+           t.score >= ((storetopics.default_settings() || s.settings) ->> 'route_threshold')::float8
+      FROM top t
+      JOIN vis ON vis.source_id = t.source_id AND vis.store_key = t.store_key
+      JOIN storetopics.sources s ON s.id = t.source_id
+      JOIN storetopics.store_state st ON st.source_id = t.source_id AND st.store_key = t.store_key
+     ORDER BY t.score DESC, t.source_id, t.store_key$q$, vs)
+    USING query_embedding, k, p_catalog, v_dims, v_norm;
+END $$;
+COMMENT ON FUNCTION storetopics.route(vector, int, text) IS
+  'Where to search for a query embedding: the k stores (of those the caller may read) whose clusters hold it best, '
+  'with the cluster, its distance and label; search = false on every row: no store holds it (route_threshold).';
+
+-- ------------------------------------------------------------------------------------------------------------
+-- route_text(): the same for a query text, from the stores' term counts (stores without embeddings)
+-- ------------------------------------------------------------------------------------------------------------
+-- The query's lexemes (to_tsvector with each source's ts_config, as fold counts a chunk) against the counts fold
+-- keeps (store_terms, store_state.words), over the stores catalog() lists.  A store's score is the mean, over the
+-- query's lexemes, of the log ratio of the lexeme's probability in the store, mixed half and half with the
+-- background, to its probability in the background (every listed store of the same ts_config together, so nothing
+-- of the stores the caller may not read enters the score):
+--     score = sum_t n_t ln( (tf_st / words_s / 2 + p_t / 2) / p_t ) / sum_t n_t
+-- the query likelihood's log ratio per query word (Jelinek-Mercer smoothing, lambda 1/2): above 0 when the store
+-- holds the query's words more than the others do, ln(1/2) for each it lacks; a lexeme no listed store holds counts
+-- in the denominator only (a query of words no store has, or of no words, scores 0 everywhere).  This smoothing and
+-- lambda were chosen on the tuning half of the routing evaluation, against Dirichlet smoothing (mu 100 to 10,000)
+-- and lambda 0.8 and 0.95: within a point or two in top-1, the best abstention F1 carried to the other half, and
+-- free of the stores' sizes.  One index probe per listed store and query lexeme.  label: the query's word that
+-- weighs most for the store, as people write it (NULL when none weighs for it); cluster_id, distance and
+-- within_radius are NULL.  search: the score reaches the source's route_text_threshold.
+CREATE OR REPLACE FUNCTION storetopics.route_text(query text, k int DEFAULT 3, p_catalog text DEFAULT NULL)
+RETURNS TABLE (source_id int, store_key text, tool_name text, score float8, cluster_id int, label text,
+               distance float8, within_radius boolean, search boolean)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+BEGIN
+  IF query IS NULL THEN
+    RAISE EXCEPTION 'storetopics: route_text() needs a query, not NULL' USING ERRCODE = 'null_value_not_allowed';
+  END IF;
+  IF k IS NULL OR k < 1 THEN
+    RAISE EXCEPTION 'storetopics: route_text() returns k >= 1 stores, not %', coalesce(k::text, 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  RETURN QUERY
+  WITH vis AS MATERIALIZED (
+    SELECT r.source_id, r.store_key, r.tool_name, s.ts_config, greatest(st.words, 1)::float8 AS words
+      FROM storetopics._readable_stores(p_catalog) r
+      JOIN storetopics.sources s ON s.id = r.source_id
+      JOIN storetopics.store_state st ON st.source_id = r.source_id AND st.store_key = r.store_key
+  ), ql AS MATERIALIZED (
+    -- the query's lexemes per text search configuration, with their counts (tsvector_or_null: NULL for text fold
+    -- would not count either)
+    SELECT c.cfg, l.lexeme, coalesce(cardinality(l.positions), 1)::float8 AS n
+      FROM (SELECT DISTINCT v.ts_config AS cfg FROM vis v) c
+     CROSS JOIN LATERAL unnest(storetopics.tsvector_or_null(c.cfg, query)) AS l
+  ), qn AS (
+    SELECT ql.cfg, sum(ql.n) AS n FROM ql GROUP BY ql.cfg
+  ), hits AS MATERIALIZED (
+    -- per listed store and known query lexeme: its count there (an index probe per pair)
+    SELECT v.source_id, v.store_key, ql.cfg, ql.lexeme, ql.n, t.total::float8 AS tf
+      FROM vis v
+      JOIN ql ON ql.cfg = v.ts_config
+      JOIN storetopics.lexemes x ON x.lexeme = ql.lexeme
+      JOIN storetopics.store_terms t ON t.source_id = v.source_id AND t.store_key = v.store_key AND t.term_id = x.id
+  ), bg AS (
+    SELECT h.cfg, h.lexeme, h.n,
+           sum(h.tf) / (SELECT sum(v.words) FROM vis v WHERE v.ts_config = h.cfg) AS p
+      FROM hits h GROUP BY h.cfg, h.lexeme, h.n
+  ), scored AS (
+    -- every listed store, for every lexeme some listed store holds (a store without it: its smoothed share)
+    SELECT v.source_id, v.store_key, b.lexeme,
+           b.n * ln((0.5 * coalesce(h.tf, 0) / v.words + 0.5 * b.p) / b.p) AS part
+      FROM vis v
+      JOIN bg b ON b.cfg = v.ts_config
+      LEFT JOIN hits h ON h.source_id = v.source_id AND h.store_key = v.store_key AND h.lexeme = b.lexeme
+     WHERE b.p > 0
+  ), per_store AS (
+    -- (a query none of whose words a listed store holds, or of no words at all: 0 for every store)
+    SELECT v.source_id, v.store_key, v.tool_name,
+           coalesce(sum(s.part), 0) / greatest(min(qn.n), 1) AS score,
+           (array_agg(s.lexeme ORDER BY s.part DESC, s.lexeme) FILTER (WHERE s.part > 0))[1] AS best
+      FROM vis v
+      LEFT JOIN qn ON qn.cfg = v.ts_config
+      LEFT JOIN scored s ON s.source_id = v.source_id AND s.store_key = v.store_key
+     GROUP BY v.source_id, v.store_key, v.tool_name
+  )
+  SELECT p.source_id, p.store_key, p.tool_name, p.score, NULL::int,
+         storetopics._show(s.ts_config, p.best),
+         NULL::float8, NULL::boolean,
+         p.score >= ((storetopics.default_settings() || s.settings) ->> 'route_text_threshold')::float8
+    FROM per_store p JOIN storetopics.sources s ON s.id = p.source_id
+   ORDER BY p.score DESC, p.source_id, p.store_key
+   LIMIT k;
+END $$;
+COMMENT ON FUNCTION storetopics.route_text(text, int, text) IS
+  'Where to search for a query text, from the stores'' term counts (stores without embeddings): the k stores (of '
+  'those the caller may read) whose words the query''s are most, with its weightiest word; search = false on '
+  'every row: no store holds it (route_text_threshold).';
+
+-- idempotent/120-search.sql
+-- ------------------------------------------------------------------------------------------------------------
+-- Search: a store's best chunks for a query (what an MCP server's search tool calls)
+-- ------------------------------------------------------------------------------------------------------------
+-- The chunks are read by the source's generated reader (op 'search'), as the table's owner: the attacher's store,
+-- file and content expressions never run as the caller nor as the extension's owner.  So this function checks, for
+-- the role that called in (_caller: a SECURITY DEFINER boundary does not change it), what reading the table
+-- itself would need: SELECT on the chunk table (grant_read shows a role the summaries; the contents are for whoever
+-- may SELECT the table), no row-level security that the owner's read would bypass, and the store visible to it as
+-- storetopics.stores would show it (an invisible store and a missing one give the same error).
+
+-- Whether the role that called in may search a source's chunks: NULL when it may, else why not.
+CREATE OR REPLACE FUNCTION storetopics._search_refusal(src storetopics.sources) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_caller regrole := storetopics._caller();
+  v_rel pg_class;
+BEGIN
+  SELECT * INTO v_rel FROM pg_class c WHERE c.oid = src.chunks;
+  IF NOT FOUND THEN
+    RETURN format('source %s: its table is gone', src.id);
+  END IF;
+  IF NOT has_table_privilege(v_caller, src.chunks, 'SELECT') THEN
+    RETURN format('%s may not read %s (search returns its rows: it needs SELECT on the table)', v_caller,
+                  src.chunks);
+  END IF;
+  -- the reader runs as the owner, whom the policies do not bind (unless FORCE ROW LEVEL SECURITY)
+  IF v_rel.relrowsecurity AND NOT storetopics._may_act_as(src.owner)
+     AND NOT (SELECT r.rolbypassrls OR r.rolsuper FROM pg_roles r WHERE r.oid = v_caller) THEN
+    RETURN format('%s has row-level security: search reads it as its owner and would not apply the policies to %s',
+                  src.chunks, v_caller);
+  END IF;
+  RETURN NULL;
+END $$;
+
+-- The k best chunks of one store for a query: full-text (websearch_to_tsquery with the source's text search
+-- configuration, ts_rank) always; with p_embedding, also the nearest chunks by cosine distance (when the source has
+-- an embedding column; rows of another dimension are left out), fused by reciprocal rank.  content is cut at 1,000
+-- characters; chunk names the row (its primary key, else its ctid); rank orders the rows (ts_rank, or the fused
+-- score with an embedding); text_rank is ts_rank (NULL: found by vector only), distance the cosine distance (NULL:
+-- found by text only).
+CREATE OR REPLACE FUNCTION storetopics.search(p_source int, p_store text, p_query text, p_k int DEFAULT 5,
+                                              p_embedding vector DEFAULT NULL)
+RETURNS TABLE (file_key text, chunk text, content text, rank float8, text_rank float8, distance float8)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  src storetopics.sources;
+  v_caller regrole := storetopics._caller();
+  v_refusal text;
+  v_reader text;
+BEGIN
+  IF p_query IS NULL OR btrim(p_query) = '' THEN
+    RAISE EXCEPTION 'storetopics: the search query is empty' USING ERRCODE = 'invalid_parameter_value',
+      HINT = 'Give words to look for, e.g. ''kitchen tiles'' or ''"exact phrase" -excluded''.';
+  END IF;
+  IF char_length(p_query) > 10000 THEN
+    RAISE EXCEPTION 'storetopics: the search query is longer than 10,000 characters'
+      USING ERRCODE = 'program_limit_exceeded';
+  END IF;
+  IF p_k IS NULL OR p_k < 1 OR p_k > 50 THEN
+    RAISE EXCEPTION 'storetopics: k must be between 1 and 50, not %', coalesce(p_k::text, 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  SELECT * INTO src FROM storetopics.sources s WHERE s.id = p_source;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'storetopics: no source %', coalesce(p_source::text, 'NULL') USING ERRCODE = 'undefined_object',
+      HINT = 'storetopics.stores lists the sources and stores you may search.';
+  END IF;
+  v_refusal := storetopics._search_refusal(src);
+  IF v_refusal IS NOT NULL THEN
+    RAISE EXCEPTION 'storetopics: %', v_refusal USING ERRCODE = 'insufficient_privilege',
+      HINT = format('The table''s owner may GRANT SELECT ON %s TO %s.', src.chunks, v_caller);
+  END IF;
+  -- the store, as storetopics.stores shows it to the caller (the view tests current_user; here that is the
+  -- extension's owner, so the same test is made for the caller)
+  IF NOT EXISTS (SELECT 1 FROM storetopics.store_state st
+                  WHERE st.source_id = src.id AND st.store_key = p_store)
+     OR NOT (pg_has_role(v_caller, src.owner, 'USAGE')
+             OR EXISTS (SELECT 1 FROM storetopics.grants g
+                         WHERE (g.source_id IS NULL OR g.source_id = src.id) AND pg_has_role(v_caller, g.role, 'USAGE')))
+  THEN
+    RAISE EXCEPTION 'storetopics: source % (%) has no store %', src.id, src.chunks, coalesce(quote_literal(p_store), 'NULL')
+      USING ERRCODE = 'undefined_object', HINT = 'storetopics.stores lists the stores you may search.';
+  END IF;
+  v_reader := storetopics._reader(src.id);   -- made again from the current templates after an upgrade
+  -- A reader generated before its template knew 'search' (a database attached at the same version before search
+  -- existed: sources.generated alone cannot tell) is made again once, here.
+  IF NOT EXISTS (SELECT 1 FROM pg_proc p
+                  WHERE p.oid = to_regprocedure(v_reader || '(text, text[], text, jsonb)')
+                    AND p.prosrc LIKE '%WHEN ''search'' THEN%') THEN
+    PERFORM storetopics._regenerate(src.id);
+  END IF;
+  RETURN QUERY EXECUTE format('SELECT * FROM %s(''search'', NULL, $1, $2) AS r(file_key text, chunk text, '
+                              'content text, rank float8, text_rank float8, distance float8)', v_reader)
+    USING p_store, jsonb_build_object('query', p_query, 'k', p_k, 'embedding', p_embedding::text);
+END $$;
+COMMENT ON FUNCTION storetopics.search(int, text, text, int, vector) IS
+  'The k (1-50) best chunks of a store for a query: full-text (websearch syntax, ts_rank), fused with the nearest '
+  'chunks by cosine distance when an embedding is given.  The caller needs SELECT on the chunk table and a store it '
+  'may see; the attacher''s expressions run as the table''s owner.';
+
 -- idempotent/900-privileges.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Privileges and dumps
@@ -4245,6 +4662,10 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA storetopics FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION storetopics.usable_text(text), storetopics.showable_term(text),
   storetopics._human_count(bigint), storetopics.tsvector_or_null(regconfig, text), storetopics.max_store_key()
   TO PUBLIC;
+-- search() returns the chunks themselves, so it is executable by PUBLIC only because it checks every caller itself
+-- (SELECT on the chunk table, no row-level security it would bypass, a store the caller may see) before the
+-- source's reader runs; a role still needs USAGE on the schema, which owners, readers and workers have.
+GRANT EXECUTE ON FUNCTION storetopics.search(int, text, text, int, vector) TO PUBLIC;
 
 -- The roles that hold rights get what this version gives them (an upgrade's new functions included): workers and
 -- readers from storetopics.grants, attachers are the roles that may run attach(), and each attached table's owner
@@ -4271,6 +4692,8 @@ BEGIN
   FOR r IN SELECT DISTINCT g.role FROM storetopics.grants g WHERE g.kind = 'read' LOOP
     EXECUTE format('GRANT SELECT ON storetopics.stores, storetopics.status TO %s', r.role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.metrics() TO %s', r.role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.catalog(text), storetopics.route(%I.vector, int, text), '
+                   'storetopics.route_text(text, int, text) TO %s', storetopics._vector_schema(), r.role);
   END LOOP;
   FOR r IN SELECT DISTINCT s.owner FROM storetopics.sources s LOOP
     EXECUTE format('GRANT INSERT (source_id, store_key, file_key, resync, deletes), SELECT (source_id) '

@@ -548,3 +548,25 @@ def test_terms_leave_out_words_every_sibling_store_uses(conn):
     parts = helpers.sections(text)
     shown = {w for x in parts["topics"] + parts["terms"] for w in x.lower().split()}
     assert shown == {"gambit", "pawn", "rook", "software", "package"}, text   # every file holds all five
+
+
+def test_every_candidate_is_counted_as_it_is_packed(conn):
+    """The budget costs each item with the comma that follows it; the last item of a list is written with a period.
+    Both forms are counted before the one write, so a store packs the same way from the same state whatever was
+    counted before (the needle's exact undo depended on it)."""
+    conn.execute("CREATE TABLE pk (id serial PRIMARY KEY, store text, file text, content text)")
+    conn.execute("SELECT storetopics.attach('pk', 'store', 'file', 'content')")
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO pk (store, file, content) VALUES (%s, %s, %s)",
+                        [("s", f"f{i}", "zanzibar quokka marmalade " * (1 + i % 3)) for i in range(6)])
+    api.backfill(conn)
+    text = conn.execute("SELECT store_topics FROM storetopics.stores").fetchone()[0]
+    parts = helpers.sections(text)
+    words = parts["topics"] + parts["terms"] + parts["distinctive"]
+    assert words, text
+    missing = conn.execute(
+        "SELECT x FROM unnest(%s::text[]) x WHERE NOT EXISTS (SELECT 1 FROM storetopics.token_counts t "
+        "WHERE t.chunk = x)", ([" " + w.split()[-1] + "," for w in words],)).fetchall()
+    assert missing == [], (missing, text)
+    uncounted = conn.execute("SELECT uncounted FROM storetopics.store_state").fetchone()[0]
+    assert uncounted == [], uncounted

@@ -17,7 +17,9 @@ SEARCH_PATH = "search_path=pg_catalog, pg_temp"
 # inlining them (they run per row in fold()).  Any other function must set search_path.
 BOUND_AT_CREATION: set[str] = set()   # every function pins its search_path
 PUBLIC_EXECUTE = {"usable_text(text)", "showable_term(text)", "_human_count(bigint)", "tsvector_or_null(regconfig,text)",
-                  "max_store_key()"}
+                  "max_store_key()",
+                  # checks every caller itself: contents go only to roles that may SELECT the chunk table
+                  "search(integer,text,text,integer,vector)"}
 
 
 @pytest.fixture
@@ -254,3 +256,20 @@ def test_the_versioned_scripts_are_built_from_the_sources():
     for name, args in built.items():
         out = subprocess.run(["sh", str(sql_dir / "build.sh"), *args], capture_output=True, text=True, check=True)
         assert out.stdout == (sql_dir / name).read_text(), f"{name} is stale: run `make sql`"
+
+
+def test_every_public_function_and_view_says_what_it_is(conn):
+    """What `\\df+` and `\\dv+` show a DBA: a COMMENT on every public function and view (internal `_` functions and
+    the generated per-source ones excepted)."""
+    missing = conn.execute(
+        """SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+            WHERE n.nspname = 'storetopics' AND p.proname !~ '^_'
+              AND p.proname !~ '^(capture|read|mirror)_[0-9]+$' AND obj_description(p.oid, 'pg_proc') IS NULL
+           UNION ALL
+           SELECT c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = 'storetopics' AND c.relkind = 'v' AND obj_description(c.oid, 'pg_class') IS NULL
+           ORDER BY 1""").fetchall()
+    assert missing == []
+    assert conn.execute("SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                        "WHERE n.nspname = 'storetopics' AND obj_description(p.oid, 'pg_proc') IS NOT NULL"
+                        ).fetchone()[0] > 30

@@ -183,6 +183,8 @@ PUBLIC_API = {
     # pure helpers every role may run (the generated readers use them as the tables' owners)
     "usable_text(text)", "showable_term(text)", "_human_count(bigint)", "tsvector_or_null(regconfig,text)",
     "max_store_key()",
+    # full-text/vector search of a store: checks that the caller may SELECT the chunk table and see the store
+    "search(integer,text,text,integer,vector)",
 }
 
 

@@ -10,6 +10,7 @@
     storetopics status
     storetopics show [--store KEY] [--source TABLE]
     storetopics worker [--once] [--lease S] [--poll S] [--batch N] [--id NAME]
+    storetopics mcp [--prefix TEXT] [--http HOST:PORT] [--catalog NAME] [--embeddings-url URL --embeddings-model NAME]
 
 The connection defaults to $DATABASE_URL, else libpq's own PG* environment variables.  Errors are printed as one
 line (message and hint) with exit status 1.  This module parses arguments and prints; the work is in api.
@@ -285,6 +286,15 @@ def cmd_worker(args) -> int:
     return worker.run(opts)
 
 
+def cmd_mcp(args) -> int:
+    from . import mcp as st_mcp  # the MCP SDK itself is imported only when the server starts
+    try:
+        opts = st_mcp.options(args)
+    except ValueError as e:
+        raise api.StoretopicsError(str(e)) from None
+    return st_mcp.run(opts)
+
+
 def cmd_show(args) -> int:
     with api.connect(args.dsn, "storetopics-cli") as conn:
         return print_show(conn, sys.stdout, args.store, args.source)
@@ -354,6 +364,25 @@ def build_parser() -> argparse.ArgumentParser:
     from . import worker as st_worker
     st_worker.add_arguments(s)
     s.set_defaults(func=cmd_worker)
+
+    s = sub.add_parser("mcp", parents=[common],
+                       help="serve the stores as MCP tools (stdio, or streamable HTTP with --http); needs the extra "
+                            "`mcp`")
+    s.add_argument("--prefix", metavar="TEXT",
+                   help="what each search tool's description says before the store's summary ({store} and {source} "
+                        "are replaced; default: a sentence naming the store)")
+    s.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio")
+    s.add_argument("--catalog", metavar="NAME",
+                   help="only the stores of this catalog (configure(t, '{\"catalog\": NAME}')); default: every store "
+                        "the role may see")
+    s.add_argument("--embeddings-url", metavar="URL",
+                   help="an OpenAI-compatible embeddings endpoint (POST URL/embeddings; $OPENAI_API_KEY when set) to "
+                        "embed queries with: search is then full-text + vector, route uses route()")
+    s.add_argument("--embeddings-model", metavar="NAME",
+                   help="the model to ask that endpoint for (the one that made the stores' vectors)")
+    s.add_argument("--client-embeddings", action="store_true",
+                   help="let tool calls pass the query's embedding (argument `embedding`) instead")
+    s.set_defaults(func=cmd_mcp)
 
     s = sub.add_parser("show", parents=[common], help="the stores and their full summaries")
     s.add_argument("--store", metavar="KEY")

@@ -117,6 +117,16 @@ END $$;
 --   sample_texts (files, store) (file_key, t): 3 chunks of each file (chosen by content, not by row: the same
 --                               texts give the same phrases however they were written), 1,500 characters each: what
 --                               phrases are mined from
+--   search (store, args.query, args.k, args.embedding)   (file_key, chunk, content, rank, text_rank, distance): the
+--                               store's k best chunks for a query (storetopics.search checks the caller first).
+--                               Full-text always: websearch_to_tsquery(ts_config, query) matched against the row's
+--                               tsvector, ranked by ts_rank; the content is cut at 1,000 characters.  With an embedding
+--                               (a pgvector text, `[...]`) and an embedding column, also the k nearest chunks by cosine
+--                               distance (rows of another dimension left out), and the two lists fused by reciprocal
+--                               rank (1/(60 + rank in each list)); rank is then that score, else ts_rank.  A text whose
+--                               tsvector would pass 1 MB fails the whole query, which then runs again tokenising row by
+--                               row (tsvector_or_null: such texts are left out).  Written so that an application's
+--                               GIN index on to_tsvector('<ts_config>', <content column>) can serve the match.
 CREATE OR REPLACE FUNCTION storetopics._reader_body(src storetopics.sources) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -146,6 +156,32 @@ DECLARE
   means text := '';
   assign text[] := '{"", "", ""}';
   sample text := '';
+  -- search: %1$s the tsvector of the row's text, %2$s the CTE v of the nearest chunks (none without an embedding)
+  search text := $q$
+    WITH t AS (
+      SELECT x.*, pg_catalog.row_number() OVER (ORDER BY x.r DESC, x.chunk) AS n FROM (
+        SELECT (%3$s)::pg_catalog.text AS file_key, %4$s AS chunk,
+               pg_catalog.left((%5$s)::pg_catalog.text, 1000) AS content,
+               pg_catalog.ts_rank(%1$s, pg_catalog.websearch_to_tsquery(%6$L::pg_catalog.regconfig,
+                                                                         $3 OPERATOR(pg_catalog.->>) 'query'))::pg_catalog.float8 AS r
+          FROM %7$s AS c
+         WHERE %8$s
+           AND %1$s OPERATOR(pg_catalog.@@) pg_catalog.websearch_to_tsquery(%6$L::pg_catalog.regconfig,
+                                                                           $3 OPERATOR(pg_catalog.->>) 'query')
+         ORDER BY 4 DESC, 2
+         LIMIT ($3 OPERATOR(pg_catalog.->>) 'k')::pg_catalog.int4) x),
+    v AS (%2$s)
+    SELECT coalesce(t.file_key, v.file_key), coalesce(t.chunk, v.chunk), coalesce(t.content, v.content),
+           CASE WHEN $3 OPERATOR(pg_catalog.->>) 'embedding' IS NULL THEN t.r
+                ELSE coalesce(1 OPERATOR(pg_catalog./) (60 OPERATOR(pg_catalog.+) t.n)::pg_catalog.float8, 0)
+                     OPERATOR(pg_catalog.+)
+                     coalesce(1 OPERATOR(pg_catalog./) (60 OPERATOR(pg_catalog.+) v.n)::pg_catalog.float8, 0) END,
+           t.r, v.d
+      FROM t FULL JOIN v ON v.chunk OPERATOR(pg_catalog.=) t.chunk
+     ORDER BY 4 DESC, 2
+     LIMIT ($3 OPERATOR(pg_catalog.->>) 'k')::pg_catalog.int4$q$;
+  nearest text := 'SELECT NULL::pg_catalog.text AS file_key, NULL::pg_catalog.text AS chunk, '
+                  'NULL::pg_catalog.text AS content, NULL::pg_catalog.float8 AS d, NULL::pg_catalog.int8 AS n WHERE false';
   vs name;
   e text;
 BEGIN
@@ -160,6 +196,18 @@ BEGIN
     sample := format($q$
       SELECT %1$s AS ref, (%2$s)::text AS file_key, %3$s AS e
         FROM %4$s AS c $q$, storetopics._chunk_ref_sql(src.chunks), f, e, tbl);
+    nearest := format($q$
+      SELECT x.*, pg_catalog.row_number() OVER (ORDER BY x.d, x.chunk) AS n FROM (
+        SELECT (%1$s)::pg_catalog.text AS file_key, %2$s AS chunk,
+               pg_catalog.left((%3$s)::pg_catalog.text, 1000) AS content,
+               (%4$s OPERATOR(%5$I.<=>) ($3 OPERATOR(pg_catalog.->>) 'embedding')::%5$I.vector)::pg_catalog.float8 AS d
+          FROM %6$s AS c
+         WHERE $3 OPERATOR(pg_catalog.->>) 'embedding' IS NOT NULL AND %7$s AND %4$s IS NOT NULL
+           AND %5$I.vector_dims(%4$s)
+               OPERATOR(pg_catalog.=) %5$I.vector_dims(($3 OPERATOR(pg_catalog.->>) 'embedding')::%5$I.vector)
+         ORDER BY %4$s OPERATOR(%5$I.<=>) ($3 OPERATOR(pg_catalog.->>) 'embedding')::%5$I.vector
+         LIMIT ($3 OPERATOR(pg_catalog.->>) 'k')::pg_catalog.int4) x$q$,
+      f, storetopics._chunk_ref_sql(src.chunks), t, e, vs, tbl, by_store);
   END IF;
   RETURN format($f$
 DECLARE
@@ -196,6 +244,13 @@ BEGIN
            ELSE 'TABLESAMPLE SYSTEM (($3 ->> ''percent'')::float8) REPEATABLE (($3 ->> ''seed'')::int)' END
       OPERATOR(pg_catalog.||) %17$L
       USING files, store, args;
+  WHEN 'search' THEN
+    -- The fused list is sorted before its first row comes out, so a query that fails has returned no row yet.
+    BEGIN
+      RETURN QUERY EXECUTE %19$L USING files, store, args;
+    EXCEPTION WHEN program_limit_exceeded THEN
+      RETURN QUERY EXECUTE %20$L USING files, store, args;
+    END;
   ELSE
     RAISE EXCEPTION 'storetopics: unknown read %%', op;
   END CASE;
@@ -225,7 +280,11 @@ END$f$,
                                    row_number() OVER (PARTITION BY (%1$s)::text
                                                       ORDER BY pg_catalog.md5((%2$s)::text), %3$s) AS r
                               FROM %4$s AS c WHERE %5$s AND %6$s) x
-       WHERE x.r <= 3$q$, f, t, storetopics._chunk_ref_sql(src.chunks), tbl, by_files, by_store));
+       WHERE x.r <= 3$q$, f, t, storetopics._chunk_ref_sql(src.chunks), tbl, by_files, by_store),
+    format(search, format('pg_catalog.to_tsvector(%L::pg_catalog.regconfig, %s)', src.ts_config, t), nearest, f,
+           storetopics._chunk_ref_sql(src.chunks), t, src.ts_config, tbl, by_store),
+    format(search, format('storetopics.tsvector_or_null(%L::pg_catalog.regconfig, %s)', src.ts_config, t), nearest, f,
+           storetopics._chunk_ref_sql(src.chunks), t, src.ts_config, tbl, by_store));
 END $$;
 
 -- The mirror: UPDATE mirror SET mirror_column = summary WHERE mirror_key::text = store (NULL once the store is gone).

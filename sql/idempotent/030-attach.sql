@@ -464,6 +464,9 @@ BEGIN
   EXECUTE format('GRANT SELECT ON storetopics.stores, storetopics.status TO %s', role_name);
   -- a monitoring role is a reader: metrics() shows it the sources it may read, like the views
   EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.metrics() TO %s', role_name);
+  -- a router is a reader: catalog() and route() show and rank the stores it may read
+  EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.catalog(text), storetopics.route(%I.vector, int, text), '
+                 'storetopics.route_text(text, int, text) TO %s', storetopics._vector_schema(), role_name);
 END $$;
 COMMENT ON FUNCTION storetopics.grant_read(regrole, regclass) IS
   'Let a role (a router, a monitoring role) read the summaries and metrics() of one attached table, or of all '

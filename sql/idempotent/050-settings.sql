@@ -28,8 +28,13 @@ RETURN jsonb_build_object(
   'replica_capture', false,      -- capture triggers ENABLE ALWAYS: also rows written in session_replication_role
                                  -- replica (logical replication's apply, pg_restore); see README
   'verify_every', 3600,          -- seconds between the worker's count checks of a source (verify()); 0: never
-  'catalog', NULL);              -- the stores a router chooses among, whose terms a summary is contrasted with:
+  'catalog', NULL,               -- the stores a router chooses among, whose terms a summary is contrasted with:
                                  -- NULL, the stores of this source; a name, the stores of every source that has it
+  'route_threshold', 0.45,       -- route(): a store holds a query embedding when its score (a soft maximum of the
+                                 -- cosines to its clusters, 0-1) reaches this; chosen on the routing evaluation's
+                                 -- tuning half (best abstention F1; lab/evaluation)
+  'route_text_threshold', 0.22); -- route_text(): the same for a query text (the mean log ratio of its words'
+                                 -- probability in the store to the background); chosen likewise
 
 CREATE OR REPLACE FUNCTION storetopics._settings(p_source int) RETURNS jsonb
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
@@ -69,6 +74,10 @@ BEGIN
     IF k = 'catalog' AND v #>> '{}' ~ '^source:' THEN
       RAISE EXCEPTION 'storetopics: catalog names starting with "source:" are the sources'' own'
         USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF k = 'route_threshold' AND jsonb_typeof(v) = 'number' AND (v #>> '{}')::numeric > 1 THEN
+      RAISE EXCEPTION 'storetopics: setting route_threshold cannot be %: route() scores are at most 1', v
+        USING ERRCODE = 'invalid_parameter_value', HINT = 'A cosine similarity: 0 searches (almost) always, 1 never.';
     END IF;
     IF k = 'labeller' AND v #>> '{}' NOT IN ('offline', 'anthropic', 'openai') THEN
       RAISE EXCEPTION 'storetopics: unknown labeller %', v USING ERRCODE = 'invalid_parameter_value',

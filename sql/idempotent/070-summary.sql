@@ -404,8 +404,12 @@ BEGIN
                                             FROM storetopics.label_ledger l
                                            WHERE l.source_id = p_source AND l.store_key = p_store)) || v_kw;
 
-  -- chunks of the candidates whose token count is not known (counted at one token per byte meanwhile)
-  v_uncounted := storetopics._uncounted(storetopics._pack(v_topic_list, v_terms, v_dist, st.files, 100000));
+  -- chunks of the candidates whose token count is not known (counted at one token per byte meanwhile): the text
+  -- with every candidate, and each candidate as _pack costs it (followed by a comma, which the last one of a list
+  -- is not in the text), so the same state packs the same way whatever was counted before
+  v_uncounted := storetopics._uncounted(
+    storetopics._pack(v_topic_list, v_terms, v_dist, st.files, 100000) || ' ' ||
+    coalesce(array_to_string(v_topic_list[1:8] || v_dist[1:8] || v_terms, ', '), '') || ',');
   UPDATE storetopics.store_state SET uncounted = v_uncounted WHERE source_id = p_source AND store_key = p_store;
   IF count_first AND cardinality(v_uncounted) > 0 THEN
     RETURN NULL;

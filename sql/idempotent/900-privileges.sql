@@ -7,6 +7,10 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA storetopics FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION storetopics.usable_text(text), storetopics.showable_term(text),
   storetopics._human_count(bigint), storetopics.tsvector_or_null(regconfig, text), storetopics.max_store_key()
   TO PUBLIC;
+-- search() returns the chunks themselves, so it is executable by PUBLIC only because it checks every caller itself
+-- (SELECT on the chunk table, no row-level security it would bypass, a store the caller may see) before the
+-- source's reader runs; a role still needs USAGE on the schema, which owners, readers and workers have.
+GRANT EXECUTE ON FUNCTION storetopics.search(int, text, text, int, vector) TO PUBLIC;
 
 -- The roles that hold rights get what this version gives them (an upgrade's new functions included): workers and
 -- readers from storetopics.grants, attachers are the roles that may run attach(), and each attached table's owner
@@ -33,6 +37,8 @@ BEGIN
   FOR r IN SELECT DISTINCT g.role FROM storetopics.grants g WHERE g.kind = 'read' LOOP
     EXECUTE format('GRANT SELECT ON storetopics.stores, storetopics.status TO %s', r.role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.metrics() TO %s', r.role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.catalog(text), storetopics.route(%I.vector, int, text), '
+                   'storetopics.route_text(text, int, text) TO %s', storetopics._vector_schema(), r.role);
   END LOOP;
   FOR r IN SELECT DISTINCT s.owner FROM storetopics.sources s LOOP
     EXECUTE format('GRANT INSERT (source_id, store_key, file_key, resync, deletes), SELECT (source_id) '

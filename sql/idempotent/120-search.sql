@@ -1,0 +1,99 @@
+-- ------------------------------------------------------------------------------------------------------------
+-- Search: a store's best chunks for a query (what an MCP server's search tool calls)
+-- ------------------------------------------------------------------------------------------------------------
+-- The chunks are read by the source's generated reader (op 'search'), as the table's owner: the attacher's store,
+-- file and content expressions never run as the caller nor as the extension's owner.  So this function checks, for
+-- the role that called in (_caller: a SECURITY DEFINER boundary does not change it), what reading the table
+-- itself would need: SELECT on the chunk table (grant_read shows a role the summaries; the contents are for whoever
+-- may SELECT the table), no row-level security that the owner's read would bypass, and the store visible to it as
+-- storetopics.stores would show it (an invisible store and a missing one give the same error).
+
+-- Whether the role that called in may search a source's chunks: NULL when it may, else why not.
+CREATE OR REPLACE FUNCTION storetopics._search_refusal(src storetopics.sources) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_caller regrole := storetopics._caller();
+  v_rel pg_class;
+BEGIN
+  SELECT * INTO v_rel FROM pg_class c WHERE c.oid = src.chunks;
+  IF NOT FOUND THEN
+    RETURN format('source %s: its table is gone', src.id);
+  END IF;
+  IF NOT has_table_privilege(v_caller, src.chunks, 'SELECT') THEN
+    RETURN format('%s may not read %s (search returns its rows: it needs SELECT on the table)', v_caller,
+                  src.chunks);
+  END IF;
+  -- the reader runs as the owner, whom the policies do not bind (unless FORCE ROW LEVEL SECURITY)
+  IF v_rel.relrowsecurity AND NOT storetopics._may_act_as(src.owner)
+     AND NOT (SELECT r.rolbypassrls OR r.rolsuper FROM pg_roles r WHERE r.oid = v_caller) THEN
+    RETURN format('%s has row-level security: search reads it as its owner and would not apply the policies to %s',
+                  src.chunks, v_caller);
+  END IF;
+  RETURN NULL;
+END $$;
+
+-- The k best chunks of one store for a query: full-text (websearch_to_tsquery with the source's text search
+-- configuration, ts_rank) always; with p_embedding, also the nearest chunks by cosine distance (when the source has
+-- an embedding column; rows of another dimension are left out), fused by reciprocal rank.  content is cut at 1,000
+-- characters; chunk names the row (its primary key, else its ctid); rank orders the rows (ts_rank, or the fused
+-- score with an embedding); text_rank is ts_rank (NULL: found by vector only), distance the cosine distance (NULL:
+-- found by text only).
+CREATE OR REPLACE FUNCTION storetopics.search(p_source int, p_store text, p_query text, p_k int DEFAULT 5,
+                                              p_embedding vector DEFAULT NULL)
+RETURNS TABLE (file_key text, chunk text, content text, rank float8, text_rank float8, distance float8)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  src storetopics.sources;
+  v_caller regrole := storetopics._caller();
+  v_refusal text;
+  v_reader text;
+BEGIN
+  IF p_query IS NULL OR btrim(p_query) = '' THEN
+    RAISE EXCEPTION 'storetopics: the search query is empty' USING ERRCODE = 'invalid_parameter_value',
+      HINT = 'Give words to look for, e.g. ''kitchen tiles'' or ''"exact phrase" -excluded''.';
+  END IF;
+  IF char_length(p_query) > 10000 THEN
+    RAISE EXCEPTION 'storetopics: the search query is longer than 10,000 characters'
+      USING ERRCODE = 'program_limit_exceeded';
+  END IF;
+  IF p_k IS NULL OR p_k < 1 OR p_k > 50 THEN
+    RAISE EXCEPTION 'storetopics: k must be between 1 and 50, not %', coalesce(p_k::text, 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  SELECT * INTO src FROM storetopics.sources s WHERE s.id = p_source;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'storetopics: no source %', coalesce(p_source::text, 'NULL') USING ERRCODE = 'undefined_object',
+      HINT = 'storetopics.stores lists the sources and stores you may search.';
+  END IF;
+  v_refusal := storetopics._search_refusal(src);
+  IF v_refusal IS NOT NULL THEN
+    RAISE EXCEPTION 'storetopics: %', v_refusal USING ERRCODE = 'insufficient_privilege',
+      HINT = format('The table''s owner may GRANT SELECT ON %s TO %s.', src.chunks, v_caller);
+  END IF;
+  -- the store, as storetopics.stores shows it to the caller (the view tests current_user; here that is the
+  -- extension's owner, so the same test is made for the caller)
+  IF NOT EXISTS (SELECT 1 FROM storetopics.store_state st
+                  WHERE st.source_id = src.id AND st.store_key = p_store)
+     OR NOT (pg_has_role(v_caller, src.owner, 'USAGE')
+             OR EXISTS (SELECT 1 FROM storetopics.grants g
+                         WHERE (g.source_id IS NULL OR g.source_id = src.id) AND pg_has_role(v_caller, g.role, 'USAGE')))
+  THEN
+    RAISE EXCEPTION 'storetopics: source % (%) has no store %', src.id, src.chunks, coalesce(quote_literal(p_store), 'NULL')
+      USING ERRCODE = 'undefined_object', HINT = 'storetopics.stores lists the stores you may search.';
+  END IF;
+  v_reader := storetopics._reader(src.id);   -- made again from the current templates after an upgrade
+  -- A reader generated before its template knew 'search' (a database attached at the same version before search
+  -- existed: sources.generated alone cannot tell) is made again once, here.
+  IF NOT EXISTS (SELECT 1 FROM pg_proc p
+                  WHERE p.oid = to_regprocedure(v_reader || '(text, text[], text, jsonb)')
+                    AND p.prosrc LIKE '%WHEN ''search'' THEN%') THEN
+    PERFORM storetopics._regenerate(src.id);
+  END IF;
+  RETURN QUERY EXECUTE format('SELECT * FROM %s(''search'', NULL, $1, $2) AS r(file_key text, chunk text, '
+                              'content text, rank float8, text_rank float8, distance float8)', v_reader)
+    USING p_store, jsonb_build_object('query', p_query, 'k', p_k, 'embedding', p_embedding::text);
+END $$;
+COMMENT ON FUNCTION storetopics.search(int, text, text, int, vector) IS
+  'The k (1-50) best chunks of a store for a query: full-text (websearch syntax, ts_rank), fused with the nearest '
+  'chunks by cosine distance when an embedding is given.  The caller needs SELECT on the chunk table and a store it '
+  'may see; the attacher''s expressions run as the table''s owner.';
