@@ -57,6 +57,7 @@ pytest: ext-install
 
 bench: ext-install
 	$(PY) -m bench.startup
+	$(PY) -m bench.route
 	$(PY) -m bench.run
 	$(PY) -m bench.clusters
 	$(PY) -m bench.worker

@@ -1,7 +1,8 @@
 """How fast storetopics.route() answers: a synthetic catalog of 1,000 stores x 30 clusters of 384-d centroids
 (30,000 centroids, 10 sources of 100 stores), 300 query embeddings (half near a cluster, half anywhere), each
 route() timed from the client (one round trip over the unix socket included), after a warm-up.  Also
-route_text() (the same stores with 300 terms each from a 5,000-word vocabulary, 20-word queries) and catalog().
+route_text() (the same stores with 300 terms each from a 5,000-word vocabulary, 20-word queries) and catalog(), and
+the floor of any plain scan: `SELECT sum(centroid <#> q) FROM storetopics.clusters` (one inner product per centroid).
 
     .venv/bin/python -m bench.route [--stores 1000] [--clusters 30] [--dim 384] [--queries 300]
 
@@ -130,14 +131,19 @@ def main(argv: list[str] | None = None) -> int:
             texts = [(" ".join(rng.choice(vocab, 20)),) for _ in range(args.queries)]
             rows = []
             for who, role in (("superuser", None), ("reader of every source", reader)):
+                bare = role is None
                 with psycopg.connect(conninfo.make_conninfo(dsn, user=role) if role else dsn, autocommit=True) as c:
                     c.execute("SET client_min_messages = warning")
                     got = c.execute("SELECT count(*) FROM storetopics.route(%s::vector, 3)", queries[0]).fetchone()[0]
                     assert got == 3, got
                     for label, sql, a in (
                             ("route(q, 3)", "SELECT * FROM storetopics.route(%s::vector, 3)", queries),
+                            # the floor a plain scan has: one inner product per centroid, nothing else
+                            ("bare scan", "SELECT sum(centroid <#> %s::vector) FROM storetopics.clusters", queries),
                             ("route_text(q, 3)", "SELECT * FROM storetopics.route_text(%s, 3)", texts),
                             ("catalog()", "SELECT * FROM storetopics.catalog()", [()] * min(50, args.queries))):
+                        if label == "bare scan" and not bare:
+                            continue   # (the reader may not read the clusters table)
                         ts = timed(c, sql, a)
                         rows.append((who, label, len(ts), statistics.median(ts), pct(ts, 95), max(ts)))
             print(f"PostgreSQL {server}; times in ms from the client (round trip included), after 20 warm-up calls\n")

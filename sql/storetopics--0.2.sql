@@ -4606,26 +4606,34 @@ END;
 
 -- One row per store the caller may read that has a summary, for a router to offer as a tool: its catalog, source,
 -- store key, a tool name (see _readable_stores), the summary (store_topics, ready for a prompt), its cl100k tokens
--- as render counted them (the sum over its space-separated chunks, storetopics.token_counts; NULL while some chunk
--- has not been counted with the real tokenizer yet), when it last changed, and md5 of the text (changes only when
--- the text does: a prompt cache key).
+-- as render counted them (the sum over its space-separated chunks of their counts in storetopics.token_counts, the
+-- first chunk counted with a leading space like the others; NULL while some chunk has not been counted with the
+-- real tokenizer), when it last changed, and md5 of the text (changes only when the text does: a prompt cache
+-- key).
 CREATE OR REPLACE FUNCTION storetopics.catalog(p_catalog text DEFAULT NULL)
 RETURNS TABLE (catalog text, source regclass, source_id int, store_key text, tool_name text, description text,
                tokens int, updated_at timestamptz, content_hash text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-SELECT r.catalog, s.chunks, r.source_id, r.store_key, r.tool_name, st.store_topics,
-       CASE WHEN cardinality(storetopics._uncounted(st.store_topics)) = 0 THEN storetopics._tokens(st.store_topics) END,
-       st.updated_at, md5(st.store_topics)
+SELECT r.catalog, s.chunks, r.source_id, r.store_key, r.tool_name, st.store_topics, t.tokens, st.updated_at,
+       md5(st.store_topics)
   FROM storetopics._readable_stores(p_catalog) r
   JOIN storetopics.sources s ON s.id = r.source_id
   JOIN storetopics.store_state st ON st.source_id = r.source_id AND st.store_key = r.store_key
+  -- the sum over the text's chunks of their counts, as render counted them: a section's last item, which ends in
+  -- '.', at the count of the same item ending in ',' (each one token; render priced it so)
+  CROSS JOIN LATERAL (SELECT CASE WHEN bool_and(coalesce(tc.tokens, tp.tokens) IS NOT NULL)
+                                  THEN sum(coalesce(tc.tokens, tp.tokens))::int END AS tokens
+                        FROM regexp_split_to_table(st.store_topics, ' ') AS x(c)
+                        LEFT JOIN storetopics.token_counts tc ON tc.chunk = ' ' || x.c
+                        LEFT JOIN storetopics.token_counts tp
+                               ON x.c LIKE '%.' AND tp.chunk = ' ' || left(x.c, -1) || ','
+                       WHERE x.c <> '') t
  ORDER BY r.catalog, r.tool_name;
 END;
 COMMENT ON FUNCTION storetopics.catalog(text) IS
   'One row per store the caller may read (of one catalog, or all): a unique tool name (search_<store key>), the '
   'summary as a tool description, its cl100k tokens when counted, when it changed, and md5 of the text.';
-
 
 -- ------------------------------------------------------------------------------------------------------------
 -- route(): the stores whose clusters hold a query embedding, or none
@@ -4635,13 +4643,14 @@ COMMENT ON FUNCTION storetopics.catalog(text) IS
 -- clusters as a mixture of von Mises-Fisher components, the clusters' shares as weights, one concentration kappa:
 --     score = ln( sum_c share_c * exp(kappa * cos(q, centroid_c)) ) / kappa
 -- a soft maximum of the cosine similarities (never above the best one; a query near several large clusters of a
--- store scores above one near a single small cluster).  kappa = 20, and this form, were chosen on the tuning half of
--- the routing evaluation (lab/evaluation, bench/README.md): against the best cluster's cosine alone, the cosine with
--- a share prior, and scores relative to the cluster's radius (1 - d / radius, radius - d, with and without the
--- share), it had the best top-1 and abstention F1 there; every radius-relative score was 10-15 points worse in top-1
--- (a radius is the 95th percentile of the member chunks' distances, and a store's radii differ more than its
--- queries' distances do).  cluster_id is the cluster that weighs most in the sum (ties: the lower id), distance its
--- cosine distance, within_radius whether the query lies inside its radius; label its label as the summary shows it.
+-- store scores above one near a single small cluster).  This form and kappa = 20 were chosen on the tuning half of
+-- the routing evaluation (lab/evaluation: report.md, "Retrieve or not"), against the best cluster's cosine alone,
+-- the cosine with a share prior, kappa 10 and 40, and scores relative to the cluster's radius (1 - d / radius,
+-- radius - d, with and without the share): within 0.01 of the best abstention F1 there and a point of the best
+-- top-1; the radius-relative scores were 14-17 points worse in top-1 (a radius is the 95th percentile of the member
+-- chunks' distances in their files' context, which a query is not).  cluster_id is the cluster that weighs most in the sum
+-- (ties: the lower id), distance its cosine distance, within_radius whether the query lies inside its radius; label
+-- its label as the summary shows it.
 -- search: the score reaches the store's source's route_threshold (settings); false on every row means no store
 -- holds the query: abstain.  Rows: the k best stores, best first (ties: source, store key).
 CREATE OR REPLACE FUNCTION storetopics.route(query_embedding vector, k int DEFAULT 3, p_catalog text DEFAULT NULL)
@@ -4652,6 +4661,10 @@ DECLARE
   vs name := storetopics._vector_schema();
   v_norm float8;
   v_dims int;
+  v_ids int[];
+  v_keys text[];
+  v_names text[];
+  v_sources int[];
 BEGIN
   IF query_embedding IS NULL THEN
     RAISE EXCEPTION 'storetopics: route() needs a query embedding, not NULL' USING ERRCODE = 'null_value_not_allowed';
@@ -4665,39 +4678,55 @@ BEGIN
     RAISE EXCEPTION 'storetopics: route() cannot route a zero vector (it has no direction)'
       USING ERRCODE = 'invalid_parameter_value';
   END IF;
+  -- the listed stores, once (passed to the query below as arrays)
+  SELECT coalesce(array_agg(r.source_id), '{}'), coalesce(array_agg(r.store_key), '{}'),
+         coalesce(array_agg(r.tool_name), '{}'), coalesce(array_agg(DISTINCT r.source_id), '{}')
+    INTO v_ids, v_keys, v_names, v_sources
+    FROM storetopics._readable_stores(p_catalog) r;
   RETURN QUERY EXECUTE format($q$
-    WITH vis AS MATERIALIZED (
-      SELECT r.source_id, r.store_key, r.tool_name FROM storetopics._readable_stores($3) r
-    ), c AS (
-      -- per cluster of a listed store, in the query's dimension: its cosine distance, computed once per row (a
-      -- function scan's result is not inlined into the expressions that use it); centroids are unit vectors, so it
-      -- is 1 + <c, q> / |q|
-      SELECT k.source_id, k.store_key, k.cluster_id, k.chunks::float8 AS chunks, k.radius::float8 AS radius, x.d
-        FROM storetopics.clusters k
-        JOIN vis ON vis.source_id = k.source_id AND vis.store_key = k.store_key
-       CROSS JOIN LATERAL unnest(ARRAY[CASE WHEN %1$I.vector_dims(k.centroid) = $4
-                                            THEN 1 + (k.centroid OPERATOR(%1$I.<#>) $1) / $5 END]) AS x(d)
-       WHERE k.chunks > 0 AND x.d IS NOT NULL
+    WITH vis AS (
+      SELECT r.source_id, r.store_key, r.tool_name FROM unnest($6::int[], $7::text[], $8::text[])
+                                                     AS r(source_id, store_key, tool_name)
     ), per_store AS (
-      SELECT c.source_id, c.store_key, ln(sum(c.chunks * exp(20 * (1 - c.d))) / sum(c.chunks)) / 20 AS score,
-             -- the cluster that weighs most: [its term of the sum, -id, distance, radius], greatest first
-             max(ARRAY[c.chunks * exp(20 * (1 - c.d)), -c.cluster_id, c.d, c.radius]) AS best
-        FROM c GROUP BY c.source_id, c.store_key
+      -- The one pass: every cluster of the listed stores' sources (visibility is per source: an int test per row),
+      -- its term of the sum computed once (a subquery that is not flattened), NULL in another dimension (tested in
+      -- the projection, not the filter: the planner then counts the rows right and hashes the groups).  Centroids
+      -- are unit vectors: the cosine distance is 1 + <c, q> / |q|.
+      SELECT x.source_id, x.store_key, ln(sum(x.w) / sum(x.chunks) FILTER (WHERE x.w IS NOT NULL)) / 20 AS score
+        FROM (SELECT k.source_id, k.store_key, k.chunks::float8 AS chunks,
+                     CASE WHEN %1$I.vector_dims(k.centroid) = $4
+                          THEN k.chunks * exp(20 * -((k.centroid OPERATOR(%1$I.<#>) $1) / $5)) END AS w
+                FROM storetopics.clusters k
+               WHERE k.source_id = ANY ($9::int[]) AND k.chunks > 0
+              OFFSET 0) x
+       GROUP BY x.source_id, x.store_key
+      HAVING count(x.w) > 0
     ), top AS (
-      SELECT p.* FROM per_store p ORDER BY p.score DESC, p.source_id, p.store_key LIMIT $2
+      SELECT p.source_id, p.store_key, vis.tool_name, p.score
+        FROM per_store p JOIN vis ON vis.source_id = p.source_id AND vis.store_key = p.store_key
+       ORDER BY p.score DESC, p.source_id, p.store_key LIMIT $2
     )
-    SELECT t.source_id, t.store_key, vis.tool_name, t.score, (-t.best[2])::int,
-           -- the label render showed for the cluster (screened; NULL for a cluster newer than the summary)
+    SELECT t.source_id, t.store_key, t.tool_name, t.score, b.cluster_id,
+           -- the label the summary shows for the cluster (screened; NULL for a cluster newer than the summary)
            (SELECT x ->> 'label' FROM jsonb_array_elements(st.topics -> 'clusters') x
-             WHERE x ->> 'id' = (-t.best[2])::int::text LIMIT 1),
-           t.best[3], t.best[3] <= t.best[4],
+             WHERE x ->> 'id' = b.cluster_id::text LIMIT 1),
+           b.d, b.d <= b.radius,
            t.score >= ((storetopics.default_settings() || s.settings) ->> 'route_threshold')::float8
       FROM top t
-      JOIN vis ON vis.source_id = t.source_id AND vis.store_key = t.store_key
+      -- the cluster that weighs most in the store's sum (ties: the lower id), for the k stores only
+      CROSS JOIN LATERAL (
+        SELECT y.cluster_id, y.radius, y.d
+          FROM (SELECT k.cluster_id, k.chunks, k.radius::float8 AS radius,
+                       1 + (k.centroid OPERATOR(%1$I.<#>) $1) / $5 AS d
+                  FROM storetopics.clusters k
+                 WHERE k.source_id = t.source_id AND k.store_key = t.store_key AND k.chunks > 0
+                   AND %1$I.vector_dims(k.centroid) = $4
+                OFFSET 0) y
+         ORDER BY ln(y.chunks) - 20 * y.d DESC, y.cluster_id LIMIT 1) b
       JOIN storetopics.sources s ON s.id = t.source_id
       JOIN storetopics.store_state st ON st.source_id = t.source_id AND st.store_key = t.store_key
      ORDER BY t.score DESC, t.source_id, t.store_key$q$, vs)
-    USING query_embedding, k, p_catalog, v_dims, v_norm;
+    USING query_embedding, k, p_catalog, v_dims, v_norm, v_ids, v_keys, v_names, v_sources;
 END $$;
 COMMENT ON FUNCTION storetopics.route(vector, int, text) IS
   'Where to search for a query embedding: the k stores (of those the caller may read) whose clusters hold it best, '
@@ -4709,15 +4738,17 @@ COMMENT ON FUNCTION storetopics.route(vector, int, text) IS
 -- The query's lexemes (to_tsvector with each source's ts_config, as fold counts a chunk) against the counts fold
 -- keeps (store_terms, store_state.words), over the stores catalog() lists.  A store's score is the mean, over the
 -- query's lexemes, of the log ratio of the lexeme's probability in the store, mixed half and half with the
--- background, to its probability in the background (every listed store of the same ts_config together, so nothing
--- of the stores the caller may not read enters the score):
+-- background, to its probability in the background (every listed store together, so nothing of the stores the
+-- caller may not read enters the score; a lexeme is its text, whichever configuration made it):
 --     score = sum_t n_t ln( (tf_st / words_s / 2 + p_t / 2) / p_t ) / sum_t n_t
 -- the query likelihood's log ratio per query word (Jelinek-Mercer smoothing, lambda 1/2): above 0 when the store
 -- holds the query's words more than the others do, ln(1/2) for each it lacks; a lexeme no listed store holds counts
 -- in the denominator only (a query of words no store has, or of no words, scores 0 everywhere).  This smoothing and
--- lambda were chosen on the tuning half of the routing evaluation, against Dirichlet smoothing (mu 100 to 10,000)
--- and lambda 0.8 and 0.95: within a point or two in top-1, the best abstention F1 carried to the other half, and
--- free of the stores' sizes.  One index probe per listed store and query lexeme.  label: the query's word that
+-- lambda were chosen on the tuning half of the routing evaluation's queries (a one-off comparison, not part of
+-- `make eval`), against Dirichlet smoothing (mu 100 to 10,000) and lambda 0.8 and 0.95: all within two points in
+-- top-1; this one had the best abstention F1 carried to the other half, and does not depend on the stores' sizes.  A store alone in the list is its own background: it scores 0 whatever the query (a
+-- ratio needs something to be told apart from; route() has no such limit).  One index probe per listed store and
+-- query lexeme (the words a store has no row for score ln(1/2) each: only the rows it has are read).  label: the query's word that
 -- weighs most for the store, as people write it (NULL when none weighs for it); cluster_id, distance and
 -- within_radius are NULL.  search: the score reaches the source's route_text_threshold.
 CREATE OR REPLACE FUNCTION storetopics.route_text(query text, k int DEFAULT 3, p_catalog text DEFAULT NULL)
@@ -4739,41 +4770,52 @@ BEGIN
       JOIN storetopics.sources s ON s.id = r.source_id
       JOIN storetopics.store_state st ON st.source_id = r.source_id AND st.store_key = r.store_key
   ), ql AS MATERIALIZED (
-    -- the query's lexemes per text search configuration, with their counts (tsvector_or_null: NULL for text fold
-    -- would not count either)
-    SELECT c.cfg, l.lexeme, coalesce(cardinality(l.positions), 1)::float8 AS n
+    -- the query's lexemes per text search configuration, with their counts and ids (NULL: a lexeme no store of
+    -- any source has ever held); tsvector_or_null: NULL for a text fold would not count either
+    SELECT c.cfg, l.lexeme, coalesce(cardinality(l.positions), 1)::float8 AS n, x.id AS term_id
       FROM (SELECT DISTINCT v.ts_config AS cfg FROM vis v) c
      CROSS JOIN LATERAL unnest(storetopics.tsvector_or_null(c.cfg, query)) AS l
-  ), qn AS (
-    SELECT ql.cfg, sum(ql.n) AS n FROM ql GROUP BY ql.cfg
+      LEFT JOIN storetopics.lexemes x ON x.lexeme = l.lexeme
+  ), qn AS MATERIALIZED (
+    SELECT ql.cfg, sum(ql.n) AS n, array_agg(ql.term_id) FILTER (WHERE ql.term_id IS NOT NULL) AS ids
+      FROM ql GROUP BY ql.cfg
   ), hits AS MATERIALIZED (
-    -- per listed store and known query lexeme: its count there (an index probe per pair)
-    SELECT v.source_id, v.store_key, ql.cfg, ql.lexeme, ql.n, t.total::float8 AS tf
+    -- per listed store, the query's lexemes it holds: one index probe per store and lexeme
+    SELECT v.source_id, v.store_key, v.ts_config AS cfg, v.words, t.term_id, t.total::float8 AS tf
       FROM vis v
-      JOIN ql ON ql.cfg = v.ts_config
-      JOIN storetopics.lexemes x ON x.lexeme = ql.lexeme
-      JOIN storetopics.store_terms t ON t.source_id = v.source_id AND t.store_key = v.store_key AND t.term_id = x.id
-  ), bg AS (
-    SELECT h.cfg, h.lexeme, h.n,
-           sum(h.tf) / (SELECT sum(v.words) FROM vis v WHERE v.ts_config = h.cfg) AS p
-      FROM hits h GROUP BY h.cfg, h.lexeme, h.n
-  ), scored AS (
-    -- every listed store, for every lexeme some listed store holds (a store without it: its smoothed share)
-    SELECT v.source_id, v.store_key, b.lexeme,
-           b.n * ln((0.5 * coalesce(h.tf, 0) / v.words + 0.5 * b.p) / b.p) AS part
-      FROM vis v
-      JOIN bg b ON b.cfg = v.ts_config
-      LEFT JOIN hits h ON h.source_id = v.source_id AND h.store_key = v.store_key AND h.lexeme = b.lexeme
-     WHERE b.p > 0
+      JOIN qn ON qn.cfg = v.ts_config
+      JOIN storetopics.store_terms t
+        ON t.source_id = v.source_id AND t.store_key = v.store_key AND t.term_id = ANY (qn.ids)
+  ), bg AS MATERIALIZED (
+    -- the background: the lexeme's share of all the listed stores' words
+    SELECT h.term_id, sum(h.tf) / (SELECT sum(v.words) FROM vis v) AS p
+      FROM hits h GROUP BY h.term_id
+  ), base AS (
+    -- what a store that holds none of the lexemes some listed store holds scores: ln(1/2) for each
+    SELECT ql.cfg, ln(0.5) * sum(ql.n) AS base
+      FROM bg b JOIN ql ON ql.term_id = b.term_id GROUP BY ql.cfg
+  ), gain AS (
+    -- and what each lexeme a store holds adds to that
+    SELECT h.source_id, h.store_key,
+           sum(ql.n * (ln(0.5 * h.tf / (h.words * b.p) + 0.5) - ln(0.5))) AS gain,
+           (array_agg(ql.lexeme ORDER BY ql.n * ln(0.5 * h.tf / (h.words * b.p) + 0.5) DESC, ql.lexeme)
+              FILTER (WHERE h.tf / h.words > b.p))[1] AS best
+      FROM hits h
+      JOIN bg b ON b.term_id = h.term_id
+      JOIN ql ON ql.cfg = h.cfg AND ql.term_id = h.term_id
+     GROUP BY h.source_id, h.store_key
   ), per_store AS (
-    -- (a query none of whose words a listed store holds, or of no words at all: 0 for every store)
-    SELECT v.source_id, v.store_key, v.tool_name,
-           coalesce(sum(s.part), 0) / greatest(min(qn.n), 1) AS score,
-           (array_agg(s.lexeme ORDER BY s.part DESC, s.lexeme) FILTER (WHERE s.part > 0))[1] AS best
-      FROM vis v
-      LEFT JOIN qn ON qn.cfg = v.ts_config
-      LEFT JOIN scored s ON s.source_id = v.source_id AND s.store_key = v.store_key
-     GROUP BY v.source_id, v.store_key, v.tool_name
+    -- every listed store, with its gain if it has one (a union, grouped: a join of the two estimates badly)
+    SELECT u.source_id, u.store_key, max(u.tool_name) AS tool_name,
+           (coalesce(max(base.base), 0) + sum(u.gain)) / greatest(coalesce(max(qn.n), 0), 1) AS score,
+           max(u.best) AS best
+      FROM (SELECT v.source_id, v.store_key, v.tool_name, v.ts_config, 0::float8 AS gain, NULL::text AS best
+              FROM vis v
+            UNION ALL
+            SELECT g.source_id, g.store_key, NULL, NULL, g.gain, g.best FROM gain g) u
+      LEFT JOIN qn ON qn.cfg = u.ts_config
+      LEFT JOIN base ON base.cfg = u.ts_config
+     GROUP BY u.source_id, u.store_key
   )
   SELECT p.source_id, p.store_key, p.tool_name, p.score, NULL::int,
          storetopics._show(s.ts_config, p.best),

@@ -8,11 +8,14 @@ from pathlib import Path
 
 from .routers import LABELS, ROUTERS
 
-ORDER = (*ROUTERS, "centroid")
+ORDER = (*ROUTERS, "centroid", "route", "route_text")
+# routers that see the stores' contents rather than a description: no description tokens, no BM25 column
+CONTENT_ROUTERS = ("centroid", "route", "route_text")
 SHORT = {"names": "(a) name", "handwritten_short": "(b) hand-written\nshort", "handwritten": "(b) hand-written\nshort+long",
          "keywords": "(c) keywords", "clusters": "(d) clusters", "hybrid": "(e) hybrid\nstore_topics",
          "name_hybrid": "(e') name +\nstore_topics", "tfidf20": "TF-IDF\ntop 20", "tfidf60": "TF-IDF\ntop 60",
-         "tfidf150": "TF-IDF\ntop 150", "centroid": "centroid\n(reference)"}
+         "tfidf150": "TF-IDF\ntop 150", "centroid": "centroid\n(reference)", "route": "route()",
+         "route_text": "route_text()"}
 
 
 def pct(x, digits: int = 1) -> str:
@@ -47,7 +50,7 @@ def routing_table(before: dict, k: int) -> list[str]:
         out.append(f"| {LABELS[r]}{partial} | {ci(emb['top1'])} | {ci(emb[rk])} | "
                    f"{pct(bm['top1']['value']) if bm else '–'} | {pct(bm[rk]['value']) if bm else '–'} | "
                    f"{pct(syn['top1']['value']) if syn else '–'} | "
-                   f"{e.get('tokens_mean', 0):.0f} |" if r != "centroid" else
+                   f"{e.get('tokens_mean', 0):.0f} |" if r not in CONTENT_ROUTERS else
                    f"| {LABELS[r]} | {ci(emb['top1'])} | {ci(emb[rk])} | – | – | "
                    f"{pct(syn['top1']['value']) if syn else '–'} | – |")
     return out
@@ -115,14 +118,111 @@ def baseline_table(res: dict) -> list[str]:
 def set_table(r: dict, k: int) -> list[str]:
     """The main routers on one set: top-1 of both routers."""
     rows = ["| router | top-1 % [95% CI] | BM25 top-1 % | tokens |", "|---|---:|---:|---:|"]
-    for key in ("names", "tfidf20", "tfidf60", "tfidf150", "hybrid", "name_hybrid", "centroid"):
+    for key in ("names", "tfidf20", "tfidf60", "tfidf150", "hybrid", "name_hybrid", "centroid", "route",
+                "route_text"):
         e = r["before"].get(key)
         if not e or not e.get("available"):
             continue
         bm = e.get("bm25")
         rows.append(f"| {LABELS[key]} | {ci(e['embedding']['top1'])} | {pct(bm['top1']['value']) if bm else '–'} | "
-                    f"{e.get('tokens_mean', 0):.0f} |")
+                    + ("– |" if key in CONTENT_ROUTERS else f"{e.get('tokens_mean', 0):.0f} |"))
     return rows
+
+
+def _abst_row(label: str, where: str, a: dict | None) -> str:
+    if not a:
+        return f"| {label} | {where} | – | – | – | – | – |"
+    return (f"| {label} | {where} | {a['threshold']:g} | {ci(a['precision'])} | {ci(a['recall'])} | "
+            f"{a['f1']['value']:.3f} [{a['f1']['ci95'][0]:.3f}–{a['f1']['ci95'][1]:.3f}] | "
+            f"{a['abstained_in']}/{a['in']} |")
+
+
+def abstention_section(res: dict) -> list[str]:
+    """Retrieve or not: the extension's routers on queries no store holds, the threshold chosen on the tuning half,
+    the figures on the reporting half and on all the stores, the curve, and the measurement behind route()'s
+    score."""
+    r = res["routing"]
+    ab = res.get("abstention") or {}
+    if not any(v.get("available") for v in ab.values()):
+        return []
+    b = r["before"]
+    L = ["## Retrieve or not: `route()` and `route_text()`", "",
+         f"The extension's own routers rank the stores from what they hold: `storetopics.route(query_embedding)` "
+         f"from the stores' clusters (the query's all-MiniLM-L6-v2 embedding), `storetopics.route_text(query)` from "
+         f"their term counts (for stores without embeddings); both are in the routing table above, beside the "
+         f"centroid reference. Each also says whether to search at all: no row has `search` when the best store's "
+         f"score is below a threshold (settings `route_threshold`, `route_text_threshold`). The queries no store "
+         f"holds: {r.get('out_queries', 0)} held-out packages of the sections that have no store "
+         f"({', '.join(r.get('abstain_sections') or [])}; the catch-all sections libs, libdevel, devel, doc and misc "
+         f"left out, as their packages may be about what a store holds), beside the {r['queries']} queries that "
+         f"have a store. Abstaining is the positive class: precision = share of abstentions that were on a query no "
+         f"store holds, recall = share of those queries abstained on (Wilson 95%), F1 with a bootstrap 95% interval. "
+         f"The threshold was chosen on the tuning half (its own out-of-store sections: "
+         f"{', '.join((res.get('halves') or {}).get('tune', {}).get('abstain_sections') or [])}), best F1 there, "
+         f"and is reported on the reporting half (sections "
+         f"{', '.join((res.get('halves') or {}).get('report', {}).get('abstain_sections') or [])}) and on all "
+         f"{len(r['stores'])} stores.", "",
+         "| router | set | threshold | abstention precision % [95% CI] | recall % [95% CI] | F1 [95% CI] | "
+         "queries with a store abstained on |", "|---|---|---:|---:|---:|---:|---:|"]
+    for fn in ("route", "route_text"):
+        e = ab.get(fn) or {}
+        if not e.get("available"):
+            continue
+        for key, where in (("tune", "tuning half (chosen here)"), ("report", "reporting half"),
+                           ("all", f"all {len(r['stores'])} stores")):
+            L.append(_abst_row(f"`{fn}()`", where, (e.get(key) or {}).get("chosen")))
+        if abs(e["default"] - e["threshold"]) > 1e-9:
+            for key, where in (("report", "reporting half"), ("all", f"all {len(r['stores'])} stores")):
+                L.append(_abst_row(f"`{fn}()`, installed default", where, (e.get(key) or {}).get("default")))
+    L += [""]
+    e = ab.get("route") or {}
+    cen = b.get("centroid", {}).get("embedding", {}).get("top1", {}).get("value")
+    rt = b.get("route", {})
+    if e.get("available") and rt.get("available"):
+        t1 = rt["embedding"]["top1"]["value"]
+        rep_f1 = ((e.get("report") or {}).get("chosen") or {}).get("f1", {}).get("value")
+        all_f1 = ((e.get("all") or {}).get("chosen") or {}).get("f1", {}).get("value")
+        L += ["Targets:",
+              f"- `route()` top-1 ≥ the centroid reference: {pct(t1)} % vs {pct(cen)} % → "
+              + ("**met**" if cen is not None and t1 >= cen else "**missed**"),
+              f"- abstention F1 ≥ 0.8 (threshold from the tuning half): reporting half "
+              f"{rep_f1:.3f} → " + ("**met**" if rep_f1 is not None and rep_f1 >= 0.8 else "**missed**")
+              + (f"; all {len(r['stores'])} stores {all_f1:.3f} → "
+                 + ("**met**" if all_f1 >= 0.8 else "**missed**") if all_f1 is not None else "")
+              + (f"; tuning half {e['tune']['chosen']['f1']['value']:.3f}" if e.get("tune") else ""), ""]
+        if rt.get("out_abstained_by_section"):
+            L += [f"Out-of-store queries abstained on at the installed default ({rt['default_threshold']:g}), per "
+                  f"section (all stores): " + ", ".join(f"{k} {pct(v, 0)} %"
+                                                          for k, v in rt["out_abstained_by_section"].items())
+                  + f". AUC of the best store's score, queries with a store above those without: "
+                  f"{rt.get('auc', float('nan')):.3f}.", ""]
+    tune = (res.get("halves") or {}).get("tune", {}).get("before", {}).get("route", {})
+    if tune.get("curve"):
+        L += ["The curve on the tuning half (`route()`; every fourth point):", "",
+              "| threshold | precision % | recall % | F1 |", "|---:|---:|---:|---:|"]
+        for pt in tune["curve"][::4]:
+            L.append(f"| {pt['threshold']:.3f} | {pct(pt['precision'])} | {pct(pt['recall'])} | {pt['f1']:.3f} |")
+        L += [""]
+    for key, title in (("halves.tune", "tuning half (where the score was chosen)"),
+                       ("halves.report", "reporting half")):
+        v = (_set(res, key) or {}).get("route_variants") or {}
+        if not v:
+            continue
+        k = r["config"]["k"]
+        L += [f"How `route()` scores a store, measured on the {title}: the same clusters scored in Python (d: the "
+              f"query's cosine distance to a cluster, radius: the cluster's, share: its share of the store's chunks; "
+              f"mixture: ln Σ share·exp(κ(1−d)) / κ). Best F1 uses the best threshold of that set (comparable "
+              f"between rows, not a result). `route()` is mixture, κ 20"
+              + (f" (its SQL scores within {v['sql_vs_python_max_abs_diff']:.1e} of this)"
+                 if "sql_vs_python_max_abs_diff" in v else "") + ".", "",
+              f"| score | top-1 % | recall@{k} % | AUC | best F1 |", "|---|---:|---:|---:|---:|"]
+        for name, x in v.items():
+            if not isinstance(x, dict):
+                continue
+            L.append(f"| {name} | {pct(x['top1'])} | {pct(x[f'recall@{k}'])} | "
+                     f"{x.get('auc', float('nan')):.3f} | {x.get('best_f1', float('nan')):.3f} |")
+        L += [""]
+    return L
 
 
 def plots(res: dict, out_dir: Path) -> list[str]:
@@ -212,7 +312,33 @@ def plots(res: dict, out_dir: Path) -> list[str]:
         plt.close(fig)
         made.append("eval-drift.png")
 
-    # 4. needle
+    # 4. retrieve or not: abstention precision, recall and F1 against the threshold, per half
+    ab = res.get("abstention") or {}
+    halves = res.get("halves") or {}
+    if any(v.get("available") for v in ab.values()):
+        fns = [fn for fn in ("route", "route_text") if (ab.get(fn) or {}).get("available")]
+        fig, axes = plt.subplots(1, len(fns), figsize=(6 * len(fns), 4.0), squeeze=False)
+        for ax, fn in zip(axes[0], fns):
+            for half, ls in (("tune", "-"), ("report", "--")):
+                e = ((halves.get(half) or {}).get("before") or {}).get(fn) or {}
+                if not e.get("curve"):
+                    continue
+                xs = [p_["threshold"] for p_ in e["curve"]]
+                for field, color in (("f1", "black"), ("precision", "#3b6ea8"), ("recall", "#c0504d")):
+                    ax.plot(xs, [p_[field] for p_ in e["curve"]], ls=ls, color=color,
+                            label=f"{field}, {half} half")
+            ax.axvline(ab[fn]["threshold"], color="grey", lw=1, ls=":", label="chosen on the tuning half")
+            ax.set_ylim(0, 1.02)
+            ax.set_xlabel(f"{fn}() threshold (abstain below)")
+            ax.set_title(f"{fn}(): abstaining on queries no store holds")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out_dir / "eval-abstention.png", dpi=110)
+        plt.close(fig)
+        made.append("eval-abstention.png")
+
+    # 5. needle
     nd = res.get("needle")
     if nd and nd.get("trials"):
         stores = sorted({t["store"] for t in nd["trials"]})
@@ -282,6 +408,9 @@ def markdown(res: dict, images: list[str]) -> str:
           "",
           *baseline_table(res),
           ""]
+    L += abstention_section(res)
+    if "eval-abstention.png" in images:
+        L += ["![abstention against the threshold](eval-abstention.png)", ""]
     lab = r.get("labels")
     if lab and lab["clusters"]:
         L += ["### Offline labels: phrases people wrote", "",

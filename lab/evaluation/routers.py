@@ -39,6 +39,8 @@ LABELS = {
     "name_hybrid": "(e') name + store_topics",
     **{f"tfidf{n}": f"baseline: name + top-{n} TF-IDF words" for n in BASELINE_WORDS},
     "centroid": "reference: store centroid (sees the contents)",
+    "route": "storetopics.route(): the stores' clusters (sees the contents)",
+    "route_text": "storetopics.route_text(): the stores' term counts (sees the contents)",
 }
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import data, metrics, pg, quality, routers
+from . import data, metrics, pg, quality, routers, sqlroute
 
 # 16 sections, 7 look-alike pairs: admin/utils, net/web, math/science, gnome/kde, editors/text, haskell/ocaml,
 # python/perl; plus sound and games.
@@ -28,6 +28,13 @@ TABLE = "eval_routing"
 # every figure is also reported on the second, and on all 16 sections together.
 HALVES = {"tune": ("admin", "utils", "net", "web", "math", "science", "gnome", "kde"),
           "report": ("editors", "text", "haskell", "ocaml", "python", "perl", "sound", "games")}
+# Retrieve or not: queries whose answer is in no store, held-out packages of sections with no store.  Every section
+# of the corpus that is none of the 16 stores, except the catch-all ones whose packages may be about anything a
+# store holds (libs, libdevel, devel, doc, misc) and fonts (the drift's section); alternately to each half, so that
+# the threshold is chosen on sections the reporting half never sees.
+ABSTAIN_SECTIONS = ("golang", "gnu-r", "graphics", "interpreters", "java", "javascript", "lisp", "mail", "php",
+                    "ruby", "rust", "x11")
+ABSTAIN_HALVES = {"tune": ABSTAIN_SECTIONS[0::2], "report": ABSTAIN_SECTIONS[1::2]}
 
 
 @dataclass
@@ -44,6 +51,8 @@ class RoutingConfig:
     k: int = 3                          # recall@k
     table: str = TABLE                  # the chunk table (one source: its own catalog)
     family: str = "debian"              # the corpus family, for the report
+    abstain_sections: tuple[str, ...] = ABSTAIN_SECTIONS  # sections with no store whose held-out packages are
+                                        # queries no store holds (retrieve or not)
 
 
 @dataclass
@@ -179,9 +188,11 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print, corpus: dict | None =
     t_start = time.perf_counter()
     sections = list(cfg.sections)
     extra = [cfg.drift_from] if cfg.drift_store else []
+    abstain = [s for s in cfg.abstain_sections if s not in sections and s not in extra]
     if corpus is None:
-        corpus = data.read_sections([*sections, *extra])
+        corpus = data.read_sections([*sections, *extra, *abstain])
         handwritten = data.section_descriptions()
+    abstain = [s for s in abstain if s in corpus]
     handwritten = handwritten or {}
     table = cfg.table
     sp = data.split(corpus, held_share=cfg.held_share, store_cap=cfg.store_cap,
@@ -201,6 +212,7 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print, corpus: dict | None =
     q_texts = [p.text for p in queries]
     q_syn = [p.short for p in queries]
     drift_queries = sp.queries[cfg.drift_from] if cfg.drift_store else []
+    out_queries = [p for s in abstain for p in sp.queries[s]]   # held out like the others; no store holds them
     log(f"routing: {len(stores)} stores, {sum(len(sp.store[s]) for s in stores):,} files, "
         f"{len(store_rows):,} chunks; {len(queries)} queries (held out by hash, {cfg.held_share:.0%})")
     t0 = time.perf_counter()
@@ -211,6 +223,7 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print, corpus: dict | None =
     all_texts = [c for _, _, c in store_rows] + [c for _, _, c in drift_rows] + q_texts + q_syn + \
         [p.text for p in drift_queries] + [p.short for p in drift_queries]
     vec_all = embedder(all_texts, progress=progress)
+    out_vecs = embedder([p.text for p in out_queries]) if out_queries else np.zeros((0, embedder.dim), np.float32)
     n1, n2, n3 = len(store_rows), len(store_rows) + len(drift_rows), len(store_rows) + len(drift_rows) + len(q_texts)
     store_vecs, drift_vecs = vec_all[:n1], vec_all[n1:n2]
     q_vecs, q_syn_vecs = vec_all[n2:n3], vec_all[n3:n3 + len(q_syn)]
@@ -249,6 +262,16 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print, corpus: dict | None =
                 descs[r][s] = t
         before = evaluate(stores, descs, q_texts, q_vecs, truth, embedder, k=cfg.k, bm25=cfg.bm25,
                           centroids=centroid_matrix(by_store), synopsis=(q_syn, q_syn_vecs))
+        # the extension's own routers (they see the contents, as the centroid does), on the same queries, and on
+        # the queries no store holds
+        t0 = time.perf_counter()
+        before.update(sqlroute.evaluate(conn, table, stores, q_texts=q_texts, q_vecs=q_vecs, truth=truth,
+                                        syn_texts=q_syn, syn_vecs=q_syn_vecs, out_texts=[p.text for p in out_queries],
+                                        out_vecs=out_vecs, out_sections=[p.section for p in out_queries], k=cfg.k,
+                                        log=log))
+        timings["route_seconds"] = time.perf_counter() - t0
+        route_variants = sqlroute.variants(conn, table, stores, q_vecs, truth, out_vecs, cfg.k,
+                                           sql_top_in=before["route"].get("top_in"))
         curve = length_curve(stores, descs, q_vecs, truth, embedder, cfg.lengths, cfg.k)
         conf = {}
         for r in ("names", "handwritten", "hybrid", "name_hybrid", "tfidf60"):
@@ -268,7 +291,7 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print, corpus: dict | None =
                 mask = np.isin(truth, [sidx[a_], sidx[b_]])
                 lookalike[f"{a_}/{b_}"] = {
                     r: float(np.mean(np.array(before[r]["embedding"]["ranks"])[mask] == 1))
-                    for r in (*routers.ROUTERS, "centroid") if before.get(r, {}).get("available")}
+                    for r in (*routers.ROUTERS, "centroid", *sqlroute.ROUTERS) if before.get(r, {}).get("available")}
 
         result = {
             "config": {**cfg.__dict__, "sections": stores},
@@ -280,6 +303,8 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print, corpus: dict | None =
             "before": before, "length_curve": curve, "confusions": conf, "paired": paired,
             "versus_baseline": versus_baseline(before),
             "lookalike_top1": lookalike,
+            "abstain_sections": abstain, "out_queries": len(out_queries),
+            "route_variants": route_variants,
         }
 
         # -- drift ------------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from .. import embedding
-from . import cost, needle, pg, quality, report, routing, wordnet
+from . import cost, metrics, needle, pg, quality, report, routing, sqlroute, wordnet
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
@@ -96,6 +96,7 @@ def configs(args) -> tuple[routing.RoutingConfig, needle.NeedleConfig, int]:
         rc.sections = ("math", "science", "games", "sound", "gnome", "kde")
         rc.store_cap, rc.queries_per_section, rc.drift_store, rc.drift_from = 40, 10, "games", "fonts"
         rc.lengths = (5, 20)
+        rc.abstain_sections = ("golang", "gnu-r", "graphics", "interpreters")   # two per half
         nc.stores, nc.trials_per_store, nc.min_store_files, nc.flood_files = ("rust",), 4, 1000, 150
         sample = 1500
     if args.sections:
@@ -119,6 +120,32 @@ def configs(args) -> tuple[routing.RoutingConfig, needle.NeedleConfig, int]:
     if args.quality_sample is not None:
         sample = args.quality_sample
     return rc, nc, sample
+
+
+def abstention(res: dict, log=print) -> dict:
+    """Retrieve or not, per extension router: the threshold with the best abstention F1 on the tuning half, and
+    what it gives on the reporting half and on all the stores; beside the installed default's figures."""
+    out = {}
+    tune = (res.get("halves") or {}).get("tune", {}).get("before", {})
+    for fn in sqlroute.ROUTERS:
+        t = tune.get(fn, {})
+        if not t.get("top_out"):
+            out[fn] = {"available": False, "note": "no tuning half with queries no store holds"}
+            continue
+        chosen = round(metrics.best_threshold(t["top_in"], t["top_out"]), 2)
+        e = {"available": True, "chosen_on": "tune", "threshold": chosen, "default": t["default_threshold"]}
+        for key, node in (("tune", tune), ("report", (res["halves"].get("report") or {}).get("before", {})),
+                          ("all", res["routing"]["before"])):
+            r = node.get(fn, {})
+            if r.get("top_out"):
+                e[key] = {"chosen": sqlroute.at(r, chosen), "default": r["at_default"]}
+        out[fn] = e
+        rep = e.get("report", {}).get("chosen")
+        log(f"  {fn}: abstention threshold {chosen:g} chosen on the tuning half (F1 there "
+            f"{e['tune']['chosen']['f1']['value']:.3f}); reporting half F1 "
+            + (f"{rep['f1']['value']:.3f} [{rep['f1']['ci95'][0]:.3f}-{rep['f1']['ci95'][1]:.3f}]" if rep else "-")
+            + f"; installed default {e['default']:g}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +192,9 @@ def run(args: argparse.Namespace) -> int:
         res["halves"] = {}
         for name, secs in routing.HALVES.items():
             hc = dataclasses.replace(rc, sections=tuple(s for s in secs if s in rc.sections), drift_store=None,
-                                     table=f"eval_{name}", lengths=())
+                                     table=f"eval_{name}", lengths=(),
+                                     abstain_sections=tuple(s for s in routing.ABSTAIN_HALVES[name]
+                                                            if s in rc.abstain_sections))
             if len(hc.sections) >= 2:
                 log(f"half '{name}': {', '.join(hc.sections)}")
                 res["halves"][name], _ = routing.run(dsn, hc, emb, log)
@@ -173,14 +202,15 @@ def run(args: argparse.Namespace) -> int:
         if wordnet.available():
             t0 = time.perf_counter()
             wc = dataclasses.replace(rc, sections=wordnet.STORES, drift_store=None, table="eval_wordnet", lengths=(),
-                                     family="wordnet")
+                                     family="wordnet", abstain_sections=())
             log("second family: WordNet noun synsets, one store per lexicographer file")
             res["family2"], _ = routing.run(dsn, wc, emb, log, corpus=wordnet.read(), handwritten={})
             timings["routing, WordNet"] = time.perf_counter() - t0
         else:
             log(f"second family skipped: {wordnet.DATA_NOUN} missing (Debian package wordnet-base)")
+        res["abstention"] = abstention(res, log)
         b = res["routing"]["before"]
-        for r in ("names", "handwritten", "keywords", "clusters", "hybrid", "centroid"):
+        for r in ("names", "handwritten", "keywords", "clusters", "hybrid", "centroid", *sqlroute.ROUTERS):
             e = b.get(r, {})
             if e.get("available"):
                 log(f"  {r:12s} top-1 {100 * e['embedding']['top1']['value']:5.1f}%  "
