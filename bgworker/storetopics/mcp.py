@@ -192,28 +192,25 @@ def description(prefix: str, store: Store) -> str:
     return f"{head} {store.summary}" if head else store.summary
 
 
-def search_schema(client_embeddings: bool) -> dict:
+def _query_schema(query: str, k: str, k_max: int, k_default: int, client_embeddings: bool) -> dict:
     props: dict[str, Any] = {
-        "query": {"type": "string", "minLength": 1, "maxLength": QUERY_MAX,
-                  "description": 'What to look for: words, "a phrase", -excluded, or (web search syntax).'},
-        "k": {"type": "integer", "minimum": 1, "maximum": K_MAX, "default": K_DEFAULT,
-              "description": f"How many chunks to return (1-{K_MAX})."},
+        "query": {"type": "string", "minLength": 1, "maxLength": QUERY_MAX, "description": query},
+        "k": {"type": "integer", "minimum": 1, "maximum": k_max, "default": k_default,
+              "description": f"{k} (1-{k_max})."},
     }
     if client_embeddings:
         props["embedding"] = _embedding_schema()
     return {"type": "object", "properties": props, "required": ["query"], "additionalProperties": False}
+
+
+def search_schema(client_embeddings: bool) -> dict:
+    return _query_schema('What to look for: words, "a phrase", -excluded, or (web search syntax).',
+                         "How many chunks to return", K_MAX, K_DEFAULT, client_embeddings)
 
 
 def route_schema(client_embeddings: bool) -> dict:
-    props: dict[str, Any] = {
-        "query": {"type": "string", "minLength": 1, "maxLength": QUERY_MAX,
-                  "description": "The user's question or what to look for."},
-        "k": {"type": "integer", "minimum": 1, "maximum": ROUTE_K_MAX, "default": ROUTE_K_DEFAULT,
-              "description": f"How many candidate stores to weigh (1-{ROUTE_K_MAX})."},
-    }
-    if client_embeddings:
-        props["embedding"] = _embedding_schema()
-    return {"type": "object", "properties": props, "required": ["query"], "additionalProperties": False}
+    return _query_schema("The user's question or what to look for.", "How many candidate stores to weigh",
+                         ROUTE_K_MAX, ROUTE_K_DEFAULT, client_embeddings)
 
 
 def _embedding_schema() -> dict:
