@@ -1691,6 +1691,8 @@ BEGIN
   EXECUTE format('GRANT INSERT (source_id, store_key, file_key, resync, deletes), SELECT (source_id) '
                  'ON storetopics.pending TO %s', src.owner);
   EXECUTE format('GRANT SELECT ON storetopics.file_means TO %s', src.owner);
+  -- and what it may read as the owner: its stores, in catalog() and route()
+  PERFORM storetopics._grant_routing(src.owner::text);
 END $$;
 
 -- The name of a source's reader, made current first: generated functions are stamped with the version that made
@@ -2164,9 +2166,11 @@ BEGIN
                  'storetopics.resync(regclass), storetopics.verify(regclass), storetopics.settings(regclass), '
                  'storetopics.configure(regclass, jsonb), storetopics.pause(regclass), storetopics.resume(regclass), '
                  'storetopics.grant_read(regrole, regclass) TO %I', role_name);
+  PERFORM storetopics._grant_routing(quote_ident(role_name));
 END $$;
 COMMENT ON FUNCTION storetopics.grant_attach(name) IS
-  'Let a role attach the tables it owns (and read their summaries).  Grants no CREATE on the schema.';
+  'Let a role attach the tables it owns (and read their summaries: the views, catalog(), route()).  Grants no '
+  'CREATE on the schema.';
 
 -- Lets a role run the worker's part (fold, render, backfill, the worker's functions) without being superuser or
 -- owning the chunk tables: it may read and write storetopics' own tables and run its functions, including each
@@ -2202,12 +2206,11 @@ BEGIN
   -- a monitoring role is a reader: metrics() shows it the sources it may read, like the views
   EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.metrics() TO %s', role_name);
   -- a router is a reader: catalog() and route() show and rank the stores it may read
-  EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.catalog(text), storetopics.route(%I.vector, int, text), '
-                 'storetopics.route_text(text, int, text) TO %s', storetopics._vector_schema(), role_name);
+  PERFORM storetopics._grant_routing(role_name::text);
 END $$;
 COMMENT ON FUNCTION storetopics.grant_read(regrole, regclass) IS
-  'Let a role (a router, a monitoring role) read the summaries and metrics() of one attached table, or of all '
-  '(NULL; administrators only).';
+  'Let a role (a router, a monitoring role) read the summaries of one attached table, or of all (NULL; '
+  'administrators only): the views stores and status, catalog(), route(), route_text() and metrics().';
 
 -- idempotent/040-fold.sql
 -- ------------------------------------------------------------------------------------------------------------
@@ -4556,13 +4559,23 @@ COMMENT ON VIEW storetopics.status IS
 -- or a superuser).  The functions here are SECURITY DEFINER (a router may read none of the tables they read), so
 -- the rule is applied to the role that called in (_caller), not to current_user.  Granted by grant_read.
 
+-- A store's tool name: 'search_' and the store key, lowercased, every character but [a-z0-9_-] made '_', cut so that
+-- with `suffix` it is at most 64 characters (the names MCP, OpenAI and Anthropic accept: ^[a-zA-Z0-9_-]{1,64}$).
+-- The one place the rule is written: catalog() names the stores with it, and the Python helpers ask it for the
+-- name of a store that has no summary yet.  The letters are spelled out, so that only ASCII ones pass, whatever
+-- the collation.
+CREATE OR REPLACE FUNCTION storetopics.tool_name(store_key text, suffix text DEFAULT '') RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN left('search_' || regexp_replace(lower(store_key), '[^abcdefghijklmnopqrstuvwxyz0123456789_-]', '_', 'g'),
+            64 - length(suffix)) || suffix;
+COMMENT ON FUNCTION storetopics.tool_name(text, text) IS
+  'The tool name of a store key (search_<key>, [a-z0-9_-], at most 64 characters with the suffix).';
+
 -- The stores the caller may read that have a summary, of one catalog (NULL: of every catalog), each with its tool
--- name: 'search_' and the store key, lowercased, every character but [a-z0-9_-] made '_', cut to 64 characters
--- (the tool names MCP, OpenAI and Anthropic accept: ^[a-zA-Z0-9_-]{1,64}$).  Two stores whose names would be the
--- same get '_<source id>' appended (cut first, so that it fits); two stores of one source that still collide
--- (keys that differ only in case or punctuation) get '_<source id>_<8 hex digits of md5(store key)>'.  The names are
--- unique within the set this returns and a function of it: the same stores give the same names, whatever the order
--- of rows on disk.
+-- name, tool_name(store key).  Two stores whose names would be the same get '_<source id>' appended (cut first, so
+-- that it fits); two stores of one source that still collide (keys that differ only in case or punctuation) get
+-- '_<source id>_<8 hex digits of md5(store key)>'.  The names are unique within the set this returns and a function
+-- of it: the same stores give the same names, whatever the order of rows on disk.
 CREATE OR REPLACE FUNCTION storetopics._readable_stores(p_catalog text)
 RETURNS TABLE (catalog text, source_id int, store_key text, tool_name text)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
@@ -4577,10 +4590,7 @@ WITH me AS MATERIALIZED (
       OR EXISTS (SELECT 1 FROM storetopics.grants g
                   WHERE (g.source_id IS NULL OR g.source_id = s.id) AND pg_has_role(me.r, g.role, 'USAGE'))
 ), v AS (
-  SELECT src.catalog, st.source_id, st.store_key,
-         -- (the letters spelled out, so that only ASCII ones pass, whatever the collation)
-         left('search_' || regexp_replace(lower(st.store_key), '[^abcdefghijklmnopqrstuvwxyz0123456789_-]', '_', 'g'),
-              64) AS base
+  SELECT src.catalog, st.source_id, st.store_key, storetopics.tool_name(st.store_key) AS base
     FROM src JOIN storetopics.store_state st ON st.source_id = src.id
    WHERE st.store_topics IS NOT NULL AND (p_catalog IS NULL OR src.catalog = p_catalog)
 ), n AS (
@@ -4590,8 +4600,8 @@ WITH me AS MATERIALIZED (
 ), named AS (
   SELECT n.*,
          CASE WHEN n.same = 1 THEN n.base
-              WHEN n.same_source = 1 THEN left(n.base, 63 - length(n.source_id::text)) || '_' || n.source_id
-              ELSE left(n.base, 54 - length(n.source_id::text)) || '_' || n.source_id || '_' || left(md5(n.store_key), 8)
+              WHEN n.same_source = 1 THEN storetopics.tool_name(n.store_key, '_' || n.source_id)
+              ELSE storetopics.tool_name(n.store_key, '_' || n.source_id || '_' || left(md5(n.store_key), 8))
          END AS name1
     FROM n
 )
@@ -4599,7 +4609,7 @@ WITH me AS MATERIALIZED (
 -- still collide take the long form
 SELECT x.catalog, x.source_id, x.store_key,
        CASE WHEN count(*) OVER (PARTITION BY x.name1) = 1 THEN x.name1
-            ELSE left(x.base, 54 - length(x.source_id::text)) || '_' || x.source_id || '_' || left(md5(x.store_key), 8)
+            ELSE storetopics.tool_name(x.store_key, '_' || x.source_id || '_' || left(md5(x.store_key), 8))
        END
   FROM named x;
 END;
@@ -4830,6 +4840,19 @@ COMMENT ON FUNCTION storetopics.route_text(text, int, text) IS
   'those the caller may read) whose words the query''s are most, with its weightiest word; search = false on '
   'every row: no store holds it (route_text_threshold).';
 
+-- ------------------------------------------------------------------------------------------------------------
+-- Who may route
+-- ------------------------------------------------------------------------------------------------------------
+-- catalog(), route() and route_text() show each caller only the stores it may read (_readable_stores), so they are
+-- granted to every role that may read some: readers (grant_read), attachers (grant_attach) and the owners of
+-- attached tables.  A role granted none of these may not call them.
+CREATE OR REPLACE FUNCTION storetopics._grant_routing(p_role text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.catalog(text), storetopics.route(%I.vector, int, text), '
+                 'storetopics.route_text(text, int, text) TO %s', storetopics._vector_schema(), p_role);
+END $$;
+
 -- idempotent/120-search.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Search: a store's best chunks for a query (what an MCP server's search tool calls)
@@ -4939,7 +4962,8 @@ REVOKE ALL ON ALL TABLES IN SCHEMA storetopics FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA storetopics FROM PUBLIC;
 -- pure helpers: the generated readers use them as the tables' owners
 GRANT EXECUTE ON FUNCTION storetopics.usable_text(text), storetopics.showable_term(text),
-  storetopics._human_count(bigint), storetopics.tsvector_or_null(regconfig, text), storetopics.max_store_key()
+  storetopics._human_count(bigint), storetopics.tsvector_or_null(regconfig, text), storetopics.max_store_key(),
+  storetopics.tool_name(text, text)
   TO PUBLIC;
 -- search() returns the chunks themselves, so it is executable by PUBLIC only because it checks every caller itself
 -- (SELECT on the chunk table, no row-level security it would bypass, a store the caller may see) before the
@@ -4971,13 +4995,13 @@ BEGIN
   FOR r IN SELECT DISTINCT g.role FROM storetopics.grants g WHERE g.kind = 'read' LOOP
     EXECUTE format('GRANT SELECT ON storetopics.stores, storetopics.status TO %s', r.role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.metrics() TO %s', r.role);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.catalog(text), storetopics.route(%I.vector, int, text), '
-                   'storetopics.route_text(text, int, text) TO %s', storetopics._vector_schema(), r.role);
+    PERFORM storetopics._grant_routing(r.role::text);
   END LOOP;
   FOR r IN SELECT DISTINCT s.owner FROM storetopics.sources s LOOP
     EXECUTE format('GRANT INSERT (source_id, store_key, file_key, resync, deletes), SELECT (source_id) '
                    'ON storetopics.pending TO %s', r.owner);
     EXECUTE format('GRANT SELECT ON storetopics.file_means TO %s', r.owner);
+    PERFORM storetopics._grant_routing(r.owner::text);
   END LOOP;
 END $$;
 

@@ -17,7 +17,7 @@ SEARCH_PATH = "search_path=pg_catalog, pg_temp"
 # inlining them (they run per row in fold()).  Any other function must set search_path.
 BOUND_AT_CREATION: set[str] = set()   # every function pins its search_path
 PUBLIC_EXECUTE = {"usable_text(text)", "showable_term(text)", "_human_count(bigint)", "tsvector_or_null(regconfig,text)",
-                  "max_store_key()",
+                  "max_store_key()", "tool_name(text,text)",
                   # checks every caller itself: contents go only to roles that may SELECT the chunk table
                   "search(integer,text,text,integer,vector)"}
 

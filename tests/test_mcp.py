@@ -11,6 +11,7 @@ server as a subprocess (`python -m storetopics.cli --dsn ... mcp`), against a re
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import socket
@@ -348,35 +349,27 @@ def test_streamable_http(dsn, conn):
         log.close()
 
 
-def test_the_fallbacks_without_the_routing_functions(dsn, conn):
-    """Where storetopics.catalog() and route_text() are not installed (or not executable), the server lists the
-    stores from storetopics.stores with the same names and routes by the summaries' words."""
-    source = _setup(conn)
-
-    async def main():
-        app = st_mcp.App(st_mcp.Options(dsn=dsn, prefix=PREFIX))
-        try:
-            await app.db.ensure()
-            installed = app.db.features.catalog
-            with_catalog = [(s.tool_name, s.source_id, s.store_key, s.summary) for s in await app.stores()]
-            app.db.features.catalog = app.db.features.route = app.db.features.route_text = False
-            fallback = [(s.tool_name, s.source_id, s.store_key, s.summary) for s in await app.stores()]
-            assert [x[0] for x in fallback] == ["search_games", "search_kitchen"]
-            if installed:
-                assert fallback == with_catalog
-            routed = await app.route({"query": "how long should sourdough bread rise"})
-            assert routed["method"] == "keywords" and routed["search"] == ["search_kitchen"], routed
-            assert {"bread", "sourdough"} <= set(routed["candidates"][0]["matched"])
-            nothing = await app.route({"query": "quantum chromodynamics"})
-            assert nothing["none_applies"] and nothing["search"] == [] and "No store applies" in nothing["message"]
-            app.opts.catalog = "elsewhere"
-            assert await app.stores() == []
-            app.opts.catalog = f"source:{source}"
-            assert len(await app.stores()) == 2
-        finally:
-            await app.db.close()
-
-    anyio.run(main)
+def test_a_role_that_may_read_no_store(dsn, conn):
+    """A role with USAGE on the schema but no store to read (no grant_read, no table attached) is offered no store
+    tools, and `route` is an MCP error result saying what to grant, not a crash; once granted, it is offered the
+    stores."""
+    _setup(conn)
+    role = f"nobody_{uuid.uuid4().hex[:6]}"
+    conn.execute(f"CREATE ROLE {role} LOGIN")
+    conn.execute(f"GRANT USAGE ON SCHEMA storetopics TO {role}")
+    try:
+        async def main():
+            async with client(_as(dsn, role)) as (session, _, _):
+                assert set(_tools(await session.list_tools())) == {"route"}
+                msg = _error(await session.call_tool("route", {"query": "sourdough bread"}))
+                assert "grant_read" in msg
+            conn.execute("SELECT storetopics.grant_read(%s, 'chunks')", (role,))
+            async with client(_as(dsn, role)) as (session, _, _):
+                assert set(_tools(await session.list_tools())) == {"route", "search_games", "search_kitchen"}
+        anyio.run(main)
+    finally:
+        conn.execute(f"DROP OWNED BY {role}")
+        conn.execute(f"DROP ROLE {role}")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -591,8 +584,8 @@ def test_search_uses_the_sources_text_search_configuration_and_skips_huge_texts(
                                        (source,))] == ["1"]
 
 
-def test_tool_names_match_the_catalog(dsn, conn):
-    """The names the server derives when storetopics.catalog() is not installed are the names catalog() gives."""
+def test_catalog_tool_names_for_odd_and_colliding_keys(dsn, conn):
+    """catalog()'s names, which the server offers: valid, unique, and the long forms where keys collide."""
     keys = ["Docs", "docs", "docs_1", "Über Guide", "a" * 80, "a" * 81, "x.y", "x-y"]
     conn.execute("CREATE TABLE one (id serial PRIMARY KEY, store text, file int, content text)")
     conn.execute("CREATE TABLE two (id serial PRIMARY KEY, store text, file int, content text)")
@@ -603,17 +596,15 @@ def test_tool_names_match_the_catalog(dsn, conn):
     ids = [conn.execute(f"SELECT storetopics.attach('{t}', store_key => 'store', file_key => 'file')").fetchone()[0]
            for t in ("one", "two")]
     helpers.backfill(conn)
-    rows = conn.execute("SELECT source_id, store_key FROM storetopics.stores WHERE store_topics IS NOT NULL").fetchall()
-    assert len(rows) == 2 * len(keys)
-    names = st_mcp.tool_names(rows)
-    assert len(set(names.values())) == len(rows)
+    names = {(r[0], r[1]): r[2] for r in conn.execute(
+        "SELECT source_id, store_key, tool_name FROM storetopics.catalog()")}
+    assert len(names) == 2 * len(keys) and len(set(names.values())) == len(names)
     assert all(len(n) <= 64 and n.startswith("search_") and n.replace("_", "a").replace("-", "a").isalnum()
                for n in names.values())
-    assert names[(ids[0], "x.y")] == f"search_x_y_{ids[0]}"
-    if conn.execute("SELECT to_regprocedure('storetopics.catalog(text)') IS NOT NULL").fetchone()[0]:
-        sql_names = {(r[0], r[1]): r[2] for r in conn.execute(
-            "SELECT source_id, store_key, tool_name FROM storetopics.catalog()")}
-        assert sql_names == names
+    assert names[(ids[0], "x.y")] == f"search_x_y_{ids[0]}" and names[(ids[1], "x-y")] == f"search_x-y_{ids[1]}"
+    md5 = hashlib.md5(b"Docs").hexdigest()[:8]
+    assert names[(ids[0], "Docs")] == f"search_docs_{ids[0]}_{md5}"       # 'docs' of the same source collides
+    assert {len(names[(ids[0], "a" * 80)]), len(names[(ids[0], "a" * 81)])} == {64}
 
 
 def test_pure_helpers():

@@ -182,7 +182,9 @@ PUBLIC_API = {
     "verify(regclass)",
     # pure helpers every role may run (the generated readers use them as the tables' owners)
     "usable_text(text)", "showable_term(text)", "_human_count(bigint)", "tsvector_or_null(regconfig,text)",
-    "max_store_key()",
+    "max_store_key()", "tool_name(text,text)",
+    # the stores it may read, for a router: catalog() and route() show a caller only those
+    "catalog(text)", "route(vector,integer,text)", "route_text(text,integer,text)",
     # full-text/vector search of a store: checks that the caller may SELECT the chunk table and see the store
     "search(integer,text,text,integer,vector)",
 }

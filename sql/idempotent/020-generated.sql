@@ -340,6 +340,8 @@ BEGIN
   EXECUTE format('GRANT INSERT (source_id, store_key, file_key, resync, deletes), SELECT (source_id) '
                  'ON storetopics.pending TO %s', src.owner);
   EXECUTE format('GRANT SELECT ON storetopics.file_means TO %s', src.owner);
+  -- and what it may read as the owner: its stores, in catalog() and route()
+  PERFORM storetopics._grant_routing(src.owner::text);
 END $$;
 
 -- The name of a source's reader, made current first: generated functions are stamped with the version that made

@@ -427,9 +427,11 @@ BEGIN
                  'storetopics.resync(regclass), storetopics.verify(regclass), storetopics.settings(regclass), '
                  'storetopics.configure(regclass, jsonb), storetopics.pause(regclass), storetopics.resume(regclass), '
                  'storetopics.grant_read(regrole, regclass) TO %I', role_name);
+  PERFORM storetopics._grant_routing(quote_ident(role_name));
 END $$;
 COMMENT ON FUNCTION storetopics.grant_attach(name) IS
-  'Let a role attach the tables it owns (and read their summaries).  Grants no CREATE on the schema.';
+  'Let a role attach the tables it owns (and read their summaries: the views, catalog(), route()).  Grants no '
+  'CREATE on the schema.';
 
 -- Lets a role run the worker's part (fold, render, backfill, the worker's functions) without being superuser or
 -- owning the chunk tables: it may read and write storetopics' own tables and run its functions, including each
@@ -465,9 +467,8 @@ BEGIN
   -- a monitoring role is a reader: metrics() shows it the sources it may read, like the views
   EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.metrics() TO %s', role_name);
   -- a router is a reader: catalog() and route() show and rank the stores it may read
-  EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.catalog(text), storetopics.route(%I.vector, int, text), '
-                 'storetopics.route_text(text, int, text) TO %s', storetopics._vector_schema(), role_name);
+  PERFORM storetopics._grant_routing(role_name::text);
 END $$;
 COMMENT ON FUNCTION storetopics.grant_read(regrole, regclass) IS
-  'Let a role (a router, a monitoring role) read the summaries and metrics() of one attached table, or of all '
-  '(NULL; administrators only).';
+  'Let a role (a router, a monitoring role) read the summaries of one attached table, or of all (NULL; '
+  'administrators only): the views stores and status, catalog(), route(), route_text() and metrics().';

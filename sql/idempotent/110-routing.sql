@@ -6,13 +6,23 @@
 -- or a superuser).  The functions here are SECURITY DEFINER (a router may read none of the tables they read), so
 -- the rule is applied to the role that called in (_caller), not to current_user.  Granted by grant_read.
 
+-- A store's tool name: 'search_' and the store key, lowercased, every character but [a-z0-9_-] made '_', cut so that
+-- with `suffix` it is at most 64 characters (the names MCP, OpenAI and Anthropic accept: ^[a-zA-Z0-9_-]{1,64}$).
+-- The one place the rule is written: catalog() names the stores with it, and the Python helpers ask it for the
+-- name of a store that has no summary yet.  The letters are spelled out, so that only ASCII ones pass, whatever
+-- the collation.
+CREATE OR REPLACE FUNCTION storetopics.tool_name(store_key text, suffix text DEFAULT '') RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN left('search_' || regexp_replace(lower(store_key), '[^abcdefghijklmnopqrstuvwxyz0123456789_-]', '_', 'g'),
+            64 - length(suffix)) || suffix;
+COMMENT ON FUNCTION storetopics.tool_name(text, text) IS
+  'The tool name of a store key (search_<key>, [a-z0-9_-], at most 64 characters with the suffix).';
+
 -- The stores the caller may read that have a summary, of one catalog (NULL: of every catalog), each with its tool
--- name: 'search_' and the store key, lowercased, every character but [a-z0-9_-] made '_', cut to 64 characters
--- (the tool names MCP, OpenAI and Anthropic accept: ^[a-zA-Z0-9_-]{1,64}$).  Two stores whose names would be the
--- same get '_<source id>' appended (cut first, so that it fits); two stores of one source that still collide
--- (keys that differ only in case or punctuation) get '_<source id>_<8 hex digits of md5(store key)>'.  The names are
--- unique within the set this returns and a function of it: the same stores give the same names, whatever the order
--- of rows on disk.
+-- name, tool_name(store key).  Two stores whose names would be the same get '_<source id>' appended (cut first, so
+-- that it fits); two stores of one source that still collide (keys that differ only in case or punctuation) get
+-- '_<source id>_<8 hex digits of md5(store key)>'.  The names are unique within the set this returns and a function
+-- of it: the same stores give the same names, whatever the order of rows on disk.
 CREATE OR REPLACE FUNCTION storetopics._readable_stores(p_catalog text)
 RETURNS TABLE (catalog text, source_id int, store_key text, tool_name text)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
@@ -27,10 +37,7 @@ WITH me AS MATERIALIZED (
       OR EXISTS (SELECT 1 FROM storetopics.grants g
                   WHERE (g.source_id IS NULL OR g.source_id = s.id) AND pg_has_role(me.r, g.role, 'USAGE'))
 ), v AS (
-  SELECT src.catalog, st.source_id, st.store_key,
-         -- (the letters spelled out, so that only ASCII ones pass, whatever the collation)
-         left('search_' || regexp_replace(lower(st.store_key), '[^abcdefghijklmnopqrstuvwxyz0123456789_-]', '_', 'g'),
-              64) AS base
+  SELECT src.catalog, st.source_id, st.store_key, storetopics.tool_name(st.store_key) AS base
     FROM src JOIN storetopics.store_state st ON st.source_id = src.id
    WHERE st.store_topics IS NOT NULL AND (p_catalog IS NULL OR src.catalog = p_catalog)
 ), n AS (
@@ -40,8 +47,8 @@ WITH me AS MATERIALIZED (
 ), named AS (
   SELECT n.*,
          CASE WHEN n.same = 1 THEN n.base
-              WHEN n.same_source = 1 THEN left(n.base, 63 - length(n.source_id::text)) || '_' || n.source_id
-              ELSE left(n.base, 54 - length(n.source_id::text)) || '_' || n.source_id || '_' || left(md5(n.store_key), 8)
+              WHEN n.same_source = 1 THEN storetopics.tool_name(n.store_key, '_' || n.source_id)
+              ELSE storetopics.tool_name(n.store_key, '_' || n.source_id || '_' || left(md5(n.store_key), 8))
          END AS name1
     FROM n
 )
@@ -49,7 +56,7 @@ WITH me AS MATERIALIZED (
 -- still collide take the long form
 SELECT x.catalog, x.source_id, x.store_key,
        CASE WHEN count(*) OVER (PARTITION BY x.name1) = 1 THEN x.name1
-            ELSE left(x.base, 54 - length(x.source_id::text)) || '_' || x.source_id || '_' || left(md5(x.store_key), 8)
+            ELSE storetopics.tool_name(x.store_key, '_' || x.source_id || '_' || left(md5(x.store_key), 8))
        END
   FROM named x;
 END;
@@ -279,3 +286,16 @@ COMMENT ON FUNCTION storetopics.route_text(text, int, text) IS
   'Where to search for a query text, from the stores'' term counts (stores without embeddings): the k stores (of '
   'those the caller may read) whose words the query''s are most, with its weightiest word; search = false on '
   'every row: no store holds it (route_text_threshold).';
+
+-- ------------------------------------------------------------------------------------------------------------
+-- Who may route
+-- ------------------------------------------------------------------------------------------------------------
+-- catalog(), route() and route_text() show each caller only the stores it may read (_readable_stores), so they are
+-- granted to every role that may read some: readers (grant_read), attachers (grant_attach) and the owners of
+-- attached tables.  A role granted none of these may not call them.
+CREATE OR REPLACE FUNCTION storetopics._grant_routing(p_role text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.catalog(text), storetopics.route(%I.vector, int, text), '
+                 'storetopics.route_text(text, int, text) TO %s', storetopics._vector_schema(), p_role);
+END $$;

@@ -5,7 +5,8 @@ REVOKE ALL ON ALL TABLES IN SCHEMA storetopics FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA storetopics FROM PUBLIC;
 -- pure helpers: the generated readers use them as the tables' owners
 GRANT EXECUTE ON FUNCTION storetopics.usable_text(text), storetopics.showable_term(text),
-  storetopics._human_count(bigint), storetopics.tsvector_or_null(regconfig, text), storetopics.max_store_key()
+  storetopics._human_count(bigint), storetopics.tsvector_or_null(regconfig, text), storetopics.max_store_key(),
+  storetopics.tool_name(text, text)
   TO PUBLIC;
 -- search() returns the chunks themselves, so it is executable by PUBLIC only because it checks every caller itself
 -- (SELECT on the chunk table, no row-level security it would bypass, a store the caller may see) before the
@@ -37,13 +38,13 @@ BEGIN
   FOR r IN SELECT DISTINCT g.role FROM storetopics.grants g WHERE g.kind = 'read' LOOP
     EXECUTE format('GRANT SELECT ON storetopics.stores, storetopics.status TO %s', r.role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.metrics() TO %s', r.role);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.catalog(text), storetopics.route(%I.vector, int, text), '
-                   'storetopics.route_text(text, int, text) TO %s', storetopics._vector_schema(), r.role);
+    PERFORM storetopics._grant_routing(r.role::text);
   END LOOP;
   FOR r IN SELECT DISTINCT s.owner FROM storetopics.sources s LOOP
     EXECUTE format('GRANT INSERT (source_id, store_key, file_key, resync, deletes), SELECT (source_id) '
                    'ON storetopics.pending TO %s', r.owner);
     EXECUTE format('GRANT SELECT ON storetopics.file_means TO %s', r.owner);
+    PERFORM storetopics._grant_routing(r.owner::text);
   END LOOP;
 END $$;
 

@@ -14,12 +14,12 @@ A description is an optional operator-written prefix, then the summary delimited
 The summary is made from documents anyone could upload (see the README's trust model): it is put in the delimiters
 on one line, with any run of three or more `<` or `>` in it shortened to two, so it cannot close them.
 
-The summaries and tool names are read from `storetopics.catalog(text)` when the database has it and the role may
-execute it, else from `storetopics.stores` with the names made here by the same rule (so both give the same names):
-'search_' + the store key lowercased, every character but [a-z0-9_-] as '_', at most 64 characters; where two stores
-would get the same name, '_<source id>' appended, and where that is not enough '_<source id>_<md5 of the key, 8>'.
-Names are made over the stores of the catalog read (every store the role may see, or one catalog's), so a store's
-name does not depend on the `source` filter.
+The summaries and tool names are read from `storetopics.catalog(text)` (storetopics 0.2), which a role may run when it
+may read some store (a reader, an attacher, a table's owner): the tool name is `storetopics.tool_name(store key)`
+('search_' + the key lowercased, every character but [a-z0-9_-] as '_', at most 64 characters), and where two
+stores would get the same name, '_<source id>' appended, and where that is not enough '_<source id>_<md5 of the key,
+8>'.  Names are made over the stores of the catalog read (every store the role may see, or one catalog's), so a
+store's name does not depend on the `source` filter.
 """
 from __future__ import annotations
 
@@ -83,36 +83,13 @@ class _Row:
 # --------------------------------------------------------------------------------------------------------------
 # Names and descriptions
 # --------------------------------------------------------------------------------------------------------------
-def tool_name(store_key: str, suffix: str = "") -> str:
-    """'search_' + the store key lowercased, every character outside [a-z0-9_-] as '_', cut so that the name with
-    `suffix` is at most 64 characters."""
-    base = "search_" + re.sub(r"[^a-z0-9_-]", "_", store_key.lower())
-    return base[:64 - len(suffix)] + suffix
+def tool_name(conn: psycopg.Connection, store_key: str, suffix: str = "") -> str:
+    """storetopics.tool_name(): the tool name of a store key, with an optional suffix (at most 64 characters)."""
+    return conn.execute("SELECT storetopics.tool_name(%s, %s)", (store_key, suffix)).fetchone()[0]
 
 
 def _digest(store_key: str) -> str:
     return hashlib.md5(store_key.encode()).hexdigest()[:8]
-
-
-def _names(stores: list[tuple[int | None, str]]) -> list[str]:
-    """Unique tool names for (source id, store key) pairs, by storetopics.catalog()'s rule: tool_name(store key);
-    where two would be the same, '_<source id>' appended; where two of one source (or a name so made and another's
-    plain one) still are, '_<source id>_<8 hex digits of md5(store key)>'.  A function of the set, not its order."""
-    base = [tool_name(k) for _, k in stores]
-    same = Counter(base)
-    same_source = Counter(zip(base, (s for s, _ in stores)))
-
-    def long(i: int) -> str:
-        s, k = stores[i]
-        return tool_name(k, ("" if s is None else f"_{s}") + "_" + _digest(k))
-
-    names = [b if same[b] == 1 else
-             tool_name(k, f"_{s}") if s is not None and same_source[(b, s)] == 1 else long(i)
-             for i, (b, (s, k)) in enumerate(zip(base, stores))]
-    seen = Counter(names)
-    names = [long(i) if seen[n] > 1 else n for i, n in enumerate(names)]
-    assert len(set(names)) == len(names), names
-    return names
 
 
 def _one_line(text: str) -> str:
@@ -174,28 +151,18 @@ def has_catalog(conn: psycopg.Connection) -> bool:
 
 def _rows(conn: psycopg.Connection, source: str | int | None = None, catalog: str | None = None) -> list[_Row]:
     """The stores with a summary the role may see (of one source), in order of source id and store key, each with
-    its tool name: storetopics.catalog()'s (names made over the whole catalog, so a store's name does not depend on
-    the source filter), else made here by the same rule over every store the role may see."""
+    its tool name, as storetopics.catalog() names them (over the whole catalog, so that a store's name does not
+    depend on the source filter)."""
+    if not has_catalog(conn):
+        raise ValueError("storetopics.catalog(text) is not there, or this role may not execute it: install "
+                         "storetopics 0.2 (`storetopics install`), and let the role read the stores "
+                         "(storetopics.grant_read(role, table))")
     cond, params = _source_cond(source)
     with conn.cursor() as cur:
-        if has_catalog(conn):
-            cur.execute(f"SELECT source::text, source_id, store_key, description, tool_name, updated_at "
-                        f"FROM storetopics.catalog(%s) WHERE description IS NOT NULL AND {cond} "
-                        f"ORDER BY source_id, store_key", (catalog, *params))
-            rows = [_Row(*r) for r in cur.fetchall()]
-            names = [r.tool_name or "" for r in rows]
-            if not all(map(TOOL_NAME.match, names)) or len(set(names)) < len(names):    # never, by its rule
-                for r, n in zip(rows, _names([(r.source_id, r.store_key) for r in rows])):
-                    r.tool_name = n
-            return rows
-        if catalog is not None:
-            raise ValueError("catalog= needs storetopics.catalog(text), which this database does not have "
-                             "(or the role may not execute)")
-        cur.execute(f"SELECT source::text, source_id, store_key, store_topics, NULL::text, updated_at, {cond} "
-                    f"FROM storetopics.stores WHERE store_topics IS NOT NULL ORDER BY source_id, store_key", params)
-        found = cur.fetchall()
-    names = _names([(r[1], r[2]) for r in found])
-    return [_Row(*r[:4], n, r[5]) for r, n in zip(found, names) if r[6]]
+        cur.execute(f"SELECT source::text, source_id, store_key, description, tool_name, updated_at "
+                    f"FROM storetopics.catalog(%s) WHERE description IS NOT NULL AND {cond} "
+                    f"ORDER BY source_id, store_key", (catalog, *params))
+        return [_Row(*r) for r in cur.fetchall()]
 
 
 def _keys(rows: Iterable[_Row]) -> dict[Key, _Row]:
@@ -260,9 +227,10 @@ def plan(conn: psycopg.Connection, targets: Mapping[Any, Any] | Callable[[str], 
         if r is not None:
             name, source_id = r.tool_name, r.source_id
         else:
-            name = tool_name(store_key)
+            name = tool_name(conn, store_key)
             if name in taken:
-                name = tool_name(store_key, ("" if source_id is None else f"_{source_id}") + "_" + _digest(store_key))
+                name = tool_name(conn, store_key,
+                                 ("" if source_id is None else f"_{source_id}") + "_" + _digest(store_key))
         if name in {p.name for p in out}:
             raise ValueError(f"two entries for the store {k!r}")
         taken.add(name)
