@@ -48,7 +48,7 @@ def main() -> None:
     V, sid = emb([c for _, c in rows]), np.array([j for j, _ in rows])
     qs = [p for s in stores for p in sp.queries[s]]
     outq = [p for s in cfg.abstain_sections for p in sp.queries[s]]
-    Q, O = emb([p.text for p in qs]), emb([p.text for p in outq])
+    Q, Qout = emb([p.text for p in qs]), emb([p.text for p in outq])
     truth = np.array([stores.index(p.section) for p in qs])
     tune_in = np.array([p.section in routing.HALVES["tune"] for p in qs])
     tune_out = np.array([p.section in routing.ABSTAIN_HALVES["tune"] for p in outq])
@@ -74,9 +74,9 @@ def main() -> None:
 
     C = np.stack([V[sid == j].mean(0) for j in range(len(stores))])
     C /= np.linalg.norm(C, axis=1, keepdims=True)
-    signals: dict[str, tuple[np.ndarray, np.ndarray]] = {"route(): mixture, kappa 20": (mixture(Q), mixture(O)),
-                                                         "store centroid": (Q @ C.T, O @ C.T)}
-    Si, So = Q @ V.T, O @ V.T
+    signals: dict[str, tuple[np.ndarray, np.ndarray]] = {"route(): mixture, kappa 20": (mixture(Q), mixture(Qout)),
+                                                         "store centroid": (Q @ C.T, Qout @ C.T)}
+    Si, So = Q @ V.T, Qout @ V.T
     for k in (1, 5, 20):
         def f(s, k=k):
             return np.sort(s, 1)[:, -k:].mean(1)
