@@ -570,3 +570,30 @@ def test_every_candidate_is_counted_as_it_is_packed(conn):
     assert missing == [], (missing, text)
     uncounted = conn.execute("SELECT uncounted FROM storetopics.store_state").fetchone()[0]
     assert uncounted == [], uncounted
+
+
+def test_phrases_are_runs_people_wrote_and_single_words_where_there_are_none(conn):
+    """The miner's labels occur in the text as shown: runs of words that files share ("Queen Gambit opening", in
+    every file, ranks first), and where the files share no run (words only ever between commas), single words in
+    their most common spelling rather than no topic at all; single words only to make up three topics."""
+    conn.execute("CREATE TABLE ph (id serial PRIMARY KEY, store text, file text, content text)")
+    conn.execute("SELECT storetopics.attach('ph', 'store', 'file', 'content')")
+    rows = []
+    for f in range(6):
+        rows.append(("chess", f"c{f}", f"Notes on the Queen Gambit opening, game {f}. Pawn structure after the "
+                                       f"Queen Gambit and rook endings."))
+        rows.append(("lists", f"l{f}", "Kayak, paddle, harbour, " + ", ".join(["Lighthouse", "buoy"][: 1 + f % 2])))
+    for f in range(6):
+        rows.append(("other", f"o{f}", "Sourdough bread with rye flour and a slow rise."))
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO ph (store, file, content) VALUES (%s, %s, %s)", rows)
+    conn.execute("SELECT * FROM storetopics.backfill()")
+    topics = {k: helpers.sections(t)["topics"] for k, t in conn.execute(
+        "SELECT store_key, store_topics FROM storetopics.stores")}
+    assert topics["chess"] == ["Queen Gambit opening", "rook endings", "Pawn structure"], topics
+    texts = {k: " ".join(r[2].lower() for r in rows if r[0] == k) for k in topics}
+    for store, shown in topics.items():
+        assert shown and all(t.lower() in texts[store] for t in shown), (store, shown)
+    assert len(topics["lists"]) == 3 and all(" " not in t for t in topics["lists"]), topics
+    assert "Kayak" in topics["lists"] and "kayak" not in topics["lists"], topics    # as written
+    assert len(topics["other"]) == 3 and " " not in topics["other"][2], topics
