@@ -2526,7 +2526,7 @@ RETURN jsonb_build_object(
   'radius_percentile', 95,       -- a chunk beyond this percentile of its cluster's member distances is an outlier
   'refit_outliers', 0.05,        -- re-cluster when outliers since the fit pass this share of the store
   'reuse_distance', 0.05,        -- a re-fit cluster this close (cosine) to an old one keeps its id, label, words
-  'keyword_shift', 0.05,         -- keyword gate: top terms shifted by more than this share
+  'keyword_shift', 0.2,          -- keyword gate: more than this share of the top-5 words moved (see refresh_words)
   'labeller', 'offline',         -- offline | anthropic | openai (any Chat Completions server: OPENAI_BASE_URL)
   'model', NULL,                 -- the labeller's model (NULL: its default)
   'prices', jsonb_build_object(  -- USD per million tokens, input and output
@@ -3107,8 +3107,10 @@ END $$;
 -- The clusters' words are derived state: computed again from the current counts whenever the store changed since
 -- (so a store whose additions were deleted again shows the very words, and offline labels, it had before).  Then
 -- the keyword gate: a cluster named by the labeller whose words moved by more than keyword_shift (a share of its
--- top 10 words that are not even among the other's top 15, counted both ways) since it was named is due for a new
--- label; a burst that leaves the words alone costs no labelling call.  New
+-- top 5 words that are not even among the other's top 15, counted both ways) since it was named is due for a new
+-- label; a burst that leaves the words alone costs no labelling call.  The top 5 because that is what a reader sees
+-- change: a label of 2-5 words names the cluster's leading words, and a word that only moves within the top 15 leaves
+-- what it names true (like-for-like churn, bench/README.md).  New
 -- outliers change a cluster's words: this is how they mark it.  Cheap when nothing changed.  Returns the number of
 -- clusters whose label became due.
 CREATE OR REPLACE FUNCTION storetopics.refresh_words(p_source int, p_store text) RETURNS int
@@ -3129,10 +3131,10 @@ BEGIN
   UPDATE storetopics.clusters k
      SET label_needed = true, label_failures = 0, label_retry_at = NULL
    WHERE k.source_id = p_source AND k.store_key = p_store AND NOT k.label_needed AND k.label_words IS NOT NULL
-     -- moved: words of one top 10 that are not even in the other's top 15, both ways (so near-ties swapping
-     -- places around the 10th word do not count)
-     AND (SELECT count(*) FROM unnest(k.label_words[1:10]) w WHERE w <> ALL (k.keywords[1:15]))
-         + (SELECT count(*) FROM unnest(k.keywords[1:10]) w WHERE w <> ALL (k.label_words[1:15]))
+     -- moved: words of one top 5 that are not even in the other's top 15, both ways (so near-ties swapping
+     -- places do not count)
+     AND (SELECT count(*) FROM unnest(k.label_words[1:5]) w WHERE w <> ALL (k.keywords[1:15]))
+         + (SELECT count(*) FROM unnest(k.keywords[1:5]) w WHERE w <> ALL (k.label_words[1:15]))
          > v_shift * 10;
   GET DIAGNOSTICS v_due = ROW_COUNT;
   UPDATE storetopics.clusters k SET outliers_seen = k.outliers

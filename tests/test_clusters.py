@@ -243,22 +243,29 @@ def test_outliers_move_words_and_the_keyword_gate_decides_on_a_new_label(make_db
         api.backfill(conn)
         assert conn.execute("SELECT count(*) FROM storetopics.label_ledger").fetchone()[0] == 5
         assert conn.execute("SELECT count(*) FROM storetopics.clusters WHERE label_needed").fetchone()[0] == 0
-        # chess files (the re-fit gate raised to 20% for this test) join the nearest cluster as outliers and bring
-        # their own words: that cluster's top words move, and its label is due again (one call)
-        conn.execute("SELECT storetopics.configure('chunks', '{\"refit_outliers\": 0.2}')")
-        insert(conn, rows_for("chess", 8, chunks=3))
+        # chess files (the re-fit gate raised to 50% for this test), more than the cluster's own, join the nearest
+        # cluster as outliers and bring their own words: that cluster's top 5 words move, and its label is due again
+        # (one call).  Fewer of them, 16 among its 30 files, move only its words 9-12: the label still names the
+        # cluster, no call.
+        conn.execute("SELECT storetopics.configure('chunks', '{\"refit_outliers\": 0.5}')")
+        insert(conn, rows_for("chess", 16, chunks=3))
+        conn.execute("SELECT storetopics.fold(%s)", (source,))
+        assert conn.execute("SELECT storetopics.refresh_words(%s, 's1')", (source,)).fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM storetopics.clusters WHERE keywords[1:12] && %s",
+                            (FAR["chess"].split(),)).fetchone()[0] == 1
+        insert(conn, rows_for("chess", 24, chunks=3, prefix="x"))
         conn.execute("SELECT storetopics.fold(%s)", (source,))
         assert conn.execute("SELECT storetopics.fit_due(%s, 's1')", (source,)).fetchone()[0] is None
         assert conn.execute("SELECT sum(outliers - outliers_seen) FROM storetopics.clusters").fetchone()[0] >= 20
         due = conn.execute("SELECT storetopics.refresh_words(%s, 's1')", (source,)).fetchone()[0]
-        moved = conn.execute("SELECT cluster_id FROM storetopics.clusters WHERE keywords[1:10] && %s",
+        moved = conn.execute("SELECT cluster_id FROM storetopics.clusters WHERE keywords[1:5] && %s",
                              (FAR["chess"].split(),)).fetchall()
-        assert due == len(moved) == 1
+        assert due == len(moved) == 1, (due, moved, conn.execute("SELECT cluster_id, keywords[1:10], label_words[1:10] FROM storetopics.clusters WHERE cluster_id = %s", moved[0]).fetchall())
         api.backfill(conn)
         assert conn.execute("SELECT count(*) FROM storetopics.label_ledger").fetchone()[0] == 6
         # delete them again: the words are what they were, so that cluster's label is due once more (the local
         # server labels from the words) and the summary is the one before
-        conn.execute("DELETE FROM chunks WHERE file LIKE 'chess-%' OR file LIKE 'more-%'")
+        conn.execute("DELETE FROM chunks WHERE file LIKE 'chess-%' OR file LIKE 'xchess-%' OR file LIKE 'more-%'")
         api.backfill(conn)
         assert conn.execute("SELECT count(*) FROM storetopics.label_ledger").fetchone()[0] == 7
         assert summary(conn)[0] == before

@@ -599,6 +599,11 @@ def markdown(res: dict, images: list[str]) -> str:
                      f"{ph['backfill_seconds']:.1f} |")
         L += ["", f"Initial build: {co['calls_per_store_initial']:.1f} calls per store. The offline labeller "
                   f"(the routing table above) makes no LLM call.", ""]
+        churn = next((ph for ph in co["phases"] if ph["phase"].startswith("churn")), None)
+        if churn and churn["file_events"]:
+            per = churn["calls_per_1000_file_events"]
+            L += [f"Target: like-for-like churn (files replaced by files of the same section) costs <= 50 labelling "
+                  f"calls per 1,000 file events: {per:.1f} → **{'met' if per <= 50 else 'missed'}**.", ""]
     elif co:
         L += [f"- Anthropic labeller against the local Messages API server: not measured ({co.get('note')})."]
     dbc = r.get("db_clusters", {})

@@ -13,7 +13,7 @@ RETURN jsonb_build_object(
   'radius_percentile', 95,       -- a chunk beyond this percentile of its cluster's member distances is an outlier
   'refit_outliers', 0.05,        -- re-cluster when outliers since the fit pass this share of the store
   'reuse_distance', 0.05,        -- a re-fit cluster this close (cosine) to an old one keeps its id, label, words
-  'keyword_shift', 0.05,         -- keyword gate: top terms shifted by more than this share
+  'keyword_shift', 0.2,          -- keyword gate: more than this share of the top-5 words moved (see refresh_words)
   'labeller', 'offline',         -- offline | anthropic | openai (any Chat Completions server: OPENAI_BASE_URL)
   'model', NULL,                 -- the labeller's model (NULL: its default)
   'prices', jsonb_build_object(  -- USD per million tokens, input and output
