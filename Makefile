@@ -59,6 +59,7 @@ bench: ext-install
 	$(PY) -m bench.startup
 	$(PY) -m bench.route
 	$(PY) -m bench.run
+	$(PY) -m bench.catalog
 	$(PY) -m bench.clusters
 	$(PY) -m bench.worker
 

@@ -432,6 +432,17 @@ DROP FUNCTION IF EXISTS storetopics.work_render(text, int, text);
 -- labels_due() tells the labeller what the other clusters and stores are about now.
 DROP FUNCTION IF EXISTS storetopics.labels_due(int, text);
 
+-- incremental/0.2/003-catalog-size.sql
+-- storetopics 0.2: a source's part of its catalog's size, kept by fold like the catalog's term sums: how many of
+-- its stores hold files, and their files.  contrast_terms() adds these up over the catalog's sources instead of
+-- reading every store's row, so rendering one store reads no other store's rows (bench/catalog.py).
+ALTER TABLE storetopics.sources ADD COLUMN store_count int NOT NULL DEFAULT 0,
+                                ADD COLUMN file_count bigint NOT NULL DEFAULT 0;
+UPDATE storetopics.sources s SET store_count = x.stores, file_count = x.files
+  FROM (SELECT st.source_id, count(*) FILTER (WHERE st.files > 0) AS stores, coalesce(sum(st.files), 0) AS files
+          FROM storetopics.store_state st GROUP BY 1) x
+ WHERE x.source_id = s.id;
+
 -- idempotent/010-helpers.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Helpers
@@ -2300,7 +2311,7 @@ BEGIN
                  'SELECT $1, r.s, r.f, $2 FROM %s(''keys'', NULL, NULL, NULL) AS r(s text, f text)',
                  storetopics._generated(src.id, 'read'))
     USING src.id, src.owner;
-  UPDATE storetopics.sources SET null_key_rows = 0 WHERE id = src.id;
+  UPDATE storetopics.sources SET null_key_rows = 0, store_count = 0, file_count = 0 WHERE id = src.id;
 END $$;
 
 -- Fold step 2 (rows were deleted, or the periodic check asked): every file whose live chunk count differs from the
@@ -2468,17 +2479,30 @@ BEGIN
     PERFORM storetopics._add_to_clusters(src.id);
   END IF;
 
-  INSERT INTO storetopics.store_state AS st (source_id, store_key, files, chunks, words, skipped, other_dim,
-                                             folded_at)
-  SELECT src.id, x.store_key, sum(x.files), sum(x.chunks), sum(x.words), sum(x.skipped), sum(x.other_dim), now()
+  CREATE TEMP TABLE storetopics_store_delta ON COMMIT DROP AS
+  SELECT x.store_key, sum(x.files) AS files, sum(x.chunks) AS chunks, sum(x.words) AS words,
+         sum(x.skipped) AS skipped, sum(x.other_dim) AS other_dim
     FROM (SELECT f.store_key, -1 AS files, -f.chunks AS chunks, -f.words AS words, -f.skipped AS skipped,
                  -f.other_dim AS other_dim
             FROM pg_temp.storetopics_old_files f WHERE f.store_key IS NOT NULL
           UNION ALL
           SELECT nf.store_key, 1, nf.chunks, nf.words, nf.skipped, nf.other_dim
             FROM pg_temp.storetopics_new_files nf WHERE nf.store_key IS NOT NULL) x
-   GROUP BY x.store_key
-  ORDER BY x.store_key
+   GROUP BY x.store_key;
+  -- the source's part of its catalog's size: its files, and its stores that come to hold files or lose their last
+  UPDATE storetopics.sources s
+     SET file_count = s.file_count + d.files, store_count = s.store_count + d.stores
+    FROM (SELECT coalesce(sum(d.files), 0) AS files,
+                 coalesce(sum((coalesce(st.files, 0) + d.files > 0)::int - (coalesce(st.files, 0) > 0)::int), 0)
+                   AS stores
+            FROM pg_temp.storetopics_store_delta d
+            LEFT JOIN storetopics.store_state st ON st.source_id = src.id AND st.store_key = d.store_key) d
+   WHERE s.id = src.id;
+  INSERT INTO storetopics.store_state AS st (source_id, store_key, files, chunks, words, skipped, other_dim,
+                                             folded_at)
+  SELECT src.id, d.store_key, d.files, d.chunks, d.words, d.skipped, d.other_dim, now()
+    FROM pg_temp.storetopics_store_delta d
+  ORDER BY d.store_key
   ON CONFLICT (source_id, store_key) DO UPDATE
      SET files = st.files + excluded.files, chunks = st.chunks + excluded.chunks,
          words = st.words + excluded.words, skipped = st.skipped + excluded.skipped,
@@ -2492,7 +2516,7 @@ BEGIN
          nf.cluster_ids, nf.cluster_chunks, nf.cluster_outliers, nf.other_dim
     FROM pg_temp.storetopics_new_files nf;
   GET DIAGNOSTICS v_n = ROW_COUNT;
-  DROP TABLE pg_temp.storetopics_new_files, pg_temp.storetopics_old_files;
+  DROP TABLE pg_temp.storetopics_new_files, pg_temp.storetopics_old_files, pg_temp.storetopics_store_delta;
   RETURN v_n;
 END $$;
 
@@ -3666,8 +3690,9 @@ RETURN CASE WHEN NOT offline AND label IS NOT NULL AND storetopics.screen(label)
 -- the store's files that hold it, p, against its share of the other stores' files, q (half a file added to both
 -- counts: a term every file holds is no news), as p * ln(p / q), its part of the divergence between the store and the
 -- rest; only terms more common here than elsewhere, in at least two files of a store of 20 or more (one file's words
--- are the distinctive list's business).  Exact: computed from the sums fold keeps
--- (store_terms, catalog_terms), one index probe per term of the store, whatever the catalog's size.  A store alone
+-- are the distinctive list's business).  Exact: computed from the sums fold keeps (store_terms, catalog_terms, and
+-- the catalog's size from its sources' store_count and file_count), one index probe per term of the store and no
+-- other store's row read, whatever the catalog's size (bench/catalog.py measures it).  A store alone
 -- in its catalog has nothing to be told apart from: its terms rank by p.
 CREATE OR REPLACE FUNCTION storetopics.contrast_terms(p_source int, p_store text, n int DEFAULT 60)
 RETURNS TABLE (lexeme text, score float8, files int, share float8, rest_share float8)
@@ -3679,9 +3704,9 @@ BEGIN ATOMIC
     SELECT greatest(st.files, 1)::float8 AS files FROM storetopics.store_state st
      WHERE st.source_id = p_source AND st.store_key = p_store
   ), whole AS (
-    SELECT count(*) FILTER (WHERE st.files > 0) AS stores, coalesce(sum(st.files), 0)::float8 AS files
-      FROM storetopics.store_state st
-     WHERE st.source_id IN (SELECT s.id FROM storetopics.sources s, cat WHERE storetopics._catalog(s.id) = cat.name)
+    -- the catalog's size from its sources' counters (kept by fold), not from every store's row
+    SELECT coalesce(sum(s.store_count), 0) AS stores, coalesce(sum(s.file_count), 0)::float8 AS files
+      FROM storetopics.sources s, cat WHERE storetopics._catalog(s.id) = cat.name
   ), scored AS (
     SELECT x.lexeme, t.files, t.files / own.files AS p,
            (coalesce(c.files, t.files) - t.files + 0.5) / (whole.files - own.files + 0.5) AS q, whole.stores

@@ -128,6 +128,7 @@ def recount(conn: psycopg.Connection, source_id: int) -> dict:
         "stores": {s: tuple(v) for s, v in stores.items()},
         "terms": {k: tuple(v) for k, v in terms.items()},
         "catalog": {k: tuple(v) for k, v in catalog.items()},
+        "size": (len(stores), sum(v[0] for v in stores.values())),
         "files": {k: (v[0], v[1], v[2], tuple(v[3])) for k, v in files.items()},
         "null_key_rows": null_file,
         "skipped_null_key_rows": null_file + sum(v[0] for (f, s), v in files.items() if s is None),
@@ -170,7 +171,14 @@ def state(conn: psycopg.Connection, source_id: int) -> dict:
             c[1] += 1
             c[2] += files_
         catalog = {k: tuple(v) for k, v in catalog.items()}
-    return {"stores": stores, "terms": terms, "catalog": catalog, "files": files, "null_key_rows": null_key_rows,
+    # the source's part of its catalog's size (stores holding files, their files), kept by fold since 0.2
+    has_size = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'storetopics.sources'::regclass "
+                            "AND attname = 'file_count')").fetchone()[0]
+    size = conn.execute("SELECT store_count, file_count FROM storetopics.sources WHERE id = %s" if has_size else
+                        "SELECT count(*) FILTER (WHERE files > 0), coalesce(sum(files), 0) FROM storetopics.store_state "
+                        "WHERE source_id = %s", (source_id,)).fetchone()
+    return {"stores": stores, "terms": terms, "catalog": catalog, "size": (int(size[0]), int(size[1])), "files": files,
+            "null_key_rows": null_key_rows,
             "skipped_null_key_rows": skipped_null, "skipped_text_rows": skipped_text}
 
 

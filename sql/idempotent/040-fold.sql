@@ -85,7 +85,7 @@ BEGIN
                  'SELECT $1, r.s, r.f, $2 FROM %s(''keys'', NULL, NULL, NULL) AS r(s text, f text)',
                  storetopics._generated(src.id, 'read'))
     USING src.id, src.owner;
-  UPDATE storetopics.sources SET null_key_rows = 0 WHERE id = src.id;
+  UPDATE storetopics.sources SET null_key_rows = 0, store_count = 0, file_count = 0 WHERE id = src.id;
 END $$;
 
 -- Fold step 2 (rows were deleted, or the periodic check asked): every file whose live chunk count differs from the
@@ -253,17 +253,30 @@ BEGIN
     PERFORM storetopics._add_to_clusters(src.id);
   END IF;
 
-  INSERT INTO storetopics.store_state AS st (source_id, store_key, files, chunks, words, skipped, other_dim,
-                                             folded_at)
-  SELECT src.id, x.store_key, sum(x.files), sum(x.chunks), sum(x.words), sum(x.skipped), sum(x.other_dim), now()
+  CREATE TEMP TABLE storetopics_store_delta ON COMMIT DROP AS
+  SELECT x.store_key, sum(x.files) AS files, sum(x.chunks) AS chunks, sum(x.words) AS words,
+         sum(x.skipped) AS skipped, sum(x.other_dim) AS other_dim
     FROM (SELECT f.store_key, -1 AS files, -f.chunks AS chunks, -f.words AS words, -f.skipped AS skipped,
                  -f.other_dim AS other_dim
             FROM pg_temp.storetopics_old_files f WHERE f.store_key IS NOT NULL
           UNION ALL
           SELECT nf.store_key, 1, nf.chunks, nf.words, nf.skipped, nf.other_dim
             FROM pg_temp.storetopics_new_files nf WHERE nf.store_key IS NOT NULL) x
-   GROUP BY x.store_key
-  ORDER BY x.store_key
+   GROUP BY x.store_key;
+  -- the source's part of its catalog's size: its files, and its stores that come to hold files or lose their last
+  UPDATE storetopics.sources s
+     SET file_count = s.file_count + d.files, store_count = s.store_count + d.stores
+    FROM (SELECT coalesce(sum(d.files), 0) AS files,
+                 coalesce(sum((coalesce(st.files, 0) + d.files > 0)::int - (coalesce(st.files, 0) > 0)::int), 0)
+                   AS stores
+            FROM pg_temp.storetopics_store_delta d
+            LEFT JOIN storetopics.store_state st ON st.source_id = src.id AND st.store_key = d.store_key) d
+   WHERE s.id = src.id;
+  INSERT INTO storetopics.store_state AS st (source_id, store_key, files, chunks, words, skipped, other_dim,
+                                             folded_at)
+  SELECT src.id, d.store_key, d.files, d.chunks, d.words, d.skipped, d.other_dim, now()
+    FROM pg_temp.storetopics_store_delta d
+  ORDER BY d.store_key
   ON CONFLICT (source_id, store_key) DO UPDATE
      SET files = st.files + excluded.files, chunks = st.chunks + excluded.chunks,
          words = st.words + excluded.words, skipped = st.skipped + excluded.skipped,
@@ -277,7 +290,7 @@ BEGIN
          nf.cluster_ids, nf.cluster_chunks, nf.cluster_outliers, nf.other_dim
     FROM pg_temp.storetopics_new_files nf;
   GET DIAGNOSTICS v_n = ROW_COUNT;
-  DROP TABLE pg_temp.storetopics_new_files, pg_temp.storetopics_old_files;
+  DROP TABLE pg_temp.storetopics_new_files, pg_temp.storetopics_old_files, pg_temp.storetopics_store_delta;
   RETURN v_n;
 END $$;
 

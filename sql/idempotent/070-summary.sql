@@ -181,8 +181,9 @@ RETURN CASE WHEN NOT offline AND label IS NOT NULL AND storetopics.screen(label)
 -- the store's files that hold it, p, against its share of the other stores' files, q (half a file added to both
 -- counts: a term every file holds is no news), as p * ln(p / q), its part of the divergence between the store and the
 -- rest; only terms more common here than elsewhere, in at least two files of a store of 20 or more (one file's words
--- are the distinctive list's business).  Exact: computed from the sums fold keeps
--- (store_terms, catalog_terms), one index probe per term of the store, whatever the catalog's size.  A store alone
+-- are the distinctive list's business).  Exact: computed from the sums fold keeps (store_terms, catalog_terms, and
+-- the catalog's size from its sources' store_count and file_count), one index probe per term of the store and no
+-- other store's row read, whatever the catalog's size (bench/catalog.py measures it).  A store alone
 -- in its catalog has nothing to be told apart from: its terms rank by p.
 CREATE OR REPLACE FUNCTION storetopics.contrast_terms(p_source int, p_store text, n int DEFAULT 60)
 RETURNS TABLE (lexeme text, score float8, files int, share float8, rest_share float8)
@@ -194,9 +195,9 @@ BEGIN ATOMIC
     SELECT greatest(st.files, 1)::float8 AS files FROM storetopics.store_state st
      WHERE st.source_id = p_source AND st.store_key = p_store
   ), whole AS (
-    SELECT count(*) FILTER (WHERE st.files > 0) AS stores, coalesce(sum(st.files), 0)::float8 AS files
-      FROM storetopics.store_state st
-     WHERE st.source_id IN (SELECT s.id FROM storetopics.sources s, cat WHERE storetopics._catalog(s.id) = cat.name)
+    -- the catalog's size from its sources' counters (kept by fold), not from every store's row
+    SELECT coalesce(sum(s.store_count), 0) AS stores, coalesce(sum(s.file_count), 0)::float8 AS files
+      FROM storetopics.sources s, cat WHERE storetopics._catalog(s.id) = cat.name
   ), scored AS (
     SELECT x.lexeme, t.files, t.files / own.files AS p,
            (coalesce(c.files, t.files) - t.files + 0.5) / (whole.files - own.files + 0.5) AS q, whole.stores
