@@ -3343,13 +3343,13 @@ COMMENT ON FUNCTION storetopics.cluster(int, text) IS
 
 -- Mines phrases for groups of files.  Input: pg_temp.storetopics_mine_files (grp, file_key), the files of each group
 -- (a cluster, or a whole store), and pg_temp.storetopics_mine_words (grp, lexeme, weight), the words a group's
--- phrases should be made of.  Output: pg_temp.storetopics_mined (grp, phrase, score, rank).
+-- phrases should be made of.  Output: pg_temp.storetopics_mined (grp, phrase, one_file, score, rank).
 -- A phrase is a run of 2-3 different words within a clause (never across punctuation), letters only, its first and
 -- last word no stopword, at least one of its words (as a lexeme) weighted for the group; it must occur in two of the group's
 -- files (one file's names are no topic).  Score: files it occurs in x (1 + weight of its words) x how rare it is in
 -- the other groups (log(1 + groups / groups holding it)).  Shown in its most common spelling.  Where a group has no
--- such run, a single weighted word in its most common spelling ("debootstrap", "Docker") ranks after every phrase:
--- a word someone wrote says more than three stems in c-TF-IDF order, and it occurs in the text as shown.
+-- such run, one that occurs in a single file ranks next, then a single weighted word ("debootstrap", "Docker"): a
+-- phrase or word someone wrote says more than three stems in c-TF-IDF order, and it occurs in the text as shown.
 CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -3407,12 +3407,13 @@ BEGIN
   ), sizes AS (
     SELECT f.grp, count(*) AS files FROM pg_temp.storetopics_mine_files f GROUP BY 1
   )
-  SELECT s.grp, s.phrase, round((s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups))::numeric, 9) AS score,
-         row_number() OVER (PARTITION BY s.grp ORDER BY cardinality(s.words) = 1,
+  SELECT s.grp, s.phrase, s.files < least(2, z.files) AS one_file,
+         round((s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups))::numeric, 9) AS score,
+         row_number() OVER (PARTITION BY s.grp ORDER BY cardinality(s.words) = 1, s.files < least(2, z.files),
                                                         s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups)
                                                         DESC, s.phrase) AS rank
     FROM scored s JOIN weighted w USING (grp, key) JOIN spread sp USING (key) JOIN sizes z USING (grp)
-   WHERE w.weight > 0 AND s.files >= least(2, z.files);
+   WHERE w.weight > 0;
   DROP TABLE pg_temp.storetopics_mine_texts, pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex;
 END $$;
 
@@ -3486,8 +3487,8 @@ BEGIN
   CREATE TEMP TABLE storetopics_mine_words ON COMMIT DROP AS
   SELECT 0 AS grp, u.lexeme, 1.0 / (1 + u.i / 5.0) AS weight FROM unnest(p_terms[1:30]) WITH ORDINALITY AS u(lexeme, i);
   PERFORM storetopics._mine_phrases(p_source, p_store);
-  -- distinct phrases that share no word with a better one; single words (they rank after every phrase) only to make
-  -- up three topics: beyond that the terms list says them
+  -- distinct phrases that share no word with a better one; phrases of a single file and single words (they rank
+  -- after the others) only to make up three topics: beyond that the terms list says them
   v_phrases := ARRAY(
     WITH RECURSIVE pick AS (
       SELECT 1 AS n, m.rank, ARRAY[m.phrase] AS phrases, regexp_split_to_array(lower(m.phrase), ' ') AS used
@@ -3496,7 +3497,7 @@ BEGIN
       SELECT p.n + 1, m.rank, p.phrases || m.phrase, p.used || regexp_split_to_array(lower(m.phrase), ' ')
         FROM pick p, LATERAL (SELECT * FROM pg_temp.storetopics_mined m
                                WHERE m.rank > p.rank AND NOT regexp_split_to_array(lower(m.phrase), ' ') && p.used
-                                 AND (strpos(m.phrase, ' ') > 0 OR p.n < 3)
+                                 AND ((strpos(m.phrase, ' ') > 0 AND NOT m.one_file) OR p.n < 3)
                                ORDER BY m.rank LIMIT 1) m
        WHERE p.n < 8)
     SELECT unnest(phrases) FROM (SELECT phrases FROM pick ORDER BY n DESC LIMIT 1) x);
@@ -4680,6 +4681,19 @@ COMMENT ON FUNCTION storetopics.catalog(text) IS
 -- ------------------------------------------------------------------------------------------------------------
 -- route(): the stores whose clusters hold a query embedding, or none
 -- ------------------------------------------------------------------------------------------------------------
+-- The arguments route() and route_text() share: a query (not NULL) and k >= 1.
+CREATE OR REPLACE FUNCTION storetopics._route_args(p_fn text, p_query_is_null boolean, k int) RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF p_query_is_null THEN
+    RAISE EXCEPTION 'storetopics: %() needs a query%, not NULL', p_fn,
+                    CASE WHEN p_fn = 'route' THEN ' embedding' ELSE '' END USING ERRCODE = 'null_value_not_allowed';
+  END IF;
+  IF k IS NULL OR k < 1 THEN
+    RAISE EXCEPTION 'storetopics: %() returns k >= 1 stores, not %', p_fn, coalesce(k::text, 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+END $$;
 -- One pass over the centroids of the caller's stores (those catalog() lists, of the catalog asked for; clusters
 -- with chunks, in the query's dimension: others are ignored).  A store's score is how likely the query is under its
 -- clusters as a mixture of von Mises-Fisher components, the clusters' shares as weights, one concentration kappa:
@@ -4708,13 +4722,7 @@ DECLARE
   v_names text[];
   v_sources int[];
 BEGIN
-  IF query_embedding IS NULL THEN
-    RAISE EXCEPTION 'storetopics: route() needs a query embedding, not NULL' USING ERRCODE = 'null_value_not_allowed';
-  END IF;
-  IF k IS NULL OR k < 1 THEN
-    RAISE EXCEPTION 'storetopics: route() returns k >= 1 stores, not %', coalesce(k::text, 'NULL')
-      USING ERRCODE = 'invalid_parameter_value';
-  END IF;
+  PERFORM storetopics._route_args('route', query_embedding IS NULL, k);
   EXECUTE format('SELECT %1$I.vector_norm($1), %1$I.vector_dims($1)', vs) INTO v_norm, v_dims USING query_embedding;
   IF v_norm = 0 OR v_norm = 'NaN'::float8 THEN
     RAISE EXCEPTION 'storetopics: route() cannot route a zero vector (it has no direction)'
@@ -4753,7 +4761,7 @@ BEGIN
            (SELECT x ->> 'label' FROM jsonb_array_elements(st.topics -> 'clusters') x
              WHERE x ->> 'id' = b.cluster_id::text LIMIT 1),
            b.d, b.d <= b.radius,
-           t.score >= ((storetopics.default_settings() || s.settings) ->> 'route_threshold')::float8
+           t.score >= (storetopics._settings(t.source_id) ->> 'route_threshold')::float8
       FROM top t
       -- the cluster that weighs most in the store's sum (ties: the lower id), for the k stores only
       CROSS JOIN LATERAL (
@@ -4765,7 +4773,6 @@ BEGIN
                    AND %1$I.vector_dims(k.centroid) = $4
                 OFFSET 0) y
          ORDER BY ln(y.chunks) - 20 * y.d DESC, y.cluster_id LIMIT 1) b
-      JOIN storetopics.sources s ON s.id = t.source_id
       JOIN storetopics.store_state st ON st.source_id = t.source_id AND st.store_key = t.store_key
      ORDER BY t.score DESC, t.source_id, t.store_key$q$, vs)
     USING query_embedding, k, p_catalog, v_dims, v_norm, v_ids, v_keys, v_names, v_sources;
@@ -4798,13 +4805,7 @@ RETURNS TABLE (source_id int, store_key text, tool_name text, score float8, clus
                distance float8, within_radius boolean, search boolean)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 BEGIN
-  IF query IS NULL THEN
-    RAISE EXCEPTION 'storetopics: route_text() needs a query, not NULL' USING ERRCODE = 'null_value_not_allowed';
-  END IF;
-  IF k IS NULL OR k < 1 THEN
-    RAISE EXCEPTION 'storetopics: route_text() returns k >= 1 stores, not %', coalesce(k::text, 'NULL')
-      USING ERRCODE = 'invalid_parameter_value';
-  END IF;
+  PERFORM storetopics._route_args('route_text', query IS NULL, k);
   RETURN QUERY
   WITH vis AS MATERIALIZED (
     SELECT r.source_id, r.store_key, r.tool_name, s.ts_config, greatest(st.words, 1)::float8 AS words
@@ -4862,7 +4863,7 @@ BEGIN
   SELECT p.source_id, p.store_key, p.tool_name, p.score, NULL::int,
          storetopics._show(s.ts_config, p.best),
          NULL::float8, NULL::boolean,
-         p.score >= ((storetopics.default_settings() || s.settings) ->> 'route_text_threshold')::float8
+         p.score >= (storetopics._settings(p.source_id) ->> 'route_text_threshold')::float8
     FROM per_store p JOIN storetopics.sources s ON s.id = p.source_id
    ORDER BY p.score DESC, p.source_id, p.store_key
    LIMIT k;

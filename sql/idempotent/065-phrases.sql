@@ -7,13 +7,13 @@
 
 -- Mines phrases for groups of files.  Input: pg_temp.storetopics_mine_files (grp, file_key), the files of each group
 -- (a cluster, or a whole store), and pg_temp.storetopics_mine_words (grp, lexeme, weight), the words a group's
--- phrases should be made of.  Output: pg_temp.storetopics_mined (grp, phrase, score, rank).
+-- phrases should be made of.  Output: pg_temp.storetopics_mined (grp, phrase, one_file, score, rank).
 -- A phrase is a run of 2-3 different words within a clause (never across punctuation), letters only, its first and
 -- last word no stopword, at least one of its words (as a lexeme) weighted for the group; it must occur in two of the group's
 -- files (one file's names are no topic).  Score: files it occurs in x (1 + weight of its words) x how rare it is in
 -- the other groups (log(1 + groups / groups holding it)).  Shown in its most common spelling.  Where a group has no
--- such run, a single weighted word in its most common spelling ("debootstrap", "Docker") ranks after every phrase:
--- a word someone wrote says more than three stems in c-TF-IDF order, and it occurs in the text as shown.
+-- such run, one that occurs in a single file ranks next, then a single weighted word ("debootstrap", "Docker"): a
+-- phrase or word someone wrote says more than three stems in c-TF-IDF order, and it occurs in the text as shown.
 CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -71,12 +71,13 @@ BEGIN
   ), sizes AS (
     SELECT f.grp, count(*) AS files FROM pg_temp.storetopics_mine_files f GROUP BY 1
   )
-  SELECT s.grp, s.phrase, round((s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups))::numeric, 9) AS score,
-         row_number() OVER (PARTITION BY s.grp ORDER BY cardinality(s.words) = 1,
+  SELECT s.grp, s.phrase, s.files < least(2, z.files) AS one_file,
+         round((s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups))::numeric, 9) AS score,
+         row_number() OVER (PARTITION BY s.grp ORDER BY cardinality(s.words) = 1, s.files < least(2, z.files),
                                                         s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups)
                                                         DESC, s.phrase) AS rank
     FROM scored s JOIN weighted w USING (grp, key) JOIN spread sp USING (key) JOIN sizes z USING (grp)
-   WHERE w.weight > 0 AND s.files >= least(2, z.files);
+   WHERE w.weight > 0;
   DROP TABLE pg_temp.storetopics_mine_texts, pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex;
 END $$;
 
@@ -150,8 +151,8 @@ BEGIN
   CREATE TEMP TABLE storetopics_mine_words ON COMMIT DROP AS
   SELECT 0 AS grp, u.lexeme, 1.0 / (1 + u.i / 5.0) AS weight FROM unnest(p_terms[1:30]) WITH ORDINALITY AS u(lexeme, i);
   PERFORM storetopics._mine_phrases(p_source, p_store);
-  -- distinct phrases that share no word with a better one; single words (they rank after every phrase) only to make
-  -- up three topics: beyond that the terms list says them
+  -- distinct phrases that share no word with a better one; phrases of a single file and single words (they rank
+  -- after the others) only to make up three topics: beyond that the terms list says them
   v_phrases := ARRAY(
     WITH RECURSIVE pick AS (
       SELECT 1 AS n, m.rank, ARRAY[m.phrase] AS phrases, regexp_split_to_array(lower(m.phrase), ' ') AS used
@@ -160,7 +161,7 @@ BEGIN
       SELECT p.n + 1, m.rank, p.phrases || m.phrase, p.used || regexp_split_to_array(lower(m.phrase), ' ')
         FROM pick p, LATERAL (SELECT * FROM pg_temp.storetopics_mined m
                                WHERE m.rank > p.rank AND NOT regexp_split_to_array(lower(m.phrase), ' ') && p.used
-                                 AND (strpos(m.phrase, ' ') > 0 OR p.n < 3)
+                                 AND ((strpos(m.phrase, ' ') > 0 AND NOT m.one_file) OR p.n < 3)
                                ORDER BY m.rank LIMIT 1) m
        WHERE p.n < 8)
     SELECT unnest(phrases) FROM (SELECT phrases FROM pick ORDER BY n DESC LIMIT 1) x);

@@ -95,6 +95,19 @@ COMMENT ON FUNCTION storetopics.catalog(text) IS
 -- ------------------------------------------------------------------------------------------------------------
 -- route(): the stores whose clusters hold a query embedding, or none
 -- ------------------------------------------------------------------------------------------------------------
+-- The arguments route() and route_text() share: a query (not NULL) and k >= 1.
+CREATE OR REPLACE FUNCTION storetopics._route_args(p_fn text, p_query_is_null boolean, k int) RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF p_query_is_null THEN
+    RAISE EXCEPTION 'storetopics: %() needs a query%, not NULL', p_fn,
+                    CASE WHEN p_fn = 'route' THEN ' embedding' ELSE '' END USING ERRCODE = 'null_value_not_allowed';
+  END IF;
+  IF k IS NULL OR k < 1 THEN
+    RAISE EXCEPTION 'storetopics: %() returns k >= 1 stores, not %', p_fn, coalesce(k::text, 'NULL')
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+END $$;
 -- One pass over the centroids of the caller's stores (those catalog() lists, of the catalog asked for; clusters
 -- with chunks, in the query's dimension: others are ignored).  A store's score is how likely the query is under its
 -- clusters as a mixture of von Mises-Fisher components, the clusters' shares as weights, one concentration kappa:
@@ -123,13 +136,7 @@ DECLARE
   v_names text[];
   v_sources int[];
 BEGIN
-  IF query_embedding IS NULL THEN
-    RAISE EXCEPTION 'storetopics: route() needs a query embedding, not NULL' USING ERRCODE = 'null_value_not_allowed';
-  END IF;
-  IF k IS NULL OR k < 1 THEN
-    RAISE EXCEPTION 'storetopics: route() returns k >= 1 stores, not %', coalesce(k::text, 'NULL')
-      USING ERRCODE = 'invalid_parameter_value';
-  END IF;
+  PERFORM storetopics._route_args('route', query_embedding IS NULL, k);
   EXECUTE format('SELECT %1$I.vector_norm($1), %1$I.vector_dims($1)', vs) INTO v_norm, v_dims USING query_embedding;
   IF v_norm = 0 OR v_norm = 'NaN'::float8 THEN
     RAISE EXCEPTION 'storetopics: route() cannot route a zero vector (it has no direction)'
@@ -168,7 +175,7 @@ BEGIN
            (SELECT x ->> 'label' FROM jsonb_array_elements(st.topics -> 'clusters') x
              WHERE x ->> 'id' = b.cluster_id::text LIMIT 1),
            b.d, b.d <= b.radius,
-           t.score >= ((storetopics.default_settings() || s.settings) ->> 'route_threshold')::float8
+           t.score >= (storetopics._settings(t.source_id) ->> 'route_threshold')::float8
       FROM top t
       -- the cluster that weighs most in the store's sum (ties: the lower id), for the k stores only
       CROSS JOIN LATERAL (
@@ -180,7 +187,6 @@ BEGIN
                    AND %1$I.vector_dims(k.centroid) = $4
                 OFFSET 0) y
          ORDER BY ln(y.chunks) - 20 * y.d DESC, y.cluster_id LIMIT 1) b
-      JOIN storetopics.sources s ON s.id = t.source_id
       JOIN storetopics.store_state st ON st.source_id = t.source_id AND st.store_key = t.store_key
      ORDER BY t.score DESC, t.source_id, t.store_key$q$, vs)
     USING query_embedding, k, p_catalog, v_dims, v_norm, v_ids, v_keys, v_names, v_sources;
@@ -213,13 +219,7 @@ RETURNS TABLE (source_id int, store_key text, tool_name text, score float8, clus
                distance float8, within_radius boolean, search boolean)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 BEGIN
-  IF query IS NULL THEN
-    RAISE EXCEPTION 'storetopics: route_text() needs a query, not NULL' USING ERRCODE = 'null_value_not_allowed';
-  END IF;
-  IF k IS NULL OR k < 1 THEN
-    RAISE EXCEPTION 'storetopics: route_text() returns k >= 1 stores, not %', coalesce(k::text, 'NULL')
-      USING ERRCODE = 'invalid_parameter_value';
-  END IF;
+  PERFORM storetopics._route_args('route_text', query IS NULL, k);
   RETURN QUERY
   WITH vis AS MATERIALIZED (
     SELECT r.source_id, r.store_key, r.tool_name, s.ts_config, greatest(st.words, 1)::float8 AS words
@@ -277,7 +277,7 @@ BEGIN
   SELECT p.source_id, p.store_key, p.tool_name, p.score, NULL::int,
          storetopics._show(s.ts_config, p.best),
          NULL::float8, NULL::boolean,
-         p.score >= ((storetopics.default_settings() || s.settings) ->> 'route_text_threshold')::float8
+         p.score >= (storetopics._settings(p.source_id) ->> 'route_text_threshold')::float8
     FROM per_store p JOIN storetopics.sources s ON s.id = p.source_id
    ORDER BY p.score DESC, p.source_id, p.store_key
    LIMIT k;
