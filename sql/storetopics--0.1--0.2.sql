@@ -1145,10 +1145,13 @@ CREATE OR REPLACE FUNCTION storetopics._generated(p_source int, p_kind text) RET
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN format('storetopics.%s_%s', p_kind, p_source);
 
--- The check every generated body starts with: run as the table's owner, or do `otherwise`.
+-- The check every generated body starts with: run as the table's owner, or do `otherwise`.  It compares names:
+-- the owner's name now (a syscache look-up by oid, so a renamed owner still passes) with the role the body runs as;
+-- role names are unique, and parsing current_user back into an oid (to_regrole) cost more, on every statement the
+-- capture trigger fires for.
 CREATE OR REPLACE FUNCTION storetopics._owner_check_sql(src storetopics.sources, otherwise text) RETURNS text
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
-RETURN format('IF pg_catalog.to_regrole(current_user::pg_catalog.text) OPERATOR(pg_catalog.<>) %s::pg_catalog.oid THEN
+RETURN format('IF pg_catalog.pg_get_userbyid(%s::pg_catalog.oid) OPERATOR(pg_catalog.<>) CURRENT_USER THEN
     %s
   END IF;', src.owner::oid, otherwise);
 
@@ -1170,6 +1173,21 @@ RETURN format('c.%I::%I.vector', src.embedding, storetopics._vector_schema());
 -- function serves the triggers on files_table (they pass an argument): a files row inserted, updated or deleted
 -- logs its file key with no store key (fold recounts the file wherever it is now).  Run as anyone else, it logs
 -- nothing rather than fail the application's statement (the periodic count check finds what it missed).
+--
+-- It runs once per statement, so for an application that writes one row per statement its fixed cost is the
+-- whole overhead; what it does per statement is therefore kept to one INSERT into pending:
+--   * whether to NOTIFY (the source was clean) is decided by the first statement of a transaction that logs for
+--     the source: the later ones see that statement's own pending rows anyway.  A transaction-local setting
+--     storetopics.logged_<id> remembers it.  Anyone may set that setting, which can only suppress a NOTIFY: a hint
+--     (the worker also polls), never what is logged.
+--   * a statement that inserted exactly one row needs no DISTINCT (its hash aggregate cost as much again as the rest
+--     of the INSERT).  The row count of the statement is not visible to a trigger function without a query over
+--     new_rows; what is cheap is this backend's count of rows inserted into the table and into pending in this
+--     transaction (pg_stat_get_xact_tuples_inserted).  storetopics.logged_<id> holds their difference after the
+--     last statement that logged with DISTINCT; while every statement since logged one pending row for one row, it
+--     has not moved, so "one more than that" means this statement inserted one row.  Anything else (other
+--     sources' or other tables' logging in between, multi-row statements, a forged setting) takes the DISTINCT
+--     path, or at worst logs a key twice; a key is never left out.
 CREATE OR REPLACE FUNCTION storetopics._capture_body(src storetopics.sources) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -1198,13 +1216,24 @@ BEGIN
 DECLARE
   -- NOTIFY only when the source becomes dirty: a NOTIFY serialises commits on a global lock, so a burst of
   -- writers must not all send one.  The worker also polls, so a hint not sent is only a delay.
-  was_clean boolean;
+  was_clean boolean := false;
+  -- set by this transaction's first statement that logged (see storetopics._capture_body)
+  logged text := current_setting('storetopics.logged_%2$s', true);
 BEGIN
   %1$s
-  was_clean := NOT EXISTS (SELECT 1 FROM storetopics.pending WHERE source_id = %2$s);%6$s
+  IF logged IS NULL OR logged = '' THEN
+    was_clean := NOT EXISTS (SELECT 1 FROM storetopics.pending WHERE source_id = %2$s);
+  END IF;%6$s
   IF TG_OP = 'INSERT' THEN
+    IF logged = (pg_stat_get_xact_tuples_inserted(TG_RELID)
+                 - pg_stat_get_xact_tuples_inserted('storetopics.pending'::regclass) - 1)::text THEN
+      -- one row: one key
+      INSERT INTO storetopics.pending (source_id, store_key, file_key)
+      SELECT %2$s, (%3$s)::text, (%4$s)::text FROM new_rows AS c;
+      RETURN NULL;
+    END IF;
     INSERT INTO storetopics.pending (source_id, store_key, file_key)
-    SELECT %2$s, d.s::text, d.f::text FROM (SELECT DISTINCT %3$s AS s, %4$s AS f FROM new_rows AS c) d;
+    SELECT DISTINCT %2$s, (%3$s)::text, (%4$s)::text FROM new_rows AS c;
   ELSIF TG_OP = 'DELETE' THEN
     INSERT INTO storetopics.pending (source_id, deletes) VALUES (%2$s, true);
   ELSIF TG_OP = 'UPDATE' THEN
@@ -1219,6 +1248,8 @@ BEGIN
   ELSE -- TRUNCATE
     INSERT INTO storetopics.pending (source_id, resync) VALUES (%2$s, true);
   END IF;
+  PERFORM set_config('storetopics.logged_%2$s', (pg_stat_get_xact_tuples_inserted(TG_RELID)
+                     - pg_stat_get_xact_tuples_inserted('storetopics.pending'::regclass))::text, true);
   IF was_clean THEN
     PERFORM pg_notify('storetopics_dirty', '%2$s');
   END IF;
