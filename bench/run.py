@@ -56,7 +56,7 @@ class Config:
     copy_batch: int = 1_000         # rows per COPY statement (each its own transaction)
     reps: int = 5                   # repetitions of each attached/unattached pair (bulk, DELETE)
     small_reps: int = 5             # repetitions of the per-row INSERT measurement
-    per_row: int = 2_000            # single-row INSERT statements, one transaction (information only)
+    per_row: int = 2_000            # single-row INSERT statements, one transaction
     hnsw_rows: int = 8_000          # rows per repetition into one HNSW-indexed table, half attached (slow: ~5 ms/row)
     hnsw_preload: int = 2_000       # untimed rows loaded first, so the graph is not empty when timing starts
     hnsw_reps: int = 3
@@ -421,11 +421,11 @@ def bench_bulk_and_delete(conn, tables: Tables, cfg: Config, chunks: list[Chunk]
     files = sorted({c.file_id for c in chunks})[:cfg.delete_files]
     groups = [files[i:i + cfg.delete_batch] for i in range(0, len(files), cfg.delete_batch)]
     deleted_rows = sum(1 for c in chunks if c.file_id in set(files))
-    ins = Metric("bulk", f"COPY {len(chunks):,} chunks, no vector index", "s", target=1.25,
+    ins = Metric("bulk", f"COPY {len(chunks):,} chunks, no vector index", "s", target=1.05,
                  note=(f"{len(chunks):,} rows of {cfg.words_per_chunk} words + {DIM}-d vector, COPY text format, "
                        f"{cfg.copy_batch:,} rows per COPY statement, each its own transaction, batches alternating "
                        "ABBA between the two tables; tables have a primary key and a btree on file_id."))
-    dele = Metric("delete", f"DELETE {len(files):,} files ({deleted_rows:,} rows)", "s", target=1.25,
+    dele = Metric("delete", f"DELETE {len(files):,} files ({deleted_rows:,} rows)", "s", target=1.1,
                   note=(f"DELETE ... WHERE file_id = ANY($1), {cfg.delete_batch} files per statement, each its own "
                         "transaction, statements alternating ABBA between the tables just loaded by the COPY "
                         "measurement (attached side: changes logged, not folded)."))
@@ -452,10 +452,10 @@ def bench_bulk_and_delete(conn, tables: Tables, cfg: Config, chunks: list[Chunk]
 
 def bench_per_row(conn, tables: Tables, cfg: Config, chunks: list[Chunk], log) -> Metric:
     rows = [(c.store, c.file_id, c.chunk_no, c.content, c.vec) for c in chunks[:cfg.per_row]]
-    m = Metric("per_row", f"{len(rows):,} single-row INSERTs, one transaction", "s",
-               note=("information only (no target): one INSERT ... VALUES ($1..$5) statement per row (pipelined "
-                     "executemany, prepared), all in one transaction; each statement fires the statement-level "
-                     "trigger once."))
+    m = Metric("per_row", f"{len(rows):,} single-row INSERTs, one transaction", "s", target=1.25,
+               note=("one INSERT ... VALUES ($1..$5) statement per row (pipelined executemany, prepared), all in "
+                     "one transaction, the chunks in file order (20 statements per file); each statement fires "
+                     "the statement-level trigger once, so its fixed cost is the whole overhead."))
     for rep in range(cfg.small_reps):
         for attached in order(rep):
             name = tables.create(attached)
@@ -546,7 +546,7 @@ def bench_concurrent(conn, dsn: str, tables: Tables, cfg: Config, chunks: list[C
             k += 1
         work.append(mine)
     total_rows = sum(len(src_files[i % len(src_files)]) for i in range(k))
-    m = Metric("concurrent", f"{cfg.writers} writers, same store", "rows/s", target=0.8, op=">=",
+    m = Metric("concurrent", f"{cfg.writers} writers, same store", "rows/s", target=0.9, op=">=",
                higher_is_better=True,
                note=(f"{cfg.writers} threads, own connections, {cfg.files_per_writer} files each "
                      f"({total_rows:,} rows in all), one COPY of one file ({per_file} rows) per statement and "
