@@ -3369,7 +3369,7 @@ COMMENT ON FUNCTION storetopics.cluster(int, text) IS
 -- Phrases: offline topic labels people wrote, mined from the store's own text
 -- ------------------------------------------------------------------------------------------------------------
 -- A label such as "removed support new" (three stems in c-TF-IDF order) tells a reader little; "text editor" or
--- "genome assembly" does.  The offline label of a cluster is therefore a short phrase (2-3 words; one where none) that occurs in its
+-- "genome assembly" does.  The offline label of a cluster is therefore a short phrase (2-3 words) that occurs in its
 -- files: written by someone, shown as written.  The same miner gives a keyword-only store its topics.
 
 -- Mines phrases for groups of files.  Input: pg_temp.storetopics_mine_files (grp, file_key), the files of each group
@@ -3378,9 +3378,9 @@ COMMENT ON FUNCTION storetopics.cluster(int, text) IS
 -- A phrase is a run of 2-3 different words within a clause (never across punctuation), letters only, its first and
 -- last word no stopword, at least one of its words (as a lexeme) weighted for the group; it must occur in two of the group's
 -- files (one file's names are no topic).  Score: files it occurs in x (1 + weight of its words) x how rare it is in
--- the other groups (log(1 + groups / groups holding it)).  Shown in its most common spelling.  Where a group has no
--- such run, one that occurs in a single file ranks next, then a single weighted word ("debootstrap", "Docker"): a
--- phrase or word someone wrote says more than three stems in c-TF-IDF order, and it occurs in the text as shown.
+-- the other groups (log(1 + groups / groups holding it)).  Shown in its most common spelling.  After those rank the
+-- runs that occur in a single file, then single weighted words ("debootstrap", "Docker"), which a keyword-only
+-- store's topics take rather than none.
 CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -3483,8 +3483,11 @@ BEGIN
     RETURN;
   END IF;
   PERFORM storetopics._mine_phrases(p_source, p_store);
+  -- only a run of words two of its files share: where there is none, the cluster's first words say more to a router
+  -- than a single word or one file's phrase (measured: bench/README.md, "Offline labels")
   UPDATE storetopics.clusters k
-     SET phrase = (SELECT m.phrase FROM pg_temp.storetopics_mined m WHERE m.grp = k.cluster_id AND m.rank = 1)
+     SET phrase = (SELECT m.phrase FROM pg_temp.storetopics_mined m
+                    WHERE m.grp = k.cluster_id AND m.rank = 1 AND NOT m.one_file AND strpos(m.phrase, ' ') > 0)
    WHERE k.source_id = p_source AND k.store_key = p_store;
   UPDATE storetopics.store_state SET cluster_phrases_from = v_from WHERE source_id = p_source AND store_key = p_store;
   DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files, pg_temp.storetopics_mined;
