@@ -316,7 +316,7 @@ def fmt_ratio(m: Metric) -> str:
 def fmt_target(m: Metric) -> str:
     if m.target is None:
         return "—"
-    if m.unit == "words/s":
+    if m.unit == "words/s" and m.target >= 1000:
         return f"{m.op} {m.target / 1e6:g} M words/s"
     if m.key == "storage":
         return f"{m.op} {m.target:.0%}"
@@ -696,10 +696,13 @@ def bench_catchup(conn, tables: Tables, cfg: Config, chunks: list[Chunk], explai
                      "storetopics.store_state, storetopics.term_words")
         settle(conn)
 
-    total = Metric("catchup", f"catch-up: backfill() of {words / 1e6:.1f}M words", "words/s", target=1e6, op=">=",
-                   higher_is_better=True)
-    fold = Metric("fold", "  fold alone (recount + store terms)", "words/s")
-    render = Metric("render", "  render alone (keywords + summary, per store)", "s")
+    # Catch-up is judged against the tokeniser's own speed on the same table in the same run (issue 17): the
+    # "unattached" column of these rows is that reference (to_tsvector alone), and a full render against the fold.
+    total = Metric("catchup", f"catch-up: backfill() of {words / 1e6:.1f}M words, vs to_tsvector alone", "words/s",
+                   target=0.5, op=">=", higher_is_better=True)
+    fold = Metric("fold", "  fold alone (recount + store terms), vs to_tsvector alone", "words/s", target=0.7,
+                  op=">=", higher_is_better=True)
+    render = Metric("render", "  render alone (keywords + summary, per store), vs fold alone", "s", target=0.2)
     floor = Metric("tsvector", "  to_tsvector alone (parallel scan, reference)", "words/s")
     secs_total, secs_fold, secs_render = [], [], []
     cpu: dict[str, list[float]] = {"backfill": [], "fold": [], "render": []}
@@ -765,6 +768,8 @@ def bench_catchup(conn, tables: Tables, cfg: Config, chunks: list[Chunk], explai
     conn.execute(f"SELECT sum(length(to_tsvector('english', content))) FROM {name}").fetchone()
     t_floor = time.perf_counter() - t0
     floor.attached = [words / t_floor]
+    total.unattached = fold.unattached = floor.attached
+    render.unattached = secs_fold
     floor.extra.update(seconds=t_floor, plan=plan)
     workers = re.search(r"Workers Planned: (\d+)", plan)
     floor.note = (f"SELECT sum(length(to_tsvector('english', content))) over the same table: {t_floor:.2f} s, "
