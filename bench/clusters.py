@@ -37,27 +37,66 @@ THEMES = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo l
           "quebec romeo sierra tango").split()
 
 
-def make_table(conn, name: str, chunks: int, files: int, seed: int, log) -> None:
-    """`chunks` rows around CENTRES random directions; each file's chunks come from one centre."""
+class Synth:
+    """The synthetic chunks of this bench: vectors around CENTRES random unit directions (noise 0.035 per
+    coordinate), each file's chunks from one centre (file i: centre i mod CENTRES) saying that centre's two words.
+
+    `store_of(file_ids)` gives each file's store key (default: all in "big"); `text_of(topics, n)` the n contents
+    (default: the centre's two words and "notes", 3 words per chunk).  `rows(start, n)` draws chunks start..start+n
+    (ids from `start`, file = id // per_file) from one seeded generator, so drawing the same sizes in the same order
+    gives the same rows."""
+
+    def __init__(self, seed: int, per_file: int, store_of=None, text_of=None):
+        self.rng = np.random.default_rng(seed)
+        centres = self.rng.normal(size=(CENTRES, DIM)).astype(np.float32)
+        self.centres = centres / np.linalg.norm(centres, axis=1, keepdims=True)
+        self.per_file = per_file
+        self.store_of = store_of or (lambda file_ids: ["big"] * len(file_ids))
+        self.text_of = text_of or (lambda topics, n: [f"{THEMES[t]} {THEMES[(t + 7) % CENTRES]} notes"
+                                                      for t in topics.tolist()])
+
+    def rows(self, start: int, n: int, centre=None, text=None):
+        """(id, store, file, content, vector) for chunks start..start+n; `centre` and `text` (a function of n)
+        override the centres and texts (a new theme)."""
+        ids = np.arange(start, start + n)
+        file_ids = ids // self.per_file
+        topic = file_ids % CENTRES
+        base = self.centres[topic] if centre is None else centre
+        x = base + self.rng.normal(scale=0.035, size=(n, DIM)).astype(np.float32)
+        texts = self.text_of(topic, n) if text is None else text(n)
+        return zip(ids.tolist(), self.store_of(file_ids), [f"f{f}" for f in file_ids.tolist()], texts, x)
+
+
+COPY_SQL = "COPY {} (id, store, file, content, embedding) FROM STDIN WITH (FORMAT BINARY)"
+COPY_TYPES = ["int8", "text", "text", "text", "vector"]
+
+
+def create_table(conn, name: str) -> None:
     conn.execute(f"CREATE TABLE {name} (id bigint PRIMARY KEY, store text, file text, content text, "
                  f"embedding vector({DIM}))")
-    rng = np.random.default_rng(seed)
-    centres = rng.normal(size=(CENTRES, DIM)).astype(np.float32)
-    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
-    per_file = max(1, chunks // files)
+
+
+def copy_rows(conn, name: str, rows) -> None:
+    with conn.cursor() as cur:
+        with cur.copy(COPY_SQL.format(name)) as copy:
+            copy.set_types(COPY_TYPES)
+            for r in rows:
+                copy.write_row(r)
+
+
+def make_table(conn, name: str, chunks: int, files: int, seed: int, log) -> None:
+    """`chunks` rows around CENTRES random directions; each file's chunks come from one centre."""
+    create_table(conn, name)
+    synth = Synth(seed, max(1, chunks // files))
     t0 = time.perf_counter()
     batch = 50_000
     with conn.cursor() as cur:
-        with cur.copy(f"COPY {name} (id, store, file, content, embedding) FROM STDIN WITH (FORMAT BINARY)") as copy:
-            copy.set_types(["int8", "text", "text", "text", "vector"])
+        with cur.copy(COPY_SQL.format(name)) as copy:
+            copy.set_types(COPY_TYPES)
             for start in range(0, chunks, batch):
                 n = min(batch, chunks - start)
-                ids = np.arange(start, start + n)
-                file_ids = ids // per_file
-                topic = file_ids % CENTRES
-                x = centres[topic] + rng.normal(scale=0.035, size=(n, DIM)).astype(np.float32)
-                for i, f, t, v in zip(ids.tolist(), file_ids.tolist(), topic.tolist(), x):
-                    copy.write_row((i, "big", f"f{f}", f"{THEMES[t]} {THEMES[(t + 7) % CENTRES]} notes", v))
+                for r in synth.rows(start, n):
+                    copy.write_row(r)
                 if start // batch % 4 == 0:
                     log(f"  loaded {start + n:,} rows  [{time.perf_counter() - t0:.0f}s]")
     conn.execute(f"CREATE INDEX ON {name} (file)")
