@@ -4,6 +4,7 @@
 #   make test    every test: SQL regression (pg_regress) and pytest, each against a real throwaway Postgres
 #   make bench   side-by-side measurements, written to bench/results/
 #   make soak    opt-in: the worker under 10 minutes of churn, memory bounded
+#   make bench-large  opt-in: the scaling curve with 5M chunks too (~8 GB of disk)
 #   make eval    routing accuracy of the summaries vs names and hand-written descriptions, needle, report
 EXTENSION  = storetopics
 EXTVERSION = $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" storetopics.control)
@@ -25,7 +26,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo test pytest regress bench soak ext-install eval sql lint
+.PHONY: setup demo test pytest regress bench bench-large soak ext-install eval sql lint
 setup:
 	@bash scripts/setup.sh
 
@@ -62,6 +63,12 @@ bench: ext-install
 	$(PY) -m bench.catalog
 	$(PY) -m bench.clusters
 	$(PY) -m bench.worker
+	$(PY) -m bench.scale --sizes 10000,100000,1000000
+
+# Opt-in: the scaling curve of bench.scale with 5M chunks added (about 8 GB of disk for the 5M table and its
+# state; check `df` first).  Writes bench/results/scale-latest.md and scale.png like make bench.
+bench-large: ext-install
+	$(PY) -m bench.scale --sizes 10000,100000,1000000,5000000
 
 # ruff over the package, the lab, the benchmarks and the tests (configuration in pyproject.toml).
 lint: setup

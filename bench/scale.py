@@ -1,0 +1,691 @@
+"""`make bench` (scale): the scaling curve of issue 17, one source with one dominant store at 10k, 100k, 1M chunks
+(`make bench-large` adds 5M), 384-d vectors, 10 chunks per file.
+
+For each size, a fresh database in one throwaway cluster:
+
+1. Load: the chunk table (primary key, index on the file key) is attached first, then loaded with COPY, 1,000 files
+   (10,000 chunks) per statement, each its own transaction: the capture trigger runs (attached load).  The rows are
+   bench.clusters' synthetic chunks (vectors around 20 centres, each file's chunks from one centre), 90% of the
+   files in store `big`, the other 10% in 5 small stores (2% each; every store holds all 20 themes); each chunk says its centre's two words and
+   WORDS_FILLER words drawn (Zipf, s = 1) from the 5,000 commonest words of the Debian descriptions.  Rows are
+   generated outside the timed COPY.
+2. Backfill, step by step as `storetopics backfill`'s pass does it, each step in a fresh connection (so each
+   backend's VmHWM is that step's own): fold (`storetopics.fold(source)` until 0), fit (`storetopics.cluster` of every
+   store whose fit is due, inside Postgres via plpython3u), words (`refresh_words`), labels (`refresh.label`, the
+   Anthropic labeller through the SDK against the local Messages API server), render (`refresh.render`).  Peak
+   memory: each step's backend VmHWM, and the largest VmHWM of any server process (parallel workers included)
+   sampled every 0.2 s.  VmHWM counts the shared buffers a process touched (shared_buffers = 256 MB).
+3. State size: after a VACUUM ANALYZE (what autovacuum does to storetopics' tables), pg_total_relation_size of
+   file_terms, store_terms, store_state, clusters, pending and catalog_terms (every storetopics table in the JSON) vs.
+   the chunk table's (heap, TOAST, primary key and file index; no vector index).  Then one upload's pass by hand,
+   step by step (fold, refresh_words, render; when new words need counting, tiktoken and render again).
+4. Event -> summary: a `storetopics worker` process (debounce 1 s, --poll 1), one new 10-chunk file of an existing
+   theme copied into `big`, EVENTS times, one at a time: from the COPY's commit until NOTIFY storetopics_updated for
+   `big` arrives with the new file counted in store_state.topics (the rendered files count, which every upload moves;
+   the text itself says "100k files" and need not change).  The worker's own "pass" log line gives how much of it
+   was the pass (fold + refresh + render) rather than the debounce and the wake-up.
+5. Re-fit by the worker: a new theme (6% of `big`'s chunks, over refit_outliers = 5%) copied in one statement; time
+   from its commit until the NOTIFY of the re-fitted summary (the worker fits outside the database: sample read,
+   KMeans in the worker process, apply_fit).  The worker's VmHWM (and its backends') after 4 and after 5.
+
+Per-chunk cost = backfill seconds (fold + fit + words + labels + render) / chunks; its growth per decade is the ratio
+of consecutive sizes' per-chunk costs scaled to one decade ((c2/c1) ** (1/log10(n2/n1))).  Targets: <= 1.3x per
+decade; every peak <= 1 GB.
+
+    python -m bench.scale [--sizes 10000,100000,1000000] [--events 10] [--quick]
+    python -m bench.scale --replot bench/results/scale-<stamp>.json     # rewrite scale-latest.md and scale.png
+Results: bench/results/scale-<stamp>.json, scale-latest.md, scale.png (not for --quick: its JSON only).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gzip
+import hashlib
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import psycopg
+from pgvector.psycopg import register_vector
+
+from bench import clusters as bc
+from lab import testing
+from lab.fakes.messages import MessagesServer
+from storetopics import install as st_install
+from storetopics import refresh
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+PER_FILE = 10
+FILES_PER_COPY = 1_000
+WORDS_FILLER = 8                       # + the centre's two words: 10 words per chunk
+VOCABULARY = 5_000
+SMALL_STORES = 5                       # 2% of the files each; `big` has the other 90%
+DEBOUNCE = 1.0
+POLL = 1.0
+NEW_THEME = "zulu yankee xray whiskey"
+TARGET_GROWTH = 1.3
+TARGET_MB = 1024
+STATE_TABLES = ("file_terms", "store_terms", "store_state", "clusters", "pending", "catalog_terms")
+
+
+# -- the data ------------------------------------------------------------------------------------------------------
+def vocabulary(n: int = VOCABULARY) -> list[str]:
+    """The n commonest lower-case words (3-12 letters) of the Debian descriptions (data/debian)."""
+    counts: Counter = Counter()
+    with gzip.open(REPO / "data" / "debian" / "descriptions.jsonl.gz", "rt") as f:
+        for line in f:
+            d = json.loads(line)
+            counts.update(w for w in re.findall(r"[a-z]{3,12}", (d.get("short", "") + " " + d.get("long", "")).lower()))
+    return [w for w, _ in counts.most_common(n)]
+
+
+def store_of(file_ids: np.ndarray) -> list[str]:
+    """Blocks of CENTRES consecutive files (one of each theme) are dealt to the stores, 45 of every 50 blocks to
+    `big` and one each to the small stores: every store holds every theme, in the same proportions."""
+    h = (file_ids // bc.CENTRES) % 50
+    return ["big" if x < 50 - SMALL_STORES else f"small{x - 50 + SMALL_STORES}" for x in h.tolist()]
+
+
+class Texts:
+    """The centre's two words (as bench.clusters says them) and WORDS_FILLER Zipf-drawn common words, per chunk."""
+
+    def __init__(self, seed: int):
+        self.words = np.array(vocabulary())
+        p = 1.0 / np.arange(1, len(self.words) + 1)
+        self.p = p / p.sum()
+        self.rng = np.random.default_rng(seed + 1000)
+
+    def filler(self, n: int) -> list[str]:
+        idx = self.rng.choice(len(self.words), size=(n, WORDS_FILLER), p=self.p)
+        return [" ".join(r) for r in self.words[idx].tolist()]
+
+    def __call__(self, topics: np.ndarray, n: int) -> list[str]:
+        return [f"{bc.THEMES[t]} {bc.THEMES[(t + 7) % bc.CENTRES]} {f}" for t, f in zip(topics.tolist(), self.filler(n))]
+
+    def new_theme(self, n: int) -> list[str]:
+        return [f"{NEW_THEME[:11]} {f}" for f in self.filler(n)]      # "zulu yankee" + filler
+
+
+# -- memory --------------------------------------------------------------------------------------------------------
+def proc_kb(pid: int, key: str = "VmHWM:") -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def ppid(pid: int) -> int | None:
+    return proc_kb(pid, "PPid:")
+
+
+class ServerSampler:
+    """Every 0.2 s, the VmHWM of every child of the postmaster (backends, parallel workers, checkpointer...): the
+    largest per step (`step` is set by the caller) and which kind of process had it."""
+
+    def __init__(self, postmaster: int):
+        self.postmaster = postmaster
+        self.step = None
+        self.peaks: dict[str, tuple[int, str]] = {}
+        self._stop = threading.Event()
+        self._th = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._th.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._th.join(2)
+
+    def _run(self):
+        while not self._stop.is_set():
+            step = self.step
+            if step:
+                for d in os.listdir("/proc"):
+                    if not d.isdigit():
+                        continue
+                    try:
+                        text = Path(f"/proc/{d}/status").read_text()
+                        if f"\nPPid:\t{self.postmaster}\n" not in text:
+                            continue
+                        hwm = int(re.search(r"VmHWM:\s+(\d+)", text).group(1))
+                        cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    except (OSError, AttributeError):
+                        continue
+                    if hwm > self.peaks.get(step, (0, ""))[0]:
+                        self.peaks[step] = (hwm, " ".join(cmd.split()[:3])[:60])
+            self._stop.wait(0.2)
+
+
+def mb(kb: int | None) -> float | None:
+    return round(kb / 1024, 1) if kb else None
+
+
+# -- one size ------------------------------------------------------------------------------------------------------
+def connect(dsn: str, vector: bool = True) -> psycopg.Connection:
+    conn = psycopg.connect(dsn, autocommit=True)
+    conn.execute("SET client_min_messages = warning")
+    if vector:
+        register_vector(conn)
+    return conn
+
+
+def backend_pid(conn) -> int:
+    return conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+
+
+def percentile(xs, p):
+    return float(np.percentile(np.array(xs), p)) if xs else None
+
+
+def wait_quiet(conn, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if conn.execute("""SELECT NOT EXISTS (SELECT 1 FROM storetopics.pending)
+                             AND NOT EXISTS (SELECT 1 FROM storetopics.work_status() WHERE state <> 'idle')"""
+                        ).fetchone()[0]:
+            return
+        time.sleep(0.5)
+    raise TimeoutError("the worker did not catch up")
+
+
+def big_state(conn, source: int) -> tuple[int, int, int]:
+    return conn.execute("SELECT (topics ->> 'files')::int, fit_generation, files FROM storetopics.store_state "
+                        "WHERE source_id = %s AND store_key = 'big'", (source,)).fetchone()
+
+
+def wait_notify(listener, payload: str, done, timeout: float) -> float:
+    """Waits for NOTIFY storetopics_updated `payload` after which done() holds; returns when it arrived."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for n in listener.notifies(timeout=max(0.1, deadline - time.monotonic()), stop_after=1):
+            if n.payload == payload:
+                t = time.monotonic()
+                if done():
+                    return t
+    raise TimeoutError(f"no NOTIFY storetopics_updated {payload} with the change")
+
+
+def pass_seconds(logpath: Path, skip: int) -> list[float]:
+    lines = [ln for ln in logpath.read_text(errors="replace").splitlines() if re.search(r"pass \d+:big:", ln)]
+    return [float(m.group(1)) for ln in lines[skip:] if (m := re.search(r"\((\d+\.\d+)s\)\s*$", ln))]
+
+
+def run_size(admin: str, chunks: int, events: int, llm_env: dict, log) -> dict:
+    files = chunks // PER_FILE
+    out: dict = {"chunks": chunks, "files": files, "dim": bc.DIM, "per_file": PER_FILE,
+                 "words_per_chunk": 2 + WORDS_FILLER, "stores": 1 + SMALL_STORES}
+    db = testing.create_database(admin, prefix="bench_scale")
+    dsn = testing.with_db(admin, db)
+    proc = None
+    try:
+        with connect(dsn, vector=False) as conn:
+            conn.execute("CREATE EXTENSION vector")
+            conn.execute("CREATE EXTENSION plpython3u")
+        st_install.install(dsn, extension=True, log=lambda *a: None)
+        texts = Texts(seed=1)
+        synth = bc.Synth(seed=1, per_file=PER_FILE, store_of=store_of, text_of=texts)
+        with connect(dsn) as conn:
+            postmaster = ppid(backend_pid(conn))
+            bc.create_table(conn, "docs")
+            conn.execute("CREATE INDEX ON docs (file)")
+            source = conn.execute(
+                "SELECT storetopics.attach('docs', 'store', 'file', 'content', 'embedding', settings => %s)",
+                (json.dumps({"labeller": "anthropic", "debounce": DEBOUNCE}),)).fetchone()[0]
+            conn.execute("CHECKPOINT")
+            # -- 1. load (attached) -----------------------------------------------------------------------------
+            load_s = gen_s = 0.0
+            step = FILES_PER_COPY * PER_FILE
+            for start in range(0, chunks, step):
+                t0 = time.perf_counter()
+                rows = list(synth.rows(start, min(step, chunks - start)))
+                t1 = time.perf_counter()
+                bc.copy_rows(conn, "docs", rows)
+                t2 = time.perf_counter()
+                gen_s += t1 - t0
+                load_s += t2 - t1
+                if (start // step) % 20 == 19:
+                    log(f"  loaded {start + len(rows):,} chunks (COPY {load_s:.0f}s, generating {gen_s:.0f}s)")
+            pending = conn.execute("SELECT count(*) FROM storetopics.pending WHERE source_id = %s",
+                                   (source,)).fetchone()[0]
+            t0 = time.perf_counter()
+            conn.execute("VACUUM ANALYZE docs")
+            vac_s = time.perf_counter() - t0
+            conn.execute("CHECKPOINT")
+            out["load"] = {"copy_seconds": round(load_s, 1), "rows_per_s": round(chunks / load_s),
+                           "generate_seconds_untimed": round(gen_s, 1), "copy_statements": math.ceil(chunks / step),
+                           "pending_rows_logged": pending, "vacuum_analyze_seconds": round(vac_s, 1)}
+            log(f"  load: {chunks:,} chunks by COPY (attached) in {load_s:.1f}s ({chunks / load_s:,.0f} rows/s); "
+                f"VACUUM ANALYZE {vac_s:.1f}s")
+
+        # -- 2. backfill, step by step -------------------------------------------------------------------------
+        steps: dict = {}
+        with ServerSampler(postmaster) as sampler:
+            def timed(name, fn):
+                with connect(dsn) as c:
+                    sampler.step = name
+                    t0 = time.perf_counter()
+                    extra = fn(c)
+                    secs = time.perf_counter() - t0
+                    peak = proc_kb(backend_pid(c))
+                    time.sleep(0.25)
+                    sampler.step = None
+                steps[name] = {"seconds": round(secs, 2), "backend_peak_mb": mb(peak),
+                               "server_peak_mb": mb(sampler.peaks.get(name, (None,))[0]),
+                               "server_peak_process": sampler.peaks.get(name, (None, None))[1], **(extra or {})}
+                log(f"  {name}: {secs:.1f}s, backend peak {mb(peak)} MB, any server process "
+                    f"{steps[name]['server_peak_mb']} MB ({steps[name]['server_peak_process']})")
+
+            def fold(c):
+                n = calls = 0
+                while (k := c.execute("SELECT storetopics.fold(%s)", (source,)).fetchone()[0]):
+                    n += k
+                    calls += 1
+                return {"files": n, "calls": calls}
+
+            def fit(c):
+                reports = {}
+                for (store,) in c.execute("SELECT store_key FROM storetopics.stores_due(%s) WHERE fit IS NOT NULL "
+                                          "ORDER BY store_key", (source,)).fetchall():
+                    t0 = time.perf_counter()
+                    rep = c.execute("SELECT storetopics.cluster(%s, %s)", (source, store)).fetchone()[0]
+                    reports[store] = {"seconds": round(time.perf_counter() - t0, 2), "k": rep.get("k"),
+                                      "sampling": rep.get("sampling")}
+                return {"stores": reports}
+
+            def stores(c):
+                return [r[0] for r in c.execute("SELECT store_key FROM storetopics.store_state WHERE source_id = %s "
+                                                "ORDER BY store_key", (source,))]
+
+            def words(c):
+                for s in stores(c):
+                    c.execute("SELECT storetopics.refresh_words(%s, %s)", (source, s))
+
+            def labels(c):
+                calls = 0
+                for s in stores(c):
+                    calls += refresh.label(c, source, s).calls
+                return {"llm_calls": calls}
+
+            def render(c):
+                return {"changed": sum(refresh.render(c, source, s) for s in stores(c))}
+
+            for name, fn in (("fold", fold), ("fit", fit), ("words", words), ("labels", labels), ("render", render)):
+                timed(name, fn)
+        total = sum(s["seconds"] for s in steps.values())
+        out["backfill"] = {"seconds": round(total, 1), "steps": steps,
+                           "per_chunk_us": round(total / chunks * 1e6, 2),
+                           "per_chunk_us_by_step": {k: round(v["seconds"] / chunks * 1e6, 2)
+                                                    for k, v in steps.items()}}
+        log(f"  backfill {total:.1f}s = {total / chunks * 1e6:.1f} us/chunk")
+
+        with connect(dsn) as conn:
+            row = conn.execute("SELECT files, chunks, words, fit_k, store_topics FROM storetopics.store_state "
+                               "WHERE source_id = %s AND store_key = 'big'", (source,)).fetchone()
+            out["big"] = {"files": row[0], "chunks": row[1], "words": row[2], "k": row[3], "summary": row[4]}
+            out["small_stores"] = [dict(zip(("store", "files", "chunks", "k"), r)) for r in conn.execute(
+                "SELECT store_key, files, chunks, fit_k FROM storetopics.store_state WHERE source_id = %s "
+                "AND store_key <> 'big' ORDER BY 1", (source,))]
+            log(f"  big: {row[0]:,} files, {row[1]:,} chunks, K={row[3]}: {row[4]}")
+            # -- 3. state size -------------------------------------------------------------------------------------
+            conn.execute("VACUUM ANALYZE")    # what autovacuum does to storetopics' tables in production
+            sizes = {r[0]: r[1] for r in conn.execute(
+                "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = 'storetopics' AND c.relkind IN ('r', 'p') ORDER BY 2 DESC")}
+            table = conn.execute("SELECT pg_total_relation_size('docs')").fetchone()[0]
+            state = sum(sizes.get(t, 0) for t in STATE_TABLES)
+            counts = {t: conn.execute(f"SELECT count(*) FROM storetopics.{t}").fetchone()[0]
+                      for t in ("file_terms", "store_terms", "clusters")}
+            out["state"] = {"table_bytes": table, "state_bytes": state, "share": round(state / table, 4),
+                            "all_storetopics_bytes": sum(sizes.values()), "by_table_bytes": sizes, "rows": counts,
+                            "state_bytes_per_chunk": round(state / chunks, 1)}
+            log(f"  state {state / 2**20:.1f} MB vs table {table / 2**20:.0f} MB ({state / table:.1%}); "
+                f"all storetopics tables {sum(sizes.values()) / 2**20:.1f} MB")
+
+            # -- 3b. one upload's pass, step by step, in this session (no worker running yet) -----------------------
+            next_file = files
+            while store_of(np.array([next_file]))[0] != "big":
+                next_file += 1
+            bc.copy_rows(conn, "docs", list(synth.rows(next_file * PER_FILE, PER_FILE)))
+            next_file += 1
+            anatomy = {}
+            t0 = time.perf_counter()
+            anatomy["fold"] = conn.execute("SELECT storetopics.fold(%s)", (source,)).fetchone()[0]
+            anatomy["fold_s"] = round(time.perf_counter() - t0, 3)
+            t0 = time.perf_counter()
+            anatomy["fit_due"] = conn.execute("SELECT storetopics.fit_due(%s, 'big')", (source,)).fetchone()[0]
+            conn.execute("SELECT storetopics.refresh_words(%s, 'big')", (source,))
+            anatomy["refresh_words_s"] = round(time.perf_counter() - t0, 3)
+            t0 = time.perf_counter()
+            first = conn.execute("SELECT storetopics.render(%s, 'big', true)", (source,)).fetchone()[0]
+            anatomy["render_s"] = round(time.perf_counter() - t0, 3)
+            if first is None:    # new words to count with tiktoken, then render again (what the pass does)
+                t0 = time.perf_counter()
+                anatomy["counted"] = refresh.count_tokens(conn, source, "big")
+                conn.execute("SELECT storetopics.render(%s, 'big', false)", (source,))
+                anatomy["count_and_render_again_s"] = round(time.perf_counter() - t0, 3)
+            out["one_upload_pass"] = anatomy
+            log(f"  one upload's pass, step by step: {anatomy}")
+
+            # -- 4. event -> summary with a running worker ---------------------------------------------------------
+            logpath = Path(tempfile.gettempdir()) / f"storetopics-bench-scale-{os.getpid()}-{chunks}.log"
+            proc = subprocess.Popen([sys.executable, "-m", "storetopics.worker", "--dsn", dsn, "-v", "--lease", "60",
+                                     "--poll", str(POLL)], stdout=open(logpath, "w"), stderr=subprocess.STDOUT,
+                                    env=dict(os.environ, **llm_env))
+            listener = psycopg.connect(dsn, autocommit=True)
+            listener.execute("LISTEN storetopics_updated")
+            time.sleep(3)
+            wait_quiet(conn, 600)
+            passes_before = len(pass_seconds(logpath, 0))
+            payload = f"{source}:big"
+            lat = []
+            for i in range(events):
+                while store_of(np.array([next_file]))[0] != "big":
+                    next_file += 1
+                rows = list(synth.rows(next_file * PER_FILE, PER_FILE))
+                expect = big_state(conn, source)[0] + 1
+                bc.copy_rows(conn, "docs", rows)
+                t0 = time.monotonic()
+                got = wait_notify(listener, payload, lambda: big_state(conn, source)[0] >= expect, 300)
+                lat.append(got - t0)
+                next_file += 1
+                time.sleep(0.5)
+            wait_quiet(conn, 120)
+            passes = pass_seconds(logpath, passes_before)
+            worker_pids = [r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity "
+                                                      "WHERE application_name = 'storetopics-worker'")]
+            out["event_to_summary"] = {
+                "n": len(lat), "p50_s": round(percentile(lat, 50), 2), "p95_s": round(percentile(lat, 95), 2),
+                "max_s": round(max(lat), 2), "all_s": [round(x, 2) for x in lat], "debounce_s": DEBOUNCE,
+                "poll_s": POLL, "until": "NOTIFY storetopics_updated with the new file in topics.files",
+                "worker_pass_s": passes, "worker_pass_p50_s": round(percentile(passes, 50), 2) if passes else None,
+                "worker_peak_mb": mb(proc_kb(proc.pid)),
+                "worker_backends_peak_mb": max((mb(proc_kb(p)) or 0 for p in worker_pids), default=None)}
+            e = out["event_to_summary"]
+            log(f"  event -> summary: p50 {e['p50_s']}s, p95 {e['p95_s']}s (worker pass p50 "
+                f"{e['worker_pass_p50_s']}s); worker peak {e['worker_peak_mb']} MB, its backends "
+                f"{e['worker_backends_peak_mb']} MB")
+
+            # -- 5. a re-fit by the worker -------------------------------------------------------------------------
+            _, gen0, big_files = big_state(conn, source)
+            new_files = math.ceil(0.06 * big_files)
+            centre = synth.rng.normal(size=bc.DIM).astype(np.float32)
+            centre /= np.linalg.norm(centre)
+            rows = []
+            for j in range(new_files):
+                while store_of(np.array([next_file]))[0] != "big":
+                    next_file += 1
+                rows += list(synth.rows(next_file * PER_FILE, PER_FILE, centre=centre, text=texts.new_theme))
+                next_file += 1
+            calls0 = conn.execute("SELECT count(*) FROM storetopics.label_ledger").fetchone()[0]
+            t_copy = time.monotonic()
+            bc.copy_rows(conn, "docs", rows)
+            t0 = time.monotonic()
+            got = wait_notify(listener, payload, lambda: big_state(conn, source)[1] > gen0, 900)
+            wait_quiet(conn, 300)
+            worker_pids = [r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity "
+                                                      "WHERE application_name = 'storetopics-worker'")]
+            k1 = conn.execute("SELECT fit_k FROM storetopics.store_state WHERE source_id = %s AND store_key = 'big'",
+                              (source,)).fetchone()[0]
+            out["worker_refit"] = {
+                "new_chunks": len(rows), "copy_seconds": round(t0 - t_copy, 1), "commit_to_summary_s": round(got - t0, 1),
+                "k": k1, "llm_calls": conn.execute("SELECT count(*) FROM storetopics.label_ledger").fetchone()[0]
+                - calls0, "worker_passes_s": pass_seconds(logpath, passes_before + len(passes)),
+                "worker_peak_mb": mb(proc_kb(proc.pid)),
+                "worker_backends_peak_mb": max((mb(proc_kb(p)) or 0 for p in worker_pids), default=None)}
+            r = out["worker_refit"]
+            log(f"  worker re-fit after {len(rows):,} new-theme chunks: {r['commit_to_summary_s']}s, K={k1}, "
+                f"{r['llm_calls']} LLM calls; worker peak {r['worker_peak_mb']} MB, its backends "
+                f"{r['worker_backends_peak_mb']} MB")
+            listener.close()
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        testing.drop_database(admin, db)
+    peaks = [s["backend_peak_mb"] for s in out["backfill"]["steps"].values()] + \
+            [s["server_peak_mb"] for s in out["backfill"]["steps"].values()]
+    out["peak_backend_mb"] = max(p for p in peaks if p)
+    out["peak_worker_mb"] = max(out["event_to_summary"]["worker_peak_mb"] or 0, out["worker_refit"]["worker_peak_mb"] or 0)
+    out["peak_worker_backends_mb"] = max(out["event_to_summary"]["worker_backends_peak_mb"] or 0,
+                                         out["worker_refit"]["worker_backends_peak_mb"] or 0)
+    return out
+
+
+# -- the report ----------------------------------------------------------------------------------------------------
+def growth(runs: list[dict], key=lambda r: r["backfill"]["per_chunk_us"]) -> list[dict]:
+    out = []
+    for a, b in zip(runs, runs[1:]):
+        decades = math.log10(b["chunks"] / a["chunks"])
+        out.append({"from": a["chunks"], "to": b["chunks"],
+                    "per_decade": round((key(b) / key(a)) ** (1 / decades), 3) if key(a) else None})
+    return out
+
+
+def verdicts(res: dict) -> dict:
+    runs = res["sizes"]
+    g = growth(runs)
+    worst_mem = max(max(r["peak_backend_mb"], r["peak_worker_mb"], r["peak_worker_backends_mb"]) for r in runs)
+    return {"growth": g, "growth_pass": all(x["per_decade"] <= TARGET_GROWTH for x in g),
+            "memory_max_mb": worst_mem, "memory_pass": worst_mem <= TARGET_MB,
+            "growth_by_step": {s: growth(runs, key=lambda r, s=s: r["backfill"]["per_chunk_us_by_step"][s])
+                               for s in ("fold", "fit", "words", "labels", "render")}}
+
+
+def human(n: int) -> str:
+    return f"{n // 1_000_000}M" if n >= 1_000_000 and n % 1_000_000 == 0 else f"{n // 1000}k" if n % 1000 == 0 else str(n)
+
+
+def markdown(res: dict) -> str:
+    runs, v = res["sizes"], res["verdicts"]
+    head = "| measure | " + " | ".join(human(r["chunks"]) for r in runs) + " |"
+    sep = "|---|" + "---:|" * len(runs)
+
+    def row(label, f):
+        return f"| {label} | " + " | ".join(f(r) for r in runs) + " |"
+
+    st = lambda r, s: r["backfill"]["steps"][s]  # noqa: E731
+    lines = [f"# Scaling curve ({res['started'][:16].replace('T', ' ')} UTC, {res['cpus']} CPUs, load average "
+             f"{res['loadavg_before']} before the run)", "",
+             f"One source, one dominant store `big` (90% of the files) + {SMALL_STORES} small stores (2% each), "
+             f"{PER_FILE} chunks per file, {bc.DIM}-d vectors around {bc.CENTRES} centres, "
+             f"{2 + WORDS_FILLER} words per chunk (the centre's 2 + {WORDS_FILLER} Zipf-drawn common words). "
+             f"git {res['git']}, sql sha1 {res['sql_sha1'][:12]}.", "",
+             head, sep,
+             row("load: COPY, attached (s)", lambda r: f"{r['load']['copy_seconds']}"),
+             row("load rate (rows/s)", lambda r: f"{r['load']['rows_per_s']:,}"),
+             row("**backfill total (s)**", lambda r: f"**{r['backfill']['seconds']}**"),
+             row("… fold (s)", lambda r: f"{st(r, 'fold')['seconds']}"),
+             row("… fit, in Postgres (s)", lambda r: f"{st(r, 'fit')['seconds']}"),
+             row("… words (s)", lambda r: f"{st(r, 'words')['seconds']}"),
+             row("… labels (s; LLM calls)", lambda r: f"{st(r, 'labels')['seconds']} ({st(r, 'labels')['llm_calls']})"),
+             row("… render (s)", lambda r: f"{st(r, 'render')['seconds']}"),
+             row("**per-chunk cost (µs)**", lambda r: f"**{r['backfill']['per_chunk_us']}**"),
+             row("K of `big`", lambda r: f"{r['big']['k']}"),
+             row("peak backend (MB, VmHWM; step)", lambda r: "{} ({})".format(
+                 *max((s["backend_peak_mb"] or 0, k) for k, s in r["backfill"]["steps"].items()))),
+             row("peak any server process (MB, sampled)", lambda r: "{} ({})".format(
+                 *max((s["server_peak_mb"] or 0, k) for k, s in r["backfill"]["steps"].items()))),
+             row("peak worker process (MB, VmHWM)", lambda r: f"{r['peak_worker_mb']}"),
+             row("peak worker's backends (MB)", lambda r: f"{r['peak_worker_backends_mb']}"),
+             row("chunk table (MB)", lambda r: f"{r['state']['table_bytes'] / 2**20:,.0f}"),
+             row("state (MB; % of table)", lambda r: f"{r['state']['state_bytes'] / 2**20:,.1f} "
+                                                    f"({r['state']['share']:.1%})"),
+             row("state per chunk (bytes)", lambda r: f"{r['state']['state_bytes_per_chunk']}"),
+             row("file_terms rows (one per file) / store_terms rows",
+                 lambda r: f"{r['state']['rows']['file_terms']:,} / {r['state']['rows']['store_terms']:,}"),
+             row("event → summary p50 / p95 (s)", lambda r: f"{r['event_to_summary']['p50_s']} / "
+                                                            f"{r['event_to_summary']['p95_s']}"),
+             row("… of which the worker's pass, p50 (s)", lambda r: f"{r['event_to_summary']['worker_pass_p50_s']:.2f}"),
+             row("one upload's pass by hand: fold / refresh_words / render (+ count, render again) (s)",
+                 lambda r: "{} / {} / {}{}".format(
+                     r["one_upload_pass"]["fold_s"], r["one_upload_pass"]["refresh_words_s"],
+                     r["one_upload_pass"]["render_s"],
+                     f" + {r['one_upload_pass']['count_and_render_again_s']}"
+                     if "count_and_render_again_s" in r["one_upload_pass"] else "")),
+             row("worker re-fit, new theme 6%: commit → summary (s)",
+                 lambda r: f"{r['worker_refit']['commit_to_summary_s']}"),
+             "",
+             "| target | measured | |", "|---|---|---|",
+             f"| per-chunk cost grows ≤ {TARGET_GROWTH}× per decade | " + ", ".join(
+                 f"{human(x['from'])}→{human(x['to'])}: {x['per_decade']}×" for x in v["growth"]) +
+             f" | **{'PASS' if v['growth_pass'] else 'MISS'}** |",
+             f"| memory ≤ {TARGET_MB} MB at every size (backends, any server process, worker and its backends) | "
+             f"max {v['memory_max_mb']} MB | **{'PASS' if v['memory_pass'] else 'MISS'}** |",
+             "| (information: bench.worker's target) event → summary p95 ≤ debounce + 30 s | " + ", ".join(
+                 f"{human(r['chunks'])}: {r['event_to_summary']['p95_s']} s" for r in runs) + " | " + ", ".join(
+                 "met" if r["event_to_summary"]["p95_s"] <= DEBOUNCE + 30 else "missed" for r in runs) + " |", "",
+             "Per-chunk cost growth per decade by step: " + "; ".join(
+                 f"{s} " + ", ".join(f"{x['per_decade']}×" if x["per_decade"] else "–" for x in g)
+                 for s, g in v["growth_by_step"].items()) + ".",
+             "",
+             f"Event → summary: {res['sizes'][0]['event_to_summary']['n']} uploads of one 10-chunk file into `big`, "
+             f"one at a time, worker debounce {DEBOUNCE:g} s, --poll {POLL:g} s; from the COPY's commit until NOTIFY "
+             "storetopics_updated for `big` arrived with the file counted in `topics.files` (every upload changes "
+             "`topics`; the text says the file count rounded, so it need not change). VmHWM includes the shared "
+             "buffers a process touched (shared_buffers = 256 MB).", ""]
+    for r in runs:
+        lines.append(f"- {human(r['chunks'])}: `big` {r['big']['files']:,} files, K={r['big']['k']}, fit sampling "
+                     f"{r['backfill']['steps']['fit']['stores'].get('big', {}).get('sampling')}; summary: "
+                     f"`{r['big']['summary'][:300]}…`")
+    return "\n".join(lines) + "\n"
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    runs = res["sizes"]
+    x = np.array([r["chunks"] for r in runs], dtype=float)
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 4.4))
+    total = np.array([r["backfill"]["per_chunk_us"] for r in runs])
+    a1.plot(x, total, "k-o", lw=2, label="backfill total")
+    for s in ("fold", "fit", "labels", "render"):
+        a1.plot(x, [max(0.01, r["backfill"]["per_chunk_us_by_step"][s]) for r in runs], "-o", ms=4, label=s)
+    a1.plot(x, total[0] * (x / x[0]) ** math.log10(TARGET_GROWTH), "r--", lw=1,
+            label=f"limit: {TARGET_GROWTH}x per decade")
+    a1.set_xscale("log")
+    a1.set_yscale("log")
+    a1.set_xlabel("chunks in the source")
+    a1.set_ylabel("µs per chunk")
+    a1.set_title("backfill cost per chunk")
+    a1.legend(fontsize=8)
+    a1.grid(True, which="both", alpha=0.3)
+    for key, label in (("peak_backend_mb", "backfill: peak backend"), ("peak_worker_mb", "worker process"),
+                       ("peak_worker_backends_mb", "worker's backends")):
+        a2.plot(x, [r[key] for r in runs], "-o", label=label)
+    a2.axhline(TARGET_MB, color="r", ls="--", lw=1, label="limit: 1 GB")
+    a2.set_xscale("log")
+    a2.set_ylim(0, max(TARGET_MB * 1.15, max(r["peak_backend_mb"] for r in runs) * 1.1))
+    a2.set_xlabel("chunks in the source")
+    a2.set_ylabel("MB (VmHWM)")
+    a2.set_title("peak memory")
+    a2.legend(fontsize=8)
+    a2.grid(True, which="both", alpha=0.3)
+    e = [r["event_to_summary"] for r in runs]
+    a3.plot(x, [v["p95_s"] for v in e], "-o", label="event → summary p95")
+    a3.plot(x, [v["p50_s"] for v in e], "-o", label="event → summary p50")
+    a3.plot(x, [v["worker_pass_p50_s"] for v in e], ":o", label="worker's pass, p50")
+    a3.axhline(DEBOUNCE + 30, color="grey", ls="--", lw=1, label="bench.worker's p95 target (debounce + 30 s)")
+    a3.set_xscale("log")
+    a3.set_ylim(bottom=0)
+    a3.set_xlabel("chunks in the source")
+    a3.set_ylabel("seconds")
+    a3.set_title(f"one uploaded file → summary (debounce {DEBOUNCE:g} s)")
+    a3.legend(fontsize=8)
+    a3.grid(True, which="both", alpha=0.3)
+    fig.suptitle(f"storetopics scaling: one source, one dominant store, {bc.DIM}-d, {PER_FILE} chunks per file "
+                 f"({res['started'][:10]}, git {res['git']}, {res['cpus']} CPUs)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def sql_sha1() -> str:
+    h = hashlib.sha1()
+    for p in sorted((REPO / "sql").glob("storetopics--*.sql")) + [REPO / "plpy" / "storetopics_clustering.py"]:
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def write_reports(res: dict, where: Path = RESULTS) -> None:
+    res["verdicts"] = verdicts(res)
+    (where / "scale-latest.md").write_text(markdown(res))
+    plot(res, where / "scale.png")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="10000,100000,1000000", help="chunk counts, comma-separated")
+    ap.add_argument("--events", type=int, default=10, help="single-file uploads per size for event -> summary")
+    ap.add_argument("--quick", action="store_true", help="sizes 5000,50000 and 3 events; writes the JSON only")
+    ap.add_argument("--replot", metavar="JSON", help="rewrite scale-latest.md and scale.png from a result file")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="where --replot writes (default bench/results)")
+    args = ap.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        res = json.loads(Path(args.replot).read_text())
+        write_reports(res, args.out)
+        print(markdown(res))
+        return 0
+    sizes = [5_000, 50_000] if args.quick else [int(s) for s in args.sizes.split(",")]
+    events = 3 if args.quick else args.events
+    started = dt.datetime.now(dt.timezone.utc)
+    t_start = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[bench.scale {time.perf_counter() - t_start:6.0f}s] {msg}", flush=True)
+
+    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "sql", "plpy", "bgworker"],
+                           capture_output=True, text=True).stdout.strip()
+    res: dict = {"started": started.isoformat(), "cpus": os.cpu_count(), "git": git + ("+dirty" if dirty else ""),
+                 "sql_sha1": sql_sha1(), "loadavg_before": round(os.getloadavg()[0], 2), "sizes": []}
+    try:
+        from storetopics.plpy import storetopics_clustering as wc
+        res["worker_clustering_module"] = wc.__file__
+        res["worker_clustering_sha1"] = hashlib.sha1(Path(wc.__file__).read_bytes()).hexdigest()
+    except ImportError:
+        pass
+    with testing.server() as admin, MessagesServer() as llm:
+        env = {"ANTHROPIC_BASE_URL": llm.base_url, "ANTHROPIC_API_KEY": "bench"}
+        os.environ.update(env)
+        for n in sizes:
+            log(f"{n:,} chunks")
+            t0 = time.perf_counter()
+            r = run_size(admin, n, events, env, log)
+            r["elapsed_seconds"] = round(time.perf_counter() - t0, 1)
+            r["loadavg_after"] = round(os.getloadavg()[0], 2)
+            res["sizes"].append(r)
+            log(f"{n:,} chunks done in {r['elapsed_seconds']:.0f}s")
+    res["elapsed_seconds"] = round(time.perf_counter() - t_start, 1)
+    res["verdicts"] = verdicts(res)
+    stamp = started.strftime("%Y-%m-%d-%H%M%S")
+    (RESULTS / f"scale-{stamp}{'-quick' if args.quick else ''}.json").write_text(json.dumps(res, indent=2) + "\n")
+    if not args.quick:
+        write_reports(res)
+    print(markdown(res))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
