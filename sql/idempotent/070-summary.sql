@@ -60,9 +60,11 @@ BEGIN ATOMIC
     -- the top 3 terms of each outlier file, even when they also rank as dominant (in a small store a needle's words
     -- do: they are still what the file is about); a term two outlier files share is kept once, with its best file
     SELECT DISTINCT ON (x.term) x.term, x.score, x.files, x.total, x.file_key, x.nov FROM (
-      SELECT w.term, w.n * w.idf AS score, w.files, w.total, w.file_key, o.nov,
+      SELECT w.term, w.n * w.idf AS score, w.files, w.total, w.file_key, w.nov,
              row_number() OVER (PARTITION BY w.file_key ORDER BY w.n * w.idf DESC, w.term) AS r
-        FROM file_words w JOIN outliers o ON o.file_key = w.file_key
+        -- the outlier files' words first, then the test (OFFSET 0 keeps it above the join: pushed down into the
+        -- scan of file_words it ran on every (file, term) pair of the store, most of a large store's render)
+        FROM (SELECT fw.*, o.nov FROM file_words fw JOIN outliers o ON o.file_key = fw.file_key OFFSET 0) w
        WHERE storetopics.showable_term(w.term) AND w.idf > 0) x
      WHERE x.r <= 3
      ORDER BY x.term, x.nov DESC, x.score DESC, x.file_key
