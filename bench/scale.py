@@ -59,6 +59,7 @@ import psycopg
 from pgvector.psycopg import register_vector
 
 from bench import clusters as bc
+from bench.worker import wait_quiet
 from lab import testing
 from lab.fakes.messages import MessagesServer
 from storetopics import install as st_install
@@ -190,17 +191,6 @@ def backend_pid(conn) -> int:
 
 def percentile(xs, p):
     return float(np.percentile(np.array(xs), p)) if xs else None
-
-
-def wait_quiet(conn, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if conn.execute("""SELECT NOT EXISTS (SELECT 1 FROM storetopics.pending)
-                             AND NOT EXISTS (SELECT 1 FROM storetopics.work_status() WHERE state <> 'idle')"""
-                        ).fetchone()[0]:
-            return
-        time.sleep(0.5)
-    raise TimeoutError("the worker did not catch up")
 
 
 def big_state(conn, source: int) -> tuple[int, int, int]:

@@ -676,15 +676,19 @@ def build_server(app: App):
     def rpc_error(e: Exception, code: int = types.INTERNAL_ERROR) -> McpError:
         return McpError(types.ErrorData(code=code, message=str(e)))
 
-    @server.list_tools()
-    async def list_tools() -> list[types.Tool]:
+    async def listed() -> list[Store]:
+        """The stores to list for the session asking, or the JSON-RPC error that says why not."""
         app.track(session())
         try:
-            stores = await app.stores()
+            return await app.stores()
         except ToolError as e:
             raise rpc_error(e) from None
         except psycopg.Error as e:
             raise rpc_error(pg_message(e)) from None
+
+    @server.list_tools()
+    async def list_tools() -> list[types.Tool]:
+        stores = await listed()
         return [types.Tool(annotations=types.ToolAnnotations(readOnlyHint=True, openWorldHint=False), **t)
                 for t in app.tools(stores)]
 
@@ -708,13 +712,7 @@ def build_server(app: App):
 
     @server.list_resources()
     async def list_resources() -> list[types.Resource]:
-        app.track(session())
-        try:
-            stores = await app.stores()
-        except ToolError as e:
-            raise rpc_error(e) from None
-        except psycopg.Error as e:
-            raise rpc_error(pg_message(e)) from None
+        stores = await listed()
         return [types.Resource(uri=s.uri, name=s.store_key, title=f"{s.store_key} ({s.source})",
                                description=s.summary, mimeType="application/json") for s in stores]
 
