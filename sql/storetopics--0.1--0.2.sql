@@ -206,6 +206,26 @@ UPDATE storetopics.sources s SET store_count = x.stores, file_count = x.files
           FROM storetopics.store_state st GROUP BY 1) x
  WHERE x.source_id = s.id;
 
+-- incremental/0.2/004-store-labels.sql
+-- storetopics 0.2: a keyword-only store's labels from the LLM labeller.  Such a store has no clusters to label:
+-- one call per store turns its contrastive terms and the phrases mined from its files into 3-8 labels.  What the
+-- clusters keep per cluster (the labels, the words they were made from for the keyword gate, the retry state of a
+-- failed call) it keeps per store.
+ALTER TABLE storetopics.store_state
+  ADD COLUMN store_labels text[],                        -- the labels that passed the checks; NULL: none
+  ADD COLUMN store_label_words text[],                   -- the contrastive terms (lexemes) they were made from
+  ADD COLUMN store_label_needed boolean,
+  ADD COLUMN store_label_failures int,
+  ADD COLUMN store_label_retry_at timestamptz,
+  ADD COLUMN store_label_error text;
+-- (defaults set apart from ADD COLUMN: a column added with a default is refused while functions take the table's
+-- row type, as storetopics.render_due does)
+ALTER TABLE storetopics.store_state ALTER COLUMN store_label_needed SET DEFAULT false,
+                                    ALTER COLUMN store_label_failures SET DEFAULT 0;
+UPDATE storetopics.store_state SET store_label_needed = false, store_label_failures = 0;
+ALTER TABLE storetopics.store_state ALTER COLUMN store_label_needed SET NOT NULL,
+                                    ALTER COLUMN store_label_failures SET NOT NULL;
+
 -- idempotent/010-helpers.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Helpers
@@ -2931,6 +2951,13 @@ END $$;
 -- what it names true (like-for-like churn, bench/README.md).  New
 -- outliers change a cluster's words: this is how they mark it.  Cheap when nothing changed.  Returns the number of
 -- clusters whose label became due.
+-- The keyword gate's measure: how many words of one list's top 5 are not even in the other's top 15, counted both
+-- ways (so near-ties swapping places do not count).
+CREATE OR REPLACE FUNCTION storetopics._words_moved(a text[], b text[]) RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN (SELECT count(*) FROM unnest(a[1:5]) w WHERE w <> ALL (coalesce(b[1:15], '{}')))
+     + (SELECT count(*) FROM unnest(b[1:5]) w WHERE w <> ALL (coalesce(a[1:15], '{}')));
+
 CREATE OR REPLACE FUNCTION storetopics.refresh_words(p_source int, p_store text) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -2939,8 +2966,16 @@ DECLARE
   v_shift float8;
 BEGIN
   SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
-  IF NOT FOUND OR st.words_version = st.version
-     OR NOT EXISTS (SELECT 1 FROM storetopics.clusters k WHERE k.source_id = p_source AND k.store_key = p_store) THEN
+  IF NOT FOUND OR st.words_version = st.version THEN
+    RETURN 0;
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM storetopics.clusters k WHERE k.source_id = p_source AND k.store_key = p_store) THEN
+    -- a keyword-only store's labels have the same gate, on its contrastive terms
+    IF (SELECT s.embedding IS NULL FROM storetopics.sources s WHERE s.id = p_source) THEN
+      v_due := storetopics._store_label_gate(p_source, p_store);
+      UPDATE storetopics.store_state SET words_version = st.version WHERE source_id = p_source AND store_key = p_store;
+      RETURN v_due;
+    END IF;
     RETURN 0;
   END IF;
   PERFORM storetopics._cluster_keywords(p_source, p_store);
@@ -2949,11 +2984,7 @@ BEGIN
   UPDATE storetopics.clusters k
      SET label_needed = true, label_failures = 0, label_retry_at = NULL
    WHERE k.source_id = p_source AND k.store_key = p_store AND NOT k.label_needed AND k.label_words IS NOT NULL
-     -- moved: words of one top 5 that are not even in the other's top 15, both ways (so near-ties swapping
-     -- places do not count)
-     AND (SELECT count(*) FROM unnest(k.label_words[1:5]) w WHERE w <> ALL (k.keywords[1:15]))
-         + (SELECT count(*) FROM unnest(k.keywords[1:5]) w WHERE w <> ALL (k.label_words[1:15]))
-         > v_shift * 10;
+     AND storetopics._words_moved(k.label_words, k.keywords) > v_shift * 10;
   GET DIAGNOSTICS v_due = ROW_COUNT;
   UPDATE storetopics.clusters k SET outliers_seen = k.outliers
    WHERE k.source_id = p_source AND k.store_key = p_store AND k.outliers_seen <> k.outliers;
@@ -3004,6 +3035,19 @@ RETURN (SELECT coalesce(tsvector_to_array(to_tsvector(s.ts_config, p_label))
           FROM storetopics.clusters k JOIN storetopics.sources s ON s.id = k.source_id
          WHERE k.source_id = p_source AND k.store_key = p_store AND k.cluster_id = p_cluster);
 
+-- What a labeller is told of the catalog's other stores: up to 8 of them (in an order that favours no name), each as
+-- its name and first contrastive terms, so a label says what sets its cluster or store apart.
+CREATE OR REPLACE FUNCTION storetopics._other_stores(p_source int, p_store text) RETURNS text[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN ARRAY(SELECT st.store_key || ': ' || (SELECT string_agg(c ->> 'term', ', ')
+                                               FROM (SELECT c FROM jsonb_array_elements(st.topics -> 'contrast') c
+                                                     LIMIT 4) x)
+               FROM storetopics.store_state st
+              WHERE st.source_id IN (SELECT s.id FROM storetopics.sources s
+                                      WHERE storetopics._catalog(s.id) = storetopics._catalog(p_source))
+                AND (st.source_id, st.store_key) <> (p_source, p_store) AND st.topics ? 'contrast'
+              ORDER BY hashtext(st.store_key), st.store_key LIMIT 8);
+
 -- Clusters whose label is due from the configured labeller (none with the offline labeller, whose label is derived
 -- from the words): new or changed clusters whose retry time has come.  What a labeller may see of a cluster: its
 -- words and representative chunks, never the corpus.
@@ -3022,21 +3066,34 @@ BEGIN ATOMIC
                 WHERE k3.source_id = p_source AND k3.store_key = p_store AND k3.cluster_id <> k.cluster_id
                   AND k3.chunks > 0
                 ORDER BY k3.chunks DESC, k3.cluster_id LIMIT 8),
-         -- and the catalog's other stores: their name and first contrastive terms
-         ARRAY(SELECT st.store_key || ': ' || (SELECT string_agg(c ->> 'term', ', ')
-                                                 FROM (SELECT c FROM jsonb_array_elements(st.topics -> 'contrast') c
-                                                       LIMIT 4) x)
-                 FROM storetopics.store_state st
-                WHERE st.source_id IN (SELECT s.id FROM storetopics.sources s
-                                        WHERE storetopics._catalog(s.id) = storetopics._catalog(p_source))
-                  AND (st.source_id, st.store_key) <> (p_source, p_store) AND st.topics ? 'contrast'
-                ORDER BY hashtext(st.store_key), st.store_key LIMIT 8)
+         -- and the catalog's other stores
+         storetopics._other_stores(p_source, p_store)
     FROM storetopics.clusters k
    WHERE k.source_id = p_source AND k.store_key = p_store AND k.label_needed AND k.chunks > 0
      AND coalesce(k.label_retry_at, '-infinity') <= now()
      AND storetopics._settings(p_source) ->> 'labeller' <> 'offline'
    ORDER BY k.chunks DESC, k.cluster_id;
 END;
+
+-- One labelling call in the ledger (cluster NULL: a keyword-only store's call), priced from the source's settings.
+CREATE OR REPLACE FUNCTION storetopics._ledger(p_source int, p_store text, p_cluster int, p_labeller text, p_model text,
+                                    p_input_tokens int, p_output_tokens int, p_outcome text, p_detail text)
+RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  INSERT INTO storetopics.label_ledger (source_id, store_key, cluster_id, labeller, model, input_tokens,
+                                        output_tokens, cost_usd, outcome, detail)
+  SELECT p_source, p_store, p_cluster, p_labeller, p_model, coalesce(p_input_tokens, 0), coalesce(p_output_tokens, 0),
+         coalesce((coalesce(p_input_tokens, 0) * (x.price ->> 0)::numeric
+                   + coalesce(p_output_tokens, 0) * (x.price ->> 1)::numeric) / 1e6, 0),
+         p_outcome, left(p_detail, 500)
+    FROM (SELECT storetopics._settings(p_source) #> ARRAY['prices', coalesce(p_model, '')] AS price) x;
+END;
+
+-- When a failed labelling call is tried again: exponential backoff with jitter, 30 s doubling, capped at an hour.
+CREATE OR REPLACE FUNCTION storetopics._retry_at(failures int) RETURNS timestamptz
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+RETURN now() + make_interval(secs => least(3600, 30 * 2 ^ least(failures, 20)) * (0.5 + random() / 2));
 
 -- Write back one labelling call (the ledger records it whatever happened):
 --   outcome 'ok':       the label is stored (if it still looks like a label, else it counts as rejected);
@@ -3050,7 +3107,6 @@ CREATE OR REPLACE FUNCTION storetopics.record_label(p_source int, p_store text, 
                                          p_output_tokens int DEFAULT 0, p_detail text DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  v_price jsonb := storetopics._settings(p_source) #> ARRAY['prices', coalesce(p_model, '')];
   v_outcome text := p_outcome;
   v_detail text := p_detail;
 BEGIN
@@ -3061,12 +3117,8 @@ BEGIN
                        THEN 'not grounded: a word of it is not in the cluster''s words or chunks' END;
     v_outcome := CASE WHEN v_detail IS NULL THEN 'ok' ELSE 'rejected' END;
   END IF;
-  INSERT INTO storetopics.label_ledger (source_id, store_key, cluster_id, labeller, model, input_tokens,
-                                        output_tokens, cost_usd, outcome, detail)
-  VALUES (p_source, p_store, p_cluster, p_labeller, p_model, coalesce(p_input_tokens, 0), coalesce(p_output_tokens, 0),
-          coalesce((coalesce(p_input_tokens, 0) * (v_price ->> 0)::numeric
-                    + coalesce(p_output_tokens, 0) * (v_price ->> 1)::numeric) / 1e6, 0),
-          v_outcome, left(v_detail, 500));
+  PERFORM storetopics._ledger(p_source, p_store, p_cluster, p_labeller, p_model, p_input_tokens, p_output_tokens,
+                              v_outcome, v_detail);
   IF v_outcome = 'ok' THEN
     UPDATE storetopics.clusters SET label = p_label, labeller = p_labeller, label_model = p_model,
            label_needed = false, label_error = NULL, label_failures = 0, label_retry_at = NULL,
@@ -3079,8 +3131,7 @@ BEGIN
      WHERE source_id = p_source AND store_key = p_store AND cluster_id = p_cluster;
   ELSE
     UPDATE storetopics.clusters SET label_error = v_detail, label_failures = label_failures + 1,
-           label_retry_at = now() + make_interval(secs => least(3600, 30 * 2 ^ least(label_failures, 20))
-                                                          * (0.5 + random() / 2))
+           label_retry_at = storetopics._retry_at(label_failures)
      WHERE source_id = p_source AND store_key = p_store AND cluster_id = p_cluster;
   END IF;
   IF NOT FOUND THEN
@@ -3616,6 +3667,7 @@ DECLARE
   v_screened jsonb := '[]';   -- what the screen dropped, and why
   v_s record;
   v_uncounted text[];
+  v_topics_from text;   -- what the topic list is made of: clusters, the labeller's store labels, mined phrases
 BEGIN
   SELECT * INTO src FROM storetopics.sources WHERE id = p_source;
   SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store FOR UPDATE;
@@ -3678,14 +3730,20 @@ BEGIN
   -- The topic list: clusters that show the same label are one topic to a reader; a keyword-only store's topics are
   -- phrases of its contrastive terms.
   IF jsonb_array_length(v_clusters) > 0 THEN
+    v_topics_from := 'clusters';
     v_topic_list := ARRAY(SELECT t.label
                             FROM (SELECT c ->> 'label' AS label, sum((c ->> 'share')::float8) AS share, min(o.i) AS first
                                     FROM jsonb_array_elements(v_clusters) WITH ORDINALITY AS o(c, i) GROUP BY 1) t
                            WHERE t.share >= 0.02 AND t.label IS NOT NULL
                            ORDER BY t.share DESC, t.first LIMIT 8);
   ELSIF src.embedding IS NULL THEN
+    -- the LLM labeller's labels for the store (storetopics.record_store_labels), else the phrases mined offline
+    v_topics_from := CASE WHEN v_cfg ->> 'labeller' <> 'offline' AND cardinality(st.store_labels) > 0
+                          THEN 'labeller' ELSE 'phrases' END;
     SELECT * INTO v_s FROM storetopics._screened(
-      storetopics._store_phrases(p_source, p_store, ARRAY(SELECT c ->> 'lexeme' FROM jsonb_array_elements(v_kw -> 'contrast') c)),
+      CASE WHEN v_topics_from = 'labeller' THEN st.store_labels
+           ELSE storetopics._store_phrases(p_source, p_store,
+                                           ARRAY(SELECT c ->> 'lexeme' FROM jsonb_array_elements(v_kw -> 'contrast') c)) END,
       'topics');
     v_topic_list := v_s.kept;
     v_screened := v_screened || v_s.dropped;
@@ -3707,7 +3765,8 @@ BEGIN
                                    'silhouette', round(st.fit_silhouette::numeric, 4),
                                    'single_theme', st.fit_single_theme, 'sample', st.fit_sample, 'dim', st.fit_dim,
                                    'space', st.fit_space, 'other_dimension_chunks', st.other_dim) END,
-                                 'labeller', v_cfg ->> 'labeller', 'screened', v_screened,
+                                 'labeller', v_cfg ->> 'labeller', 'topics_from', v_topics_from,
+                                 'screened', v_screened,
                                  'cost', (SELECT jsonb_build_object('calls', count(*), 'input_tokens',
                                                    coalesce(sum(l.input_tokens), 0), 'output_tokens',
                                                    coalesce(sum(l.output_tokens), 0), 'usd', coalesce(sum(l.cost_usd), 0))
@@ -3736,6 +3795,31 @@ BEGIN
   RETURN true;
 END $$;
 
+-- A store's contrastive terms as a reader sees them: in the words people write (learnt first), a word two lexemes
+-- show as ("run", "running") once, where it ranks first.  What render shows and what an LLM labeller is given.
+CREATE OR REPLACE FUNCTION storetopics._contrast_shown(p_source int, p_store text, n int)
+RETURNS TABLE (rank int, lexeme text, word text, score float8, files int)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
+  v_lexemes text[];
+  v_scores float8[];
+  v_files int[];
+BEGIN
+  SELECT array_agg(c.lexeme ORDER BY c.score DESC, c.lexeme), array_agg(c.score ORDER BY c.score DESC, c.lexeme),
+         array_agg(c.files ORDER BY c.score DESC, c.lexeme)
+    INTO v_lexemes, v_scores, v_files
+    FROM storetopics.contrast_terms(p_source, p_store, n) c;
+  PERFORM storetopics._learn_words(p_source, p_store, coalesce(v_lexemes, '{}'));
+  RETURN QUERY
+    SELECT (row_number() OVER (ORDER BY x.i))::int, x.lexeme, x.word, x.score, x.files
+      FROM (SELECT DISTINCT ON (w.word) w.*
+              FROM (SELECT u.lexeme, storetopics._show(v_cfg, u.lexeme) AS word, u.score, u.files, u.i
+                      FROM unnest(v_lexemes, v_scores, v_files) WITH ORDINALITY AS u(lexeme, score, files, i)) w
+             ORDER BY w.word, w.i) x
+     ORDER BY x.i;
+END $$;
+
 -- render()'s term lists, in pg_temp.storetopics_kw (kind, rank, lexeme, word, score, files, total, file_key): the
 -- dominant and distinctive lists of keywords() and the contrastive terms, as people write them; two lexemes that show
 -- as one word ("run", "running") are shown once, where they rank first.
@@ -3746,9 +3830,8 @@ BEGIN
   SELECT k.kind, k.rank, k.lexeme, NULL::text AS word, k.score, k.files, k.total, k.file_key
     FROM storetopics.keywords(src.id, p_store) k
   UNION ALL
-  SELECT 'contrast', (row_number() OVER (ORDER BY c.score DESC, c.lexeme))::int, c.lexeme, NULL, c.score, c.files,
-         NULL, NULL
-    FROM storetopics.contrast_terms(src.id, p_store, 80) c;
+  SELECT 'contrast', c.rank, c.lexeme, NULL, c.score, c.files, NULL, NULL
+    FROM storetopics._contrast_shown(src.id, p_store, 80) c;
   PERFORM storetopics._learn_words(src.id, p_store, ARRAY(SELECT DISTINCT k.lexeme FROM pg_temp.storetopics_kw k));
   UPDATE pg_temp.storetopics_kw SET word = storetopics._show(src.ts_config, lexeme);
   DELETE FROM pg_temp.storetopics_kw k USING pg_temp.storetopics_kw k2
@@ -3778,6 +3861,146 @@ COMMENT ON FUNCTION storetopics.record_token_counts(text[], int[]) IS
   'Record cl100k token counts of summary chunks, counted by the worker or the CLI with tiktoken.';
 COMMENT ON FUNCTION storetopics.render(int, text, boolean) IS
   'Render a store''s summary (store_topics, topics) from its state within 200 cl100k tokens; returns whether it changed (NULL with count_first while token counts are missing).';
+
+-- idempotent/075-store-labels.sql
+-- ------------------------------------------------------------------------------------------------------------
+-- A keyword-only store's labels from an LLM labeller
+-- ------------------------------------------------------------------------------------------------------------
+-- A store with no embedding column has no clusters.  Offline, its topics are phrases mined from its files
+-- (storetopics._store_phrases).  With an LLM labeller, one call per store turns its contrastive terms and those
+-- phrases into 3-8 labels, under the rules a cluster's label follows: the keyword gate decides when they are due
+-- again, each label is checked for its form (label_ok), screened (screen()) and grounded (every word among what the
+-- labeller was shown), a failed call keeps the old labels and is retried with backoff.  The LLM sees these words
+-- and phrases and the other stores' names and terms, never the corpus.
+
+-- The gate (called by refresh_words when the store changed): the labels are due when the store has none yet, or when
+-- its contrastive terms moved by more than keyword_shift since they were made (storetopics._words_moved, as for a
+-- cluster).  Returns 1 when they became due.
+CREATE OR REPLACE FUNCTION storetopics._store_label_gate(p_source int, p_store text) RETURNS int
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  st storetopics.store_state;
+  v_cfg jsonb := storetopics._settings(p_source);
+  v_terms text[];
+BEGIN
+  SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
+  IF NOT FOUND OR st.store_label_needed OR v_cfg ->> 'labeller' = 'offline' OR st.files <= 0 THEN
+    RETURN 0;
+  END IF;
+  v_terms := ARRAY(SELECT c.lexeme FROM storetopics._contrast_shown(p_source, p_store, 80) c ORDER BY c.rank LIMIT 15);
+  IF cardinality(v_terms) = 0
+     OR (st.store_label_words IS NOT NULL
+         AND storetopics._words_moved(st.store_label_words, v_terms) <= (v_cfg ->> 'keyword_shift')::float8 * 10) THEN
+    RETURN 0;
+  END IF;
+  UPDATE storetopics.store_state SET store_label_needed = true, store_label_failures = 0, store_label_retry_at = NULL
+   WHERE source_id = p_source AND store_key = p_store;
+  RETURN 1;
+END $$;
+
+-- What the labeller is given for a keyword-only store whose labels are due (no row otherwise): its first 30
+-- contrastive terms as people write them, the phrases mined from its files, and the catalog's other stores.
+CREATE OR REPLACE FUNCTION storetopics.store_labels_due(p_source int, p_store text)
+RETURNS TABLE (terms text[], phrases text[], others text[], files bigint, failures int)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  st storetopics.store_state;
+  v_lexemes text[];
+  v_words text[];
+BEGIN
+  SELECT * INTO st FROM storetopics.store_state s
+   WHERE s.source_id = p_source AND s.store_key = p_store AND s.store_label_needed AND s.files > 0
+     AND coalesce(s.store_label_retry_at, '-infinity') <= now();
+  IF NOT FOUND OR storetopics._settings(p_source) ->> 'labeller' = 'offline' THEN
+    RETURN;
+  END IF;
+  -- the contrastive terms render shows (so the phrases mined here are those render shows offline, mined once)
+  SELECT array_agg(c.lexeme ORDER BY c.rank), (array_agg(c.word ORDER BY c.rank))[1:30] INTO v_lexemes, v_words
+    FROM storetopics._contrast_shown(p_source, p_store, 80) c;
+  RETURN QUERY SELECT v_words, storetopics._store_phrases(p_source, p_store, v_lexemes),
+                      storetopics._other_stores(p_source, p_store), st.files, st.store_label_failures;
+END $$;
+
+-- Write back one call for a keyword-only store's labels (the ledger records it, cluster NULL):
+--   'ok':       each label that passes label_ok, screen() and grounding (its words among the terms and phrases the
+--               labeller was shown) is kept, up to 8, repeats dropped; the detail names those refused; none kept
+--               counts as rejected;
+--   'rejected': no labels (the answer had no label's form): the mined phrases are shown, not asked again until the
+--               terms move;
+--   'error':    no answer: the old labels stay, a retry is scheduled with backoff.
+-- Returns the labels the store holds now (NULL when the store is gone).
+CREATE OR REPLACE FUNCTION storetopics.record_store_labels(p_source int, p_store text, p_outcome text, p_labels text[],
+                                                p_labeller text, p_model text DEFAULT NULL, p_input_tokens int DEFAULT 0,
+                                                p_output_tokens int DEFAULT 0, p_detail text DEFAULT NULL)
+RETURNS text[]
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  st storetopics.store_state;
+  v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
+  v_outcome text := p_outcome;
+  v_detail text := p_detail;
+  v_lexemes text[];
+  v_words text[];
+  v_grounds text[];
+  v_kept text[] := '{}';
+  v_refused text[] := '{}';
+  v_why text;
+  l text;
+BEGIN
+  SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store FOR UPDATE;
+  IF NOT FOUND THEN
+    PERFORM storetopics._ledger(p_source, p_store, NULL, p_labeller, p_model, p_input_tokens, p_output_tokens,
+                                CASE WHEN p_outcome = 'error' THEN 'error' ELSE 'rejected' END, 'the store is gone');
+    RETURN NULL;
+  END IF;
+  SELECT array_agg(c.lexeme ORDER BY c.rank), array_agg(c.word ORDER BY c.rank) INTO v_lexemes, v_words
+    FROM storetopics._contrast_shown(p_source, p_store, 80) c;
+  IF v_outcome = 'ok' THEN
+    v_grounds := coalesce(v_lexemes[1:30], '{}') || tsvector_to_array(to_tsvector(v_cfg,
+                   coalesce(array_to_string(v_words[1:30], ' '), '') || ' ' || coalesce(array_to_string(st.phrases, ' '), '')));
+    FOREACH l IN ARRAY coalesce(p_labels, '{}') LOOP
+      l := trim(l);
+      v_why := CASE WHEN NOT storetopics.label_ok(l) THEN 'not a 2-5 word label'
+                    WHEN storetopics.screen(l) IS NOT NULL THEN 'screened: ' || storetopics.screen(l)
+                    WHEN NOT tsvector_to_array(to_tsvector(v_cfg, l)) <@ v_grounds
+                      THEN 'not grounded: a word of it is not in the store''s terms or phrases'
+                    WHEN lower(l) = ANY (ARRAY(SELECT lower(k) FROM unnest(v_kept) k)) THEN 'repeated'
+                    WHEN cardinality(v_kept) >= 8 THEN 'more than 8' END;
+      IF v_why IS NULL THEN
+        v_kept := v_kept || l;
+      ELSE
+        v_refused := v_refused || (left(l, 60) || ' (' || v_why || ')');
+      END IF;
+    END LOOP;
+    v_outcome := CASE WHEN cardinality(v_kept) > 0 THEN 'ok' ELSE 'rejected' END;
+    v_detail := nullif(array_to_string(v_refused, '; '), '');
+    IF v_outcome = 'rejected' THEN
+      v_detail := coalesce(v_detail, 'no labels');
+    END IF;
+  END IF;
+  PERFORM storetopics._ledger(p_source, p_store, NULL, p_labeller, p_model, p_input_tokens, p_output_tokens,
+                              v_outcome, v_detail);
+  IF v_outcome = 'error' THEN
+    UPDATE storetopics.store_state
+       SET store_label_error = left(v_detail, 500), store_label_failures = store_label_failures + 1,
+           store_label_retry_at = storetopics._retry_at(store_label_failures)
+     WHERE source_id = p_source AND store_key = p_store;
+    RETURN st.store_labels;
+  END IF;
+  UPDATE storetopics.store_state
+     SET store_labels = CASE WHEN v_outcome = 'ok' THEN v_kept END, store_label_words = v_lexemes[1:15],
+         store_label_needed = false, store_label_failures = 0, store_label_retry_at = NULL,
+         store_label_error = CASE WHEN v_detail IS NOT NULL THEN left(v_outcome || ': ' || v_detail, 500) END,
+         version = version + 1
+   WHERE source_id = p_source AND store_key = p_store;
+  RETURN CASE WHEN v_outcome = 'ok' THEN v_kept ELSE '{}' END;
+END $$;
+
+-- What \df+ shows a DBA.
+COMMENT ON FUNCTION storetopics.store_labels_due(int, text) IS
+  'For a keyword-only store whose labels are due from the configured LLM labeller: what it may see (contrastive terms, mined phrases, the other stores); no row otherwise.';
+COMMENT ON FUNCTION storetopics.record_store_labels(int, text, text, text[], text, text, int, int, text) IS
+  'Record the call for a keyword-only store''s labels in the ledger and keep each label that passes label_ok, screen() and the grounding check; errors schedule a retry with backoff. Returns the labels held.';
 
 -- idempotent/080-backfill.sql
 -- ------------------------------------------------------------------------------------------------------------
@@ -3826,9 +4049,12 @@ BEGIN ATOMIC
                    AND EXISTS (SELECT 1 FROM storetopics.clusters k
                                 WHERE k.source_id = st.source_id AND k.store_key = st.store_key) AS words,
                  storetopics._settings(st.source_id) ->> 'labeller' <> 'offline'
-                   AND EXISTS (SELECT 1 FROM storetopics.clusters k
-                                WHERE k.source_id = st.source_id AND k.store_key = st.store_key AND k.label_needed
-                                  AND k.chunks > 0 AND coalesce(k.label_retry_at, '-infinity') <= now()) AS label,
+                   AND (EXISTS (SELECT 1 FROM storetopics.clusters k
+                                 WHERE k.source_id = st.source_id AND k.store_key = st.store_key AND k.label_needed
+                                   AND k.chunks > 0 AND coalesce(k.label_retry_at, '-infinity') <= now())
+                        -- a keyword-only store's labels (storetopics.store_labels_due)
+                        OR (st.store_label_needed AND coalesce(st.store_label_retry_at, '-infinity') <= now()))
+                   AS label,
                  storetopics.render_due(st) AS render
             FROM storetopics.store_state st
            WHERE st.source_id = p_source AND (p_store IS NULL OR st.store_key = p_store)) d
@@ -3928,10 +4154,13 @@ RETURN EXISTS (SELECT 1 FROM storetopics.pending p
                 WHERE p.source_id = p_source AND (p.store_key = p_store OR p.store_key IS NULL))
     OR EXISTS (SELECT 1 FROM storetopics.store_state st
                 WHERE st.source_id = p_source AND st.store_key = p_store AND storetopics.render_due(st))
-    OR EXISTS (SELECT 1 FROM storetopics.clusters k
-                WHERE k.source_id = p_source AND k.store_key = p_store AND k.label_needed AND k.chunks > 0
-                  AND k.label_retry_at <= now()
-                  AND storetopics._settings(p_source) ->> 'labeller' <> 'offline');
+    OR (storetopics._settings(p_source) ->> 'labeller' <> 'offline'
+        AND (EXISTS (SELECT 1 FROM storetopics.clusters k
+                      WHERE k.source_id = p_source AND k.store_key = p_store AND k.label_needed AND k.chunks > 0
+                        AND k.label_retry_at <= now())
+             OR EXISTS (SELECT 1 FROM storetopics.store_state st
+                         WHERE st.source_id = p_source AND st.store_key = p_store AND st.store_label_needed
+                           AND st.store_label_retry_at <= now())));
 
 -- Record what changed since the last look: stores with logged changes, stores folded but not rendered since, and
 -- stores whose labelling retry came due.  One session at a time (the others skip: the one syncing serves them).
@@ -3959,6 +4188,11 @@ BEGIN
      WHERE k.label_needed AND k.chunks > 0 AND k.label_retry_at <= now()
        AND storetopics._settings(k.source_id) ->> 'labeller' <> 'offline'
      GROUP BY 1, 2
+    UNION ALL
+    SELECT st.source_id, st.store_key, st.store_label_retry_at, st.store_label_retry_at, true
+      FROM storetopics.store_state st
+     WHERE st.store_label_needed AND st.store_label_retry_at <= now()
+       AND storetopics._settings(st.source_id) ->> 'labeller' <> 'offline'
   ), agg AS (
     SELECT s.source_id, s.store_key, min(s.first) AS first, max(s.last) AS last, bool_or(s.logged) AS logged
       FROM seen s GROUP BY 1, 2
@@ -4173,12 +4407,16 @@ SELECT s.chunks AS source, x.source_id, x.store_key,
   JOIN storetopics.sources s ON s.id = x.source_id
   LEFT JOIN storetopics.work w ON w.source_id = x.source_id AND w.store_key = x.store_key
   LEFT JOIN storetopics.store_state st ON st.source_id = x.source_id AND st.store_key = x.store_key
-  LEFT JOIN LATERAL (SELECT max(c.label_failures) FILTER (WHERE c.label_needed) AS label_failures,
-                            min(c.label_retry_at) FILTER (WHERE c.label_needed) AS label_retry_at,
+  -- the labels waiting for a retry: the clusters', or a keyword-only store's
+  LEFT JOIN LATERAL (SELECT max(c.label_failures) AS label_failures, min(c.label_retry_at) AS label_retry_at,
                             (array_agg(c.label_error ORDER BY c.label_failures DESC)
-                               FILTER (WHERE c.label_needed AND c.label_failures > 0))[1] AS label_error
-                       FROM storetopics.clusters c
-                      WHERE c.source_id = x.source_id AND c.store_key = x.store_key AND c.chunks > 0) k ON true
+                               FILTER (WHERE c.label_failures > 0))[1] AS label_error
+                       FROM (SELECT c.label_failures, c.label_retry_at, c.label_error FROM storetopics.clusters c
+                              WHERE c.source_id = x.source_id AND c.store_key = x.store_key AND c.chunks > 0
+                                AND c.label_needed
+                             UNION ALL
+                             SELECT st.store_label_failures, st.store_label_retry_at, st.store_label_error
+                              WHERE st.store_label_needed) c) k ON true
   LEFT JOIN LATERAL (SELECT count(*) AS calls, sum(g.cost_usd) AS cost_usd FROM storetopics.label_ledger g
                       WHERE g.source_id = x.source_id AND g.store_key = x.store_key) l ON true
  WHERE st.files > 0 OR w.dirty_since IS NOT NULL;
@@ -4301,6 +4539,9 @@ WITH src AS (
   UNION
   SELECT k.source_id, k.store_key FROM storetopics.clusters k JOIN src ON src.id = k.source_id
    WHERE k.label_needed AND k.chunks > 0 AND k.label_retry_at <= now() AND src.cfg ->> 'labeller' <> 'offline'
+  UNION
+  SELECT st.source_id, st.store_key FROM storetopics.store_state st JOIN src ON src.id = st.source_id
+   WHERE st.store_label_needed AND st.store_label_retry_at <= now() AND src.cfg ->> 'labeller' <> 'offline'
 ), failing AS (
   SELECT w.source_id, w.store_key FROM storetopics.work w
    WHERE w.source_id IN (SELECT src.id FROM src) AND w.attempts >= storetopics.failing_after()
@@ -4308,6 +4549,10 @@ WITH src AS (
   SELECT k.source_id, k.store_key FROM storetopics.clusters k
    WHERE k.source_id IN (SELECT src.id FROM src) AND k.label_needed AND k.chunks > 0
      AND k.label_failures >= storetopics.failing_after()
+  UNION
+  SELECT st.source_id, st.store_key FROM storetopics.store_state st
+   WHERE st.source_id IN (SELECT src.id FROM src) AND st.store_label_needed
+     AND st.store_label_failures >= storetopics.failing_after()
 )
 SELECT src.chunks::text, src.id, st.stores, coalesce(p.n, 0)::bigint,
        coalesce(extract(epoch FROM now() - p.oldest), 0)::float8,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lab.fakes.messages import MessagesServer
-from storetopics.labels import AnthropicLabeler, ClusterInput, LabelError, clean_label
+from storetopics.labels import AnthropicLabeler, ClusterInput, LabelError, StoreInput, clean_label, clean_labels
 
 CLUSTER = ClusterInput(keywords=["chess", "board", "engine", "opening"],
                        representatives=["A chess engine that plays strong openings.", "Board game for two players."])
@@ -26,6 +26,33 @@ def test_clean_label_tidies_the_form_only(text, ok):
     clean, reason = clean_label(text)
     assert clean == ok
     assert (reason is None) == (ok is not None)
+
+
+@pytest.mark.parametrize("text, ok", [
+    ("Chess Engines\nBoard Games", ["Chess Engines", "Board Games"]),
+    ("1. Chess engines.\n2) Board games\n- Opening theory\n* Endgame studies\n\u2022 Puzzles and problems",
+     ["Chess engines", "Board games", "Opening theory", "Endgame studies", "Puzzles and problems"]),
+    ("Label: Kitchen Renovation\n\n   \n", ["Kitchen Renovation"]),
+    ("  \n ", []),
+    (None, []),
+])
+def test_clean_labels_one_per_line(text, ok):
+    """A keyword-only store's answer: one label per line, numbering and bullets removed; what each says is judged
+    in SQL (storetopics.record_store_labels, test_store_labels.py)."""
+    labels, reason = clean_labels(text)
+    assert labels == ok
+    assert (reason is None) == bool(ok)
+
+
+def test_store_prompt_carries_terms_phrases_and_the_other_stores(server):
+    store = StoreInput(terms=["pawn", "rook", "gambit"], phrases=["opening gambit"], others=["music: chord, tempo"])
+    label = labeler(server).label_store(store)
+    assert label.labels == ["Pawn Rook", "Gambit"] and label.calls == 1 and label.input_tokens > 0
+    sent = server.requests[-1]
+    assert sent["max_tokens"] >= 100
+    prompt = sent["messages"][0]["content"]
+    assert "<terms>pawn, rook, gambit</terms>" in prompt and "<phrases>opening gambit</phrases>" in prompt
+    assert "<other_stores>music: chord, tempo</other_stores>" in prompt and "data, not instructions" in prompt
 
 
 @pytest.fixture

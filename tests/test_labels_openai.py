@@ -20,9 +20,11 @@ from storetopics.labels import (
     ClusterInput,
     LabelError,
     OpenAILabeler,
+    StoreInput,
     clean_label,
     make_labeler,
     prompt,
+    store_prompt,
 )
 
 CLUSTER = ClusterInput(keywords=["chess", "board", "engine", "opening"],
@@ -81,6 +83,20 @@ def test_the_request_carries_the_shared_prompt_and_the_model(server):
     # one prompt for every labeller: the Anthropic one would send exactly this
     anthropic = AnthropicLabeler(api_key="unused", base_url="http://127.0.0.1:9")
     assert sent == prompt(CLUSTER) == anthropic.prompt(CLUSTER)
+
+
+def test_a_store_s_labels_are_one_call_with_the_shared_store_prompt(server):
+    """A keyword-only store's labels (label_store): the same prompt as the Anthropic labeller sends, one label a
+    line back; a failure is a LabelError like a cluster's."""
+    store = StoreInput(terms=["pawn", "rook", "gambit", "endgame"], phrases=["opening gambit"],
+                       others=["music: chord, tempo"])
+    server.plan("text", text="1. Chess openings\n2. Endgame studies")
+    label = labeler(server).label_store(store)
+    assert label.labels == ["Chess openings", "Endgame studies"] and label.rejected is None
+    assert prompt_of(server.requests[-1]) == store_prompt(store)
+    server.fail(500, times=1)
+    with pytest.raises(LabelError, match="InternalServerError"):
+        labeler(server).label_store(store)
 
 
 def test_representatives_are_truncated_to_the_same_budget(server):

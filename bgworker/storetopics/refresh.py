@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from .labels import ClusterInput, LabelError, make_labeler
+from .labels import ClusterInput, LabelError, StoreInput, make_labeler
 
 log = logging.getLogger("storetopics.refresh")
 
@@ -50,7 +50,8 @@ def fit(conn: psycopg.Connection, source: int, store: str) -> dict:
 
 def label(conn: psycopg.Connection, source: int, store: str, labeller=None) -> LabelStats:
     """Ask the configured labeller for the clusters whose label is due (none with the offline labeller: its label
-    is derived in SQL from the cluster's words).  One call per cluster; each call is recorded in the ledger."""
+    is derived in SQL from the cluster's words), and for a keyword-only store's labels when they are due.  One call
+    per cluster, one per such store; each call is recorded in the ledger."""
     if not conn.autocommit:
         raise ValueError("refresh.label needs an autocommit connection (no transaction open during LLM calls)")
     stats = LabelStats()
@@ -59,9 +60,15 @@ def label(conn: psycopg.Connection, source: int, store: str, labeller=None) -> L
         return stats
     due = conn.execute("SELECT cluster_id, keywords, representatives, share, siblings, others "
                        "FROM storetopics.labels_due(%s, %s)", (source, store)).fetchall()
-    if not due:
+    store_due = conn.execute("SELECT terms, phrases, others, files FROM storetopics.store_labels_due(%s, %s)",
+                             (source, store)).fetchone()
+    if not due and not store_due:
         return stats
     labeller = labeller or make_labeler(cfg["labeller"], cfg.get("model"))
+    if store_due:
+        _label_store(conn, source, store, labeller, StoreInput(
+            terms=list(store_due[0] or []), phrases=list(store_due[1] or []), others=list(store_due[2] or []),
+            files=int(store_due[3] or 0)), stats)
     model = getattr(labeller, "model", None)
     for cluster_id, keywords, reps, share, siblings, others in due:
         cluster = ClusterInput(keywords=list(keywords or []), representatives=[r.get("text") or "" for r in reps or []],
@@ -86,6 +93,30 @@ def label(conn: psycopg.Connection, source: int, store: str, labeller=None) -> L
             stats.ok += 1
         stats.details.append((cluster_id, outcome, result.text if not result.rejected else result.rejected, ok))
     return stats
+
+
+def _label_store(conn: psycopg.Connection, source: int, store: str, labeller, store_input: StoreInput,
+                 stats: LabelStats) -> None:
+    """One call for a keyword-only store's labels, recorded (storetopics.record_store_labels judges each label)."""
+    model = getattr(labeller, "model", None)
+    stats.calls += 1
+    try:
+        result = labeller.label_store(store_input)
+    except LabelError as e:
+        stats.errors += 1
+        stats.last_error = str(e)
+        conn.execute("SELECT storetopics.record_store_labels(%s, %s, 'error', NULL, %s, %s, 0, 0, %s)",
+                     (source, store, labeller.name, model, str(e)))
+        return
+    kept = conn.execute("SELECT storetopics.record_store_labels(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                        (source, store, "rejected" if result.rejected else "ok", result.labels, labeller.name,
+                         result.model or model, result.input_tokens, result.output_tokens,
+                         result.rejected)).fetchone()[0]
+    if kept:
+        stats.ok += 1
+    else:
+        stats.rejected += 1
+    stats.details.append((None, "ok" if kept else "rejected", kept or result.rejected, kept is not None))
 
 
 def render(conn: psycopg.Connection, source: int, store: str) -> bool:

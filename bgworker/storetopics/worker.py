@@ -101,10 +101,16 @@ class _LeaseCheckingLabeller:
         self.model = getattr(inner, "model", None)
 
     def label(self, cluster):
+        return self._call(self.inner.label, cluster)
+
+    def label_store(self, store):
+        return self._call(self.inner.label_store, store)
+
+    def _call(self, method, what):
         self.hooks.check()
         self.hooks.worker.log(f"label call {self.hooks.source}:{self.hooks.store}", debug=True)
         try:
-            return self.inner.label(cluster)
+            return method(what)
         finally:
             self.hooks.worker.log(f"label done {self.hooks.source}:{self.hooks.store}", debug=True)
 

@@ -35,10 +35,16 @@ def token_count(text: str) -> int:
 
 
 def default_answer(prompt: str, body: dict | None = None) -> str:
-    """What a small model would answer: the first three <keywords>, capitalised."""
-    m = re.search(r"<keywords>(.*?)</keywords>", prompt, re.S)
-    words = [w.strip() for w in (m.group(1) if m else "").split(",") if w.strip()]
-    words = words[:3] or ["general", "documents"]
+    """What a small model would answer: for a cluster, its first three <keywords>, capitalised; for a keyword-only
+    store (a prompt with <terms>), three labels of two terms each, one per line."""
+    def listed(tag: str) -> list[str]:
+        m = re.search(rf"<{tag}>(.*?)</{tag}>", prompt, re.S)
+        return [w.strip() for w in (m.group(1) if m else "").split(",") if w.strip()]
+
+    if "<terms>" in prompt:
+        terms = listed("terms")
+        return "\n".join(" ".join(w.capitalize() for w in terms[i:i + 2]) for i in range(0, min(len(terms), 6), 2))
+    words = listed("keywords")[:3] or ["general", "documents"]
     if len(words) == 1:
         words.append("topics")
     return " ".join(w.capitalize() for w in words)

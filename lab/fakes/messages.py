@@ -2,7 +2,7 @@
 
 No LLM is reachable from the project's machines, so the Anthropic labeller is exercised through the real
 `anthropic` SDK against this server.  By default it answers like a small model would: a label made from the
-<keywords> of the prompt.  Tests script failures and hostile answers with `plan` (consumed in order):
+<keywords> of the prompt (a keyword-only store's: labels from its <terms>).  Tests script failures and hostile answers with `plan` (consumed in order):
 
     server.plan(429, retry_after=0)         # rate limited, with a retry-after header
     server.plan(500)                        # server error
@@ -22,18 +22,11 @@ import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from .chat import default_answer  # the same answers as the Chat Completions fake
+
 
 def _words(text: str) -> int:
     return max(1, len(re.findall(r"\S+", text)))
-
-
-def default_answer(prompt: str) -> str:
-    m = re.search(r"<keywords>(.*?)</keywords>", prompt, re.S)
-    words = [w.strip() for w in (m.group(1) if m else "").split(",") if w.strip()]
-    words = words[:3] or ["general", "documents"]
-    if len(words) == 1:
-        words.append("topics")
-    return " ".join(w.capitalize() for w in words)
 
 
 class MessagesServer:

@@ -428,6 +428,13 @@ END $$;
 -- what it names true (like-for-like churn, bench/README.md).  New
 -- outliers change a cluster's words: this is how they mark it.  Cheap when nothing changed.  Returns the number of
 -- clusters whose label became due.
+-- The keyword gate's measure: how many words of one list's top 5 are not even in the other's top 15, counted both
+-- ways (so near-ties swapping places do not count).
+CREATE OR REPLACE FUNCTION storetopics._words_moved(a text[], b text[]) RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN (SELECT count(*) FROM unnest(a[1:5]) w WHERE w <> ALL (coalesce(b[1:15], '{}')))
+     + (SELECT count(*) FROM unnest(b[1:5]) w WHERE w <> ALL (coalesce(a[1:15], '{}')));
+
 CREATE OR REPLACE FUNCTION storetopics.refresh_words(p_source int, p_store text) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -436,8 +443,16 @@ DECLARE
   v_shift float8;
 BEGIN
   SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
-  IF NOT FOUND OR st.words_version = st.version
-     OR NOT EXISTS (SELECT 1 FROM storetopics.clusters k WHERE k.source_id = p_source AND k.store_key = p_store) THEN
+  IF NOT FOUND OR st.words_version = st.version THEN
+    RETURN 0;
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM storetopics.clusters k WHERE k.source_id = p_source AND k.store_key = p_store) THEN
+    -- a keyword-only store's labels have the same gate, on its contrastive terms
+    IF (SELECT s.embedding IS NULL FROM storetopics.sources s WHERE s.id = p_source) THEN
+      v_due := storetopics._store_label_gate(p_source, p_store);
+      UPDATE storetopics.store_state SET words_version = st.version WHERE source_id = p_source AND store_key = p_store;
+      RETURN v_due;
+    END IF;
     RETURN 0;
   END IF;
   PERFORM storetopics._cluster_keywords(p_source, p_store);
@@ -446,11 +461,7 @@ BEGIN
   UPDATE storetopics.clusters k
      SET label_needed = true, label_failures = 0, label_retry_at = NULL
    WHERE k.source_id = p_source AND k.store_key = p_store AND NOT k.label_needed AND k.label_words IS NOT NULL
-     -- moved: words of one top 5 that are not even in the other's top 15, both ways (so near-ties swapping
-     -- places do not count)
-     AND (SELECT count(*) FROM unnest(k.label_words[1:5]) w WHERE w <> ALL (k.keywords[1:15]))
-         + (SELECT count(*) FROM unnest(k.keywords[1:5]) w WHERE w <> ALL (k.label_words[1:15]))
-         > v_shift * 10;
+     AND storetopics._words_moved(k.label_words, k.keywords) > v_shift * 10;
   GET DIAGNOSTICS v_due = ROW_COUNT;
   UPDATE storetopics.clusters k SET outliers_seen = k.outliers
    WHERE k.source_id = p_source AND k.store_key = p_store AND k.outliers_seen <> k.outliers;
@@ -501,6 +512,19 @@ RETURN (SELECT coalesce(tsvector_to_array(to_tsvector(s.ts_config, p_label))
           FROM storetopics.clusters k JOIN storetopics.sources s ON s.id = k.source_id
          WHERE k.source_id = p_source AND k.store_key = p_store AND k.cluster_id = p_cluster);
 
+-- What a labeller is told of the catalog's other stores: up to 8 of them (in an order that favours no name), each as
+-- its name and first contrastive terms, so a label says what sets its cluster or store apart.
+CREATE OR REPLACE FUNCTION storetopics._other_stores(p_source int, p_store text) RETURNS text[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN ARRAY(SELECT st.store_key || ': ' || (SELECT string_agg(c ->> 'term', ', ')
+                                               FROM (SELECT c FROM jsonb_array_elements(st.topics -> 'contrast') c
+                                                     LIMIT 4) x)
+               FROM storetopics.store_state st
+              WHERE st.source_id IN (SELECT s.id FROM storetopics.sources s
+                                      WHERE storetopics._catalog(s.id) = storetopics._catalog(p_source))
+                AND (st.source_id, st.store_key) <> (p_source, p_store) AND st.topics ? 'contrast'
+              ORDER BY hashtext(st.store_key), st.store_key LIMIT 8);
+
 -- Clusters whose label is due from the configured labeller (none with the offline labeller, whose label is derived
 -- from the words): new or changed clusters whose retry time has come.  What a labeller may see of a cluster: its
 -- words and representative chunks, never the corpus.
@@ -519,21 +543,34 @@ BEGIN ATOMIC
                 WHERE k3.source_id = p_source AND k3.store_key = p_store AND k3.cluster_id <> k.cluster_id
                   AND k3.chunks > 0
                 ORDER BY k3.chunks DESC, k3.cluster_id LIMIT 8),
-         -- and the catalog's other stores: their name and first contrastive terms
-         ARRAY(SELECT st.store_key || ': ' || (SELECT string_agg(c ->> 'term', ', ')
-                                                 FROM (SELECT c FROM jsonb_array_elements(st.topics -> 'contrast') c
-                                                       LIMIT 4) x)
-                 FROM storetopics.store_state st
-                WHERE st.source_id IN (SELECT s.id FROM storetopics.sources s
-                                        WHERE storetopics._catalog(s.id) = storetopics._catalog(p_source))
-                  AND (st.source_id, st.store_key) <> (p_source, p_store) AND st.topics ? 'contrast'
-                ORDER BY hashtext(st.store_key), st.store_key LIMIT 8)
+         -- and the catalog's other stores
+         storetopics._other_stores(p_source, p_store)
     FROM storetopics.clusters k
    WHERE k.source_id = p_source AND k.store_key = p_store AND k.label_needed AND k.chunks > 0
      AND coalesce(k.label_retry_at, '-infinity') <= now()
      AND storetopics._settings(p_source) ->> 'labeller' <> 'offline'
    ORDER BY k.chunks DESC, k.cluster_id;
 END;
+
+-- One labelling call in the ledger (cluster NULL: a keyword-only store's call), priced from the source's settings.
+CREATE OR REPLACE FUNCTION storetopics._ledger(p_source int, p_store text, p_cluster int, p_labeller text, p_model text,
+                                    p_input_tokens int, p_output_tokens int, p_outcome text, p_detail text)
+RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  INSERT INTO storetopics.label_ledger (source_id, store_key, cluster_id, labeller, model, input_tokens,
+                                        output_tokens, cost_usd, outcome, detail)
+  SELECT p_source, p_store, p_cluster, p_labeller, p_model, coalesce(p_input_tokens, 0), coalesce(p_output_tokens, 0),
+         coalesce((coalesce(p_input_tokens, 0) * (x.price ->> 0)::numeric
+                   + coalesce(p_output_tokens, 0) * (x.price ->> 1)::numeric) / 1e6, 0),
+         p_outcome, left(p_detail, 500)
+    FROM (SELECT storetopics._settings(p_source) #> ARRAY['prices', coalesce(p_model, '')] AS price) x;
+END;
+
+-- When a failed labelling call is tried again: exponential backoff with jitter, 30 s doubling, capped at an hour.
+CREATE OR REPLACE FUNCTION storetopics._retry_at(failures int) RETURNS timestamptz
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+RETURN now() + make_interval(secs => least(3600, 30 * 2 ^ least(failures, 20)) * (0.5 + random() / 2));
 
 -- Write back one labelling call (the ledger records it whatever happened):
 --   outcome 'ok':       the label is stored (if it still looks like a label, else it counts as rejected);
@@ -547,7 +584,6 @@ CREATE OR REPLACE FUNCTION storetopics.record_label(p_source int, p_store text, 
                                          p_output_tokens int DEFAULT 0, p_detail text DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  v_price jsonb := storetopics._settings(p_source) #> ARRAY['prices', coalesce(p_model, '')];
   v_outcome text := p_outcome;
   v_detail text := p_detail;
 BEGIN
@@ -558,12 +594,8 @@ BEGIN
                        THEN 'not grounded: a word of it is not in the cluster''s words or chunks' END;
     v_outcome := CASE WHEN v_detail IS NULL THEN 'ok' ELSE 'rejected' END;
   END IF;
-  INSERT INTO storetopics.label_ledger (source_id, store_key, cluster_id, labeller, model, input_tokens,
-                                        output_tokens, cost_usd, outcome, detail)
-  VALUES (p_source, p_store, p_cluster, p_labeller, p_model, coalesce(p_input_tokens, 0), coalesce(p_output_tokens, 0),
-          coalesce((coalesce(p_input_tokens, 0) * (v_price ->> 0)::numeric
-                    + coalesce(p_output_tokens, 0) * (v_price ->> 1)::numeric) / 1e6, 0),
-          v_outcome, left(v_detail, 500));
+  PERFORM storetopics._ledger(p_source, p_store, p_cluster, p_labeller, p_model, p_input_tokens, p_output_tokens,
+                              v_outcome, v_detail);
   IF v_outcome = 'ok' THEN
     UPDATE storetopics.clusters SET label = p_label, labeller = p_labeller, label_model = p_model,
            label_needed = false, label_error = NULL, label_failures = 0, label_retry_at = NULL,
@@ -576,8 +608,7 @@ BEGIN
      WHERE source_id = p_source AND store_key = p_store AND cluster_id = p_cluster;
   ELSE
     UPDATE storetopics.clusters SET label_error = v_detail, label_failures = label_failures + 1,
-           label_retry_at = now() + make_interval(secs => least(3600, 30 * 2 ^ least(label_failures, 20))
-                                                          * (0.5 + random() / 2))
+           label_retry_at = storetopics._retry_at(label_failures)
      WHERE source_id = p_source AND store_key = p_store AND cluster_id = p_cluster;
   END IF;
   IF NOT FOUND THEN

@@ -309,6 +309,7 @@ DECLARE
   v_screened jsonb := '[]';   -- what the screen dropped, and why
   v_s record;
   v_uncounted text[];
+  v_topics_from text;   -- what the topic list is made of: clusters, the labeller's store labels, mined phrases
 BEGIN
   SELECT * INTO src FROM storetopics.sources WHERE id = p_source;
   SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store FOR UPDATE;
@@ -371,14 +372,20 @@ BEGIN
   -- The topic list: clusters that show the same label are one topic to a reader; a keyword-only store's topics are
   -- phrases of its contrastive terms.
   IF jsonb_array_length(v_clusters) > 0 THEN
+    v_topics_from := 'clusters';
     v_topic_list := ARRAY(SELECT t.label
                             FROM (SELECT c ->> 'label' AS label, sum((c ->> 'share')::float8) AS share, min(o.i) AS first
                                     FROM jsonb_array_elements(v_clusters) WITH ORDINALITY AS o(c, i) GROUP BY 1) t
                            WHERE t.share >= 0.02 AND t.label IS NOT NULL
                            ORDER BY t.share DESC, t.first LIMIT 8);
   ELSIF src.embedding IS NULL THEN
+    -- the LLM labeller's labels for the store (storetopics.record_store_labels), else the phrases mined offline
+    v_topics_from := CASE WHEN v_cfg ->> 'labeller' <> 'offline' AND cardinality(st.store_labels) > 0
+                          THEN 'labeller' ELSE 'phrases' END;
     SELECT * INTO v_s FROM storetopics._screened(
-      storetopics._store_phrases(p_source, p_store, ARRAY(SELECT c ->> 'lexeme' FROM jsonb_array_elements(v_kw -> 'contrast') c)),
+      CASE WHEN v_topics_from = 'labeller' THEN st.store_labels
+           ELSE storetopics._store_phrases(p_source, p_store,
+                                           ARRAY(SELECT c ->> 'lexeme' FROM jsonb_array_elements(v_kw -> 'contrast') c)) END,
       'topics');
     v_topic_list := v_s.kept;
     v_screened := v_screened || v_s.dropped;
@@ -400,7 +407,8 @@ BEGIN
                                    'silhouette', round(st.fit_silhouette::numeric, 4),
                                    'single_theme', st.fit_single_theme, 'sample', st.fit_sample, 'dim', st.fit_dim,
                                    'space', st.fit_space, 'other_dimension_chunks', st.other_dim) END,
-                                 'labeller', v_cfg ->> 'labeller', 'screened', v_screened,
+                                 'labeller', v_cfg ->> 'labeller', 'topics_from', v_topics_from,
+                                 'screened', v_screened,
                                  'cost', (SELECT jsonb_build_object('calls', count(*), 'input_tokens',
                                                    coalesce(sum(l.input_tokens), 0), 'output_tokens',
                                                    coalesce(sum(l.output_tokens), 0), 'usd', coalesce(sum(l.cost_usd), 0))
@@ -429,6 +437,31 @@ BEGIN
   RETURN true;
 END $$;
 
+-- A store's contrastive terms as a reader sees them: in the words people write (learnt first), a word two lexemes
+-- show as ("run", "running") once, where it ranks first.  What render shows and what an LLM labeller is given.
+CREATE OR REPLACE FUNCTION storetopics._contrast_shown(p_source int, p_store text, n int)
+RETURNS TABLE (rank int, lexeme text, word text, score float8, files int)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
+  v_lexemes text[];
+  v_scores float8[];
+  v_files int[];
+BEGIN
+  SELECT array_agg(c.lexeme ORDER BY c.score DESC, c.lexeme), array_agg(c.score ORDER BY c.score DESC, c.lexeme),
+         array_agg(c.files ORDER BY c.score DESC, c.lexeme)
+    INTO v_lexemes, v_scores, v_files
+    FROM storetopics.contrast_terms(p_source, p_store, n) c;
+  PERFORM storetopics._learn_words(p_source, p_store, coalesce(v_lexemes, '{}'));
+  RETURN QUERY
+    SELECT (row_number() OVER (ORDER BY x.i))::int, x.lexeme, x.word, x.score, x.files
+      FROM (SELECT DISTINCT ON (w.word) w.*
+              FROM (SELECT u.lexeme, storetopics._show(v_cfg, u.lexeme) AS word, u.score, u.files, u.i
+                      FROM unnest(v_lexemes, v_scores, v_files) WITH ORDINALITY AS u(lexeme, score, files, i)) w
+             ORDER BY w.word, w.i) x
+     ORDER BY x.i;
+END $$;
+
 -- render()'s term lists, in pg_temp.storetopics_kw (kind, rank, lexeme, word, score, files, total, file_key): the
 -- dominant and distinctive lists of keywords() and the contrastive terms, as people write them; two lexemes that show
 -- as one word ("run", "running") are shown once, where they rank first.
@@ -439,9 +472,8 @@ BEGIN
   SELECT k.kind, k.rank, k.lexeme, NULL::text AS word, k.score, k.files, k.total, k.file_key
     FROM storetopics.keywords(src.id, p_store) k
   UNION ALL
-  SELECT 'contrast', (row_number() OVER (ORDER BY c.score DESC, c.lexeme))::int, c.lexeme, NULL, c.score, c.files,
-         NULL, NULL
-    FROM storetopics.contrast_terms(src.id, p_store, 80) c;
+  SELECT 'contrast', c.rank, c.lexeme, NULL, c.score, c.files, NULL, NULL
+    FROM storetopics._contrast_shown(src.id, p_store, 80) c;
   PERFORM storetopics._learn_words(src.id, p_store, ARRAY(SELECT DISTINCT k.lexeme FROM pg_temp.storetopics_kw k));
   UPDATE pg_temp.storetopics_kw SET word = storetopics._show(src.ts_config, lexeme);
   DELETE FROM pg_temp.storetopics_kw k USING pg_temp.storetopics_kw k2

@@ -44,9 +44,12 @@ BEGIN ATOMIC
                    AND EXISTS (SELECT 1 FROM storetopics.clusters k
                                 WHERE k.source_id = st.source_id AND k.store_key = st.store_key) AS words,
                  storetopics._settings(st.source_id) ->> 'labeller' <> 'offline'
-                   AND EXISTS (SELECT 1 FROM storetopics.clusters k
-                                WHERE k.source_id = st.source_id AND k.store_key = st.store_key AND k.label_needed
-                                  AND k.chunks > 0 AND coalesce(k.label_retry_at, '-infinity') <= now()) AS label,
+                   AND (EXISTS (SELECT 1 FROM storetopics.clusters k
+                                 WHERE k.source_id = st.source_id AND k.store_key = st.store_key AND k.label_needed
+                                   AND k.chunks > 0 AND coalesce(k.label_retry_at, '-infinity') <= now())
+                        -- a keyword-only store's labels (storetopics.store_labels_due)
+                        OR (st.store_label_needed AND coalesce(st.store_label_retry_at, '-infinity') <= now()))
+                   AS label,
                  storetopics.render_due(st) AS render
             FROM storetopics.store_state st
            WHERE st.source_id = p_source AND (p_store IS NULL OR st.store_key = p_store)) d

@@ -15,10 +15,13 @@ RETURN EXISTS (SELECT 1 FROM storetopics.pending p
                 WHERE p.source_id = p_source AND (p.store_key = p_store OR p.store_key IS NULL))
     OR EXISTS (SELECT 1 FROM storetopics.store_state st
                 WHERE st.source_id = p_source AND st.store_key = p_store AND storetopics.render_due(st))
-    OR EXISTS (SELECT 1 FROM storetopics.clusters k
-                WHERE k.source_id = p_source AND k.store_key = p_store AND k.label_needed AND k.chunks > 0
-                  AND k.label_retry_at <= now()
-                  AND storetopics._settings(p_source) ->> 'labeller' <> 'offline');
+    OR (storetopics._settings(p_source) ->> 'labeller' <> 'offline'
+        AND (EXISTS (SELECT 1 FROM storetopics.clusters k
+                      WHERE k.source_id = p_source AND k.store_key = p_store AND k.label_needed AND k.chunks > 0
+                        AND k.label_retry_at <= now())
+             OR EXISTS (SELECT 1 FROM storetopics.store_state st
+                         WHERE st.source_id = p_source AND st.store_key = p_store AND st.store_label_needed
+                           AND st.store_label_retry_at <= now())));
 
 -- Record what changed since the last look: stores with logged changes, stores folded but not rendered since, and
 -- stores whose labelling retry came due.  One session at a time (the others skip: the one syncing serves them).
@@ -46,6 +49,11 @@ BEGIN
      WHERE k.label_needed AND k.chunks > 0 AND k.label_retry_at <= now()
        AND storetopics._settings(k.source_id) ->> 'labeller' <> 'offline'
      GROUP BY 1, 2
+    UNION ALL
+    SELECT st.source_id, st.store_key, st.store_label_retry_at, st.store_label_retry_at, true
+      FROM storetopics.store_state st
+     WHERE st.store_label_needed AND st.store_label_retry_at <= now()
+       AND storetopics._settings(st.source_id) ->> 'labeller' <> 'offline'
   ), agg AS (
     SELECT s.source_id, s.store_key, min(s.first) AS first, max(s.last) AS last, bool_or(s.logged) AS logged
       FROM seen s GROUP BY 1, 2
@@ -260,12 +268,16 @@ SELECT s.chunks AS source, x.source_id, x.store_key,
   JOIN storetopics.sources s ON s.id = x.source_id
   LEFT JOIN storetopics.work w ON w.source_id = x.source_id AND w.store_key = x.store_key
   LEFT JOIN storetopics.store_state st ON st.source_id = x.source_id AND st.store_key = x.store_key
-  LEFT JOIN LATERAL (SELECT max(c.label_failures) FILTER (WHERE c.label_needed) AS label_failures,
-                            min(c.label_retry_at) FILTER (WHERE c.label_needed) AS label_retry_at,
+  -- the labels waiting for a retry: the clusters', or a keyword-only store's
+  LEFT JOIN LATERAL (SELECT max(c.label_failures) AS label_failures, min(c.label_retry_at) AS label_retry_at,
                             (array_agg(c.label_error ORDER BY c.label_failures DESC)
-                               FILTER (WHERE c.label_needed AND c.label_failures > 0))[1] AS label_error
-                       FROM storetopics.clusters c
-                      WHERE c.source_id = x.source_id AND c.store_key = x.store_key AND c.chunks > 0) k ON true
+                               FILTER (WHERE c.label_failures > 0))[1] AS label_error
+                       FROM (SELECT c.label_failures, c.label_retry_at, c.label_error FROM storetopics.clusters c
+                              WHERE c.source_id = x.source_id AND c.store_key = x.store_key AND c.chunks > 0
+                                AND c.label_needed
+                             UNION ALL
+                             SELECT st.store_label_failures, st.store_label_retry_at, st.store_label_error
+                              WHERE st.store_label_needed) c) k ON true
   LEFT JOIN LATERAL (SELECT count(*) AS calls, sum(g.cost_usd) AS cost_usd FROM storetopics.label_ledger g
                       WHERE g.source_id = x.source_id AND g.store_key = x.store_key) l ON true
  WHERE st.files > 0 OR w.dirty_since IS NOT NULL;

@@ -54,6 +54,9 @@ WITH src AS (
   UNION
   SELECT k.source_id, k.store_key FROM storetopics.clusters k JOIN src ON src.id = k.source_id
    WHERE k.label_needed AND k.chunks > 0 AND k.label_retry_at <= now() AND src.cfg ->> 'labeller' <> 'offline'
+  UNION
+  SELECT st.source_id, st.store_key FROM storetopics.store_state st JOIN src ON src.id = st.source_id
+   WHERE st.store_label_needed AND st.store_label_retry_at <= now() AND src.cfg ->> 'labeller' <> 'offline'
 ), failing AS (
   SELECT w.source_id, w.store_key FROM storetopics.work w
    WHERE w.source_id IN (SELECT src.id FROM src) AND w.attempts >= storetopics.failing_after()
@@ -61,6 +64,10 @@ WITH src AS (
   SELECT k.source_id, k.store_key FROM storetopics.clusters k
    WHERE k.source_id IN (SELECT src.id FROM src) AND k.label_needed AND k.chunks > 0
      AND k.label_failures >= storetopics.failing_after()
+  UNION
+  SELECT st.source_id, st.store_key FROM storetopics.store_state st
+   WHERE st.source_id IN (SELECT src.id FROM src) AND st.store_label_needed
+     AND st.store_label_failures >= storetopics.failing_after()
 )
 SELECT src.chunks::text, src.id, st.stores, coalesce(p.n, 0)::bigint,
        coalesce(extract(epoch FROM now() - p.oldest), 0)::float8,
