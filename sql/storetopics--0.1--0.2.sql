@@ -3647,27 +3647,19 @@ END $$;
 -- Render one store's summary from its current state.  Writes store_topics/topics only when they change, and then
 -- sends NOTIFY storetopics_updated '<source id>:<store key>'.  Returns whether the text changed.  count_first: when
 -- some chunks of the candidates have no token count yet (store_state.uncounted), write nothing and return NULL: the
--- worker and the CLI count them with tiktoken and render again.
+-- worker and the CLI count them with tiktoken and render again, in the same transaction, which packs what the first
+-- call computed (pg_temp.storetopics_candidate, dropped at commit: the store's row stays locked in between, so
+-- nothing it was computed from can change) instead of computing it again.
 CREATE OR REPLACE FUNCTION storetopics.render(p_source int, p_store text, count_first boolean DEFAULT false)
 RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   src storetopics.sources;
   st storetopics.store_state;
-  v_kw jsonb;
-  v_terms text[];
-  v_dist text[];
+  c record;             -- what is packed: topic_list, terms, distinctive, data (storetopics._render_candidate)
+  v_reused boolean := false;
   v_text text;
-  v_topics jsonb;
-  v_cfg jsonb := storetopics._settings(p_source);
-  v_clusters jsonb;
-  v_contrast jsonb;
-  v_topic_list text[];
-  v_explained text[];
-  v_screened jsonb := '[]';   -- what the screen dropped, and why
-  v_s record;
   v_uncounted text[];
-  v_topics_from text;   -- what the topic list is made of: clusters, the labeller's store labels, mined phrases
 BEGIN
   SELECT * INTO src FROM storetopics.sources WHERE id = p_source;
   SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store FOR UPDATE;
@@ -3681,8 +3673,61 @@ BEGIN
     PERFORM pg_notify('storetopics_updated', p_source || ':' || p_store);
     RETURN true;
   END IF;
-  PERFORM storetopics.refresh_words(p_source, p_store);   -- the clusters' words and phrases, from the current counts
-  PERFORM storetopics._render_terms(src, p_store);         -- pg_temp.storetopics_kw: dominant, distinctive, contrast
+  IF to_regclass('pg_temp.storetopics_candidate') IS NOT NULL THEN
+    SELECT x.topic_list, x.terms, x.distinctive, x.data INTO c FROM pg_temp.storetopics_candidate x
+     WHERE x.source_id = p_source AND x.store_key = p_store AND x.version = st.version;
+    v_reused := FOUND;
+    DROP TABLE pg_temp.storetopics_candidate;
+  END IF;
+  IF NOT v_reused THEN
+    SELECT * INTO c FROM storetopics._render_candidate(src, st);
+  END IF;
+  v_text := storetopics._pack(c.topic_list, c.terms, c.distinctive, st.files);
+  -- chunks of the candidates whose token count is not known (counted at one token per byte meanwhile): the text
+  -- with every candidate, and each candidate as _pack costs it (followed by a comma, which the last one of a list
+  -- is not in the text), so the same state packs the same way whatever was counted before
+  v_uncounted := storetopics._uncounted(
+    storetopics._pack(c.topic_list, c.terms, c.distinctive, st.files, 100000) || ' ' ||
+    coalesce(array_to_string(c.topic_list[1:8] || c.distinctive[1:8] || c.terms, ', '), '') || ',');
+  UPDATE storetopics.store_state SET uncounted = v_uncounted WHERE source_id = p_source AND store_key = p_store;
+  IF count_first AND cardinality(v_uncounted) > 0 THEN
+    CREATE TEMP TABLE storetopics_candidate ON COMMIT DROP AS
+    SELECT p_source AS source_id, p_store AS store_key, st.version, c.topic_list, c.terms, c.distinctive, c.data;
+    RETURN NULL;
+  END IF;
+  UPDATE storetopics.store_state SET rendered_at = now(), rendered_version = st.version
+   WHERE source_id = p_source AND store_key = p_store;
+  IF st.store_topics IS NOT DISTINCT FROM v_text AND st.topics IS NOT DISTINCT FROM c.data THEN
+    RETURN false;
+  END IF;
+  UPDATE storetopics.store_state SET store_topics = v_text, topics = c.data, updated_at = now()
+   WHERE source_id = p_source AND store_key = p_store;
+  PERFORM storetopics._mirror(src, p_store, v_text);
+  PERFORM pg_notify('storetopics_updated', p_source || ':' || p_store);
+  RETURN true;
+END $$;
+
+-- What render() packs: the topic list, the terms and the distinctive words (screened, each list without what an
+-- earlier one says) and the topics jsonb, from the store's current state.
+CREATE OR REPLACE FUNCTION storetopics._render_candidate(src storetopics.sources, st storetopics.store_state,
+                                              OUT topic_list text[], OUT terms text[], OUT distinctive text[],
+                                              OUT data jsonb)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_kw jsonb;
+  v_terms text[];
+  v_dist text[];
+  v_topics jsonb;
+  v_cfg jsonb := storetopics._settings(src.id);
+  v_clusters jsonb;
+  v_topic_list text[];
+  v_explained text[];
+  v_screened jsonb := '[]';   -- what the screen dropped, and why
+  v_s record;
+  v_topics_from text;   -- what the topic list is made of: clusters, the labeller's store labels, mined phrases
+BEGIN
+  PERFORM storetopics.refresh_words(src.id, st.store_key);   -- the clusters' words and phrases, from the current counts
+  PERFORM storetopics._render_terms(src, st.store_key);         -- pg_temp.storetopics_kw: dominant, distinctive, contrast
   SELECT array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'contrast'),
          array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'),
          jsonb_build_object(
@@ -3708,7 +3753,7 @@ BEGIN
   v_screened := v_screened || v_s.dropped;
 
   -- Clusters, largest first, with the label a router sees: the labeller's, or the offline one (a phrase).
-  PERFORM storetopics._render_clusters(p_source, p_store, v_cfg ->> 'labeller' = 'offline');
+  PERFORM storetopics._render_clusters(src.id, st.store_key, v_cfg ->> 'labeller' = 'offline');
   SELECT coalesce(jsonb_agg(jsonb_build_object(
            'id', k.cluster_id, 'label', k.shown, 'labeller', CASE WHEN k.shown = k.label THEN k.labeller ELSE 'offline' END,
            'phrase', k.phrase, 'share', round(k.share::numeric, 4), 'chunks', k.chunks, 'files', k.files,
@@ -3742,7 +3787,7 @@ BEGIN
                           THEN 'labeller' ELSE 'phrases' END;
     SELECT * INTO v_s FROM storetopics._screened(
       CASE WHEN v_topics_from = 'labeller' THEN st.store_labels
-           ELSE storetopics._store_phrases(p_source, p_store,
+           ELSE storetopics._store_phrases(src.id, st.store_key,
                                            ARRAY(SELECT c ->> 'lexeme' FROM jsonb_array_elements(v_kw -> 'contrast') c)) END,
       'topics');
     v_topic_list := v_s.kept;
@@ -3756,10 +3801,9 @@ BEGIN
                     WHERE lower(w) <> ALL (regexp_split_to_array(lower(coalesce(array_to_string(v_topic_list, ' '), '')), '\s+'))
                       AND lower(w) <> ALL (coalesce(ARRAY(SELECT lower(x) FROM unnest(v_dist) x), '{}'))
                     ORDER BY i);
-  v_text := storetopics._pack(v_topic_list, v_terms, v_dist, st.files);
   v_topics := jsonb_build_object('version', 2, 'files', st.files, 'chunks', st.chunks, 'words', st.words,
                                  'skipped', st.skipped, 'clusters', v_clusters, 'topics', to_jsonb(v_topic_list),
-                                 'catalog', storetopics._catalog(p_source),
+                                 'catalog', storetopics._catalog(src.id),
                                  'fit', CASE WHEN st.fit_at IS NOT NULL THEN jsonb_build_object(
                                    'generation', st.fit_generation, 'at', st.fit_at, 'k', st.fit_k,
                                    'silhouette', round(st.fit_silhouette::numeric, 4),
@@ -3771,28 +3815,11 @@ BEGIN
                                                    coalesce(sum(l.input_tokens), 0), 'output_tokens',
                                                    coalesce(sum(l.output_tokens), 0), 'usd', coalesce(sum(l.cost_usd), 0))
                                             FROM storetopics.label_ledger l
-                                           WHERE l.source_id = p_source AND l.store_key = p_store)) || v_kw;
-
-  -- chunks of the candidates whose token count is not known (counted at one token per byte meanwhile): the text
-  -- with every candidate, and each candidate as _pack costs it (followed by a comma, which the last one of a list
-  -- is not in the text), so the same state packs the same way whatever was counted before
-  v_uncounted := storetopics._uncounted(
-    storetopics._pack(v_topic_list, v_terms, v_dist, st.files, 100000) || ' ' ||
-    coalesce(array_to_string(v_topic_list[1:8] || v_dist[1:8] || v_terms, ', '), '') || ',');
-  UPDATE storetopics.store_state SET uncounted = v_uncounted WHERE source_id = p_source AND store_key = p_store;
-  IF count_first AND cardinality(v_uncounted) > 0 THEN
-    RETURN NULL;
-  END IF;
-  UPDATE storetopics.store_state SET rendered_at = now(), rendered_version = st.version
-   WHERE source_id = p_source AND store_key = p_store;
-  IF st.store_topics IS NOT DISTINCT FROM v_text AND st.topics IS NOT DISTINCT FROM v_topics THEN
-    RETURN false;
-  END IF;
-  UPDATE storetopics.store_state SET store_topics = v_text, topics = v_topics, updated_at = now()
-   WHERE source_id = p_source AND store_key = p_store;
-  PERFORM storetopics._mirror(src, p_store, v_text);
-  PERFORM pg_notify('storetopics_updated', p_source || ':' || p_store);
-  RETURN true;
+                                           WHERE l.source_id = src.id AND l.store_key = st.store_key)) || v_kw;
+  topic_list := v_topic_list;
+  terms := v_terms;
+  distinctive := v_dist;
+  data := v_topics;
 END $$;
 
 -- A store's contrastive terms as a reader sees them: in the words people write (learnt first), a word two lexemes

@@ -579,6 +579,44 @@ def test_every_candidate_is_counted_as_it_is_packed(conn):
     assert uncounted == [], uncounted
 
 
+def test_the_render_after_counting_packs_what_the_first_computed(conn):
+    """render(count_first) stops when some chunks have no token count; the render that follows the counting, in the
+    same transaction, packs what the first computed (one computation, not two) and writes what a render from
+    scratch writes.  A version change in between is a new computation."""
+    conn.execute("CREATE TABLE rc (id serial PRIMARY KEY, store text, file text, content text)")
+    source = conn.execute("SELECT storetopics.attach('rc', 'store', 'file', 'content')").fetchone()[0]
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO rc (store, file, content) VALUES (%s, %s, %s)",
+                        [(s, f"{s}{i}", f"{s} zanzibar quokka marmalade {s}ish " * (1 + i % 3))
+                         for s in ("sa", "sb") for i in range(6)])
+    conn.execute("SELECT storetopics.fold(%s)", (source,))
+
+    def computed() -> int:
+        return conn.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions "
+                            "WHERE schemaname = 'storetopics' AND funcname = '_render_candidate'").fetchone()[0]
+
+    with conn.transaction():
+        conn.execute("SET LOCAL track_functions = 'all'")
+        assert conn.execute("SELECT storetopics.render(%s, 'sa', true)", (source,)).fetchone()[0] is None
+        assert refresh.count_tokens(conn, source, "sa") > 0
+        assert conn.execute("SELECT storetopics.render(%s, 'sa', true)", (source,)).fetchone()[0] is True
+        assert computed() == 1
+        # another store, then a version change: computed again
+        assert conn.execute("SELECT storetopics.render(%s, 'sb', true)", (source,)).fetchone()[0] is None
+        conn.execute("UPDATE storetopics.store_state SET version = version + 1 WHERE store_key = 'sb'")
+        refresh.count_tokens(conn, source, "sb")
+        assert conn.execute("SELECT storetopics.render(%s, 'sb', true)", (source,)).fetchone()[0] is True
+        assert computed() == 3
+    written = conn.execute("SELECT store_key, store_topics, topics FROM storetopics.stores ORDER BY 1").fetchall()
+    # from scratch: the same text and topics (nothing changed, nothing written)
+    conn.execute("UPDATE storetopics.store_state SET version = version + 1")
+    assert conn.execute("SELECT bool_or(storetopics.render(source_id, store_key)) FROM storetopics.stores"
+                        ).fetchone()[0] is False
+    assert conn.execute("SELECT store_key, store_topics, topics FROM storetopics.stores ORDER BY 1").fetchall() \
+        == written
+    assert conn.execute("SELECT to_regclass('pg_temp.storetopics_candidate')").fetchone()[0] is None
+
+
 def test_phrases_are_runs_people_wrote_and_single_words_where_there_are_none(conn):
     """The miner's labels occur in the text as shown: runs of words that files share ("Queen Gambit opening", in
     every file, ranks first), and where the files share no run (words only ever between commas), single words in

@@ -123,11 +123,17 @@ def render(conn: psycopg.Connection, source: int, store: str) -> bool:
     """Render a store's summary.  When its candidates hold chunks whose cl100k token count is not known yet (SQL
     alone takes them at a token per byte), count them with the real tokenizer first, then render: one write, one
     NOTIFY.  Returns whether the summary changed."""
-    changed = conn.execute("SELECT storetopics.render(%s, %s, true)", (source, store)).fetchone()[0]
-    if changed is None:
-        count_tokens(conn, source, store)
-        changed = conn.execute("SELECT storetopics.render(%s, %s)", (source, store)).fetchone()[0]
-    return bool(changed)
+    return bool(_render_counted(conn, source, store, Hooks()))
+
+
+def _render_counted(conn: psycopg.Connection, source: int, store: str, hooks: Hooks) -> bool | None:
+    """Render; when the candidates hold uncounted chunks, count them and render again, in one transaction: the
+    second render packs what the first computed (storetopics.render keeps it until commit)."""
+    with conn.transaction():
+        changed = hooks.render(conn, source, store, True)
+        if changed is None and count_tokens(conn, source, store):
+            changed = hooks.render(conn, source, store, False)
+    return changed
 
 
 def count_tokens(conn: psycopg.Connection, source: int, store: str) -> int:
@@ -197,10 +203,7 @@ def refresh_store(conn: psycopg.Connection, source: int, store: str, hooks: Hook
                         result.labels.errors, source, store, result.labels.last_error,
                         extra={"source": source, "store": store})
     hooks.check()
-    changed = hooks.render(conn, source, store, True)
-    if changed is None and count_tokens(conn, source, store):
-        changed = hooks.render(conn, source, store, False)
-    result.changed = changed
+    result.changed = _render_counted(conn, source, store, hooks)
     return result
 
 
