@@ -361,14 +361,16 @@ def run_size(admin: str, chunks: int, events: int, llm_env: dict, log) -> dict:
             anatomy["fit_due"] = conn.execute("SELECT storetopics.fit_due(%s, 'big')", (source,)).fetchone()[0]
             conn.execute("SELECT storetopics.refresh_words(%s, 'big')", (source,))
             anatomy["refresh_words_s"] = round(time.perf_counter() - t0, 3)
-            t0 = time.perf_counter()
-            first = conn.execute("SELECT storetopics.render(%s, 'big', true)", (source,)).fetchone()[0]
-            anatomy["render_s"] = round(time.perf_counter() - t0, 3)
-            if first is None:    # new words to count with tiktoken, then render again (what the pass does)
+            # (in one transaction, as the pass renders: the second render packs what the first computed)
+            with conn.transaction():
                 t0 = time.perf_counter()
-                anatomy["counted"] = refresh.count_tokens(conn, source, "big")
-                conn.execute("SELECT storetopics.render(%s, 'big', false)", (source,))
-                anatomy["count_and_render_again_s"] = round(time.perf_counter() - t0, 3)
+                first = conn.execute("SELECT storetopics.render(%s, 'big', true)", (source,)).fetchone()[0]
+                anatomy["render_s"] = round(time.perf_counter() - t0, 3)
+                if first is None:    # new words to count with tiktoken, then render again (what the pass does)
+                    t0 = time.perf_counter()
+                    anatomy["counted"] = refresh.count_tokens(conn, source, "big")
+                    conn.execute("SELECT storetopics.render(%s, 'big', false)", (source,))
+                    anatomy["count_and_render_again_s"] = round(time.perf_counter() - t0, 3)
             out["one_upload_pass"] = anatomy
             log(f"  one upload's pass, step by step: {anatomy}")
 

@@ -3893,7 +3893,11 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   src storetopics.sources;
   st storetopics.store_state;
-  c record;             -- what is packed: topic_list, terms, distinctive, data (storetopics._render_candidate)
+  -- what is packed (storetopics._render_candidate)
+  v_topic_list text[];
+  v_terms text[];
+  v_dist text[];
+  v_topics jsonb;
   v_reused boolean := false;
   v_text text;
   v_uncounted text[];
@@ -3911,33 +3915,38 @@ BEGIN
     RETURN true;
   END IF;
   IF to_regclass('pg_temp.storetopics_candidate') IS NOT NULL THEN
-    SELECT x.topic_list, x.terms, x.distinctive, x.data INTO c FROM pg_temp.storetopics_candidate x
+    SELECT x.topic_list, x.terms, x.distinctive, x.data INTO v_topic_list, v_terms, v_dist, v_topics
+      FROM pg_temp.storetopics_candidate x
      WHERE x.source_id = p_source AND x.store_key = p_store AND x.version = st.version;
-    v_reused := FOUND;
-    DROP TABLE pg_temp.storetopics_candidate;
+    v_reused := FOUND;   -- (the table stays until commit: the values read may still point into its TOAST)
   END IF;
   IF NOT v_reused THEN
-    SELECT * INTO c FROM storetopics._render_candidate(src, st);
+    SELECT * INTO v_topic_list, v_terms, v_dist, v_topics FROM storetopics._render_candidate(src, st);
   END IF;
-  v_text := storetopics._pack(c.topic_list, c.terms, c.distinctive, st.files);
+  v_text := storetopics._pack(v_topic_list, v_terms, v_dist, st.files);
   -- chunks of the candidates whose token count is not known (counted at one token per byte meanwhile): the text
   -- with every candidate, and each candidate as _pack costs it (followed by a comma, which the last one of a list
   -- is not in the text), so the same state packs the same way whatever was counted before
   v_uncounted := storetopics._uncounted(
-    storetopics._pack(c.topic_list, c.terms, c.distinctive, st.files, 100000) || ' ' ||
-    coalesce(array_to_string(c.topic_list[1:8] || c.distinctive[1:8] || c.terms, ', '), '') || ',');
+    storetopics._pack(v_topic_list, v_terms, v_dist, st.files, 100000) || ' ' ||
+    coalesce(array_to_string(v_topic_list[1:8] || v_dist[1:8] || v_terms, ', '), '') || ',');
   UPDATE storetopics.store_state SET uncounted = v_uncounted WHERE source_id = p_source AND store_key = p_store;
   IF count_first AND cardinality(v_uncounted) > 0 THEN
-    CREATE TEMP TABLE storetopics_candidate ON COMMIT DROP AS
-    SELECT p_source AS source_id, p_store AS store_key, st.version, c.topic_list, c.terms, c.distinctive, c.data;
+    IF to_regclass('pg_temp.storetopics_candidate') IS NULL THEN
+      CREATE TEMP TABLE storetopics_candidate (source_id int, store_key text, version bigint, topic_list text[],
+                                               terms text[], distinctive text[], data jsonb) ON COMMIT DROP;
+    END IF;
+    DELETE FROM pg_temp.storetopics_candidate x WHERE x.source_id = p_source AND x.store_key = p_store;
+    INSERT INTO pg_temp.storetopics_candidate
+    VALUES (p_source, p_store, st.version, v_topic_list, v_terms, v_dist, v_topics);
     RETURN NULL;
   END IF;
   UPDATE storetopics.store_state SET rendered_at = now(), rendered_version = st.version
    WHERE source_id = p_source AND store_key = p_store;
-  IF st.store_topics IS NOT DISTINCT FROM v_text AND st.topics IS NOT DISTINCT FROM c.data THEN
+  IF st.store_topics IS NOT DISTINCT FROM v_text AND st.topics IS NOT DISTINCT FROM v_topics THEN
     RETURN false;
   END IF;
-  UPDATE storetopics.store_state SET store_topics = v_text, topics = c.data, updated_at = now()
+  UPDATE storetopics.store_state SET store_topics = v_text, topics = v_topics, updated_at = now()
    WHERE source_id = p_source AND store_key = p_store;
   PERFORM storetopics._mirror(src, p_store, v_text);
   PERFORM pg_notify('storetopics_updated', p_source || ':' || p_store);

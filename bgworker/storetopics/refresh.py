@@ -66,57 +66,47 @@ def label(conn: psycopg.Connection, source: int, store: str, labeller=None) -> L
         return stats
     labeller = labeller or make_labeler(cfg["labeller"], cfg.get("model"))
     if store_due:
-        _label_store(conn, source, store, labeller, StoreInput(
-            terms=list(store_due[0] or []), phrases=list(store_due[1] or []), others=list(store_due[2] or []),
-            files=int(store_due[3] or 0)), stats)
-    model = getattr(labeller, "model", None)
+        store_input = StoreInput(terms=list(store_due[0] or []), phrases=list(store_due[1] or []),
+                                 others=list(store_due[2] or []), files=int(store_due[3] or 0))
+        asked = _ask(conn, stats, labeller, labeller.label_store, store_input, "record_store_labels",
+                     (source, store), lambda r: r.labels)
+        if asked:
+            kept = asked[1]
+            stats.ok += bool(kept)
+            stats.rejected += not kept
+            stats.details.append((None, "ok" if kept else "rejected", kept or asked[0].rejected, kept is not None))
     for cluster_id, keywords, reps, share, siblings, others in due:
         cluster = ClusterInput(keywords=list(keywords or []), representatives=[r.get("text") or "" for r in reps or []],
                                share=float(share or 0), siblings=list(siblings or []), others=list(others or []))
-        stats.calls += 1
-        try:
-            result = labeller.label(cluster)
-        except LabelError as e:
-            stats.errors += 1
-            stats.last_error = str(e)
-            conn.execute("SELECT storetopics.record_label(%s, %s, %s, 'error', NULL, %s, %s, 0, 0, %s)",
-                         (source, store, cluster_id, labeller.name, model, str(e)))
-            continue
-        outcome = "rejected" if result.rejected else "ok"
-        ok = conn.execute("SELECT storetopics.record_label(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                          (source, store, cluster_id, outcome, None if result.rejected else result.text,
-                           labeller.name, result.model or model, result.input_tokens, result.output_tokens,
-                           result.rejected)).fetchone()[0]
-        if result.rejected:
-            stats.rejected += 1
-        else:
-            stats.ok += 1
-        stats.details.append((cluster_id, outcome, result.text if not result.rejected else result.rejected, ok))
+        asked = _ask(conn, stats, labeller, labeller.label, cluster, "record_label",
+                     (source, store, cluster_id), lambda r: r.text)
+        if asked:
+            result, ok = asked
+            stats.rejected += bool(result.rejected)
+            stats.ok += not result.rejected
+            stats.details.append((cluster_id, "rejected" if result.rejected else "ok",
+                                  result.rejected or result.text, ok))
     return stats
 
 
-def _label_store(conn: psycopg.Connection, source: int, store: str, labeller, store_input: StoreInput,
-                 stats: LabelStats) -> None:
-    """One call for a keyword-only store's labels, recorded (storetopics.record_store_labels judges each label)."""
+def _ask(conn: psycopg.Connection, stats: LabelStats, labeller, call, what, record: str, key: tuple, answer):
+    """One labelling call (call(what)), written back whatever happened by storetopics.<record>(key..., outcome, answer,
+    labeller, model, tokens in and out, detail), which judges the answer.  Returns (the Label, what record returned),
+    or None when the call failed (recorded as an error: retried with backoff)."""
     model = getattr(labeller, "model", None)
+    sql = f"SELECT storetopics.{record}({', '.join(['%s'] * (len(key) + 7))})"
     stats.calls += 1
     try:
-        result = labeller.label_store(store_input)
+        result = call(what)
     except LabelError as e:
         stats.errors += 1
         stats.last_error = str(e)
-        conn.execute("SELECT storetopics.record_store_labels(%s, %s, 'error', NULL, %s, %s, 0, 0, %s)",
-                     (source, store, labeller.name, model, str(e)))
-        return
-    kept = conn.execute("SELECT storetopics.record_store_labels(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                        (source, store, "rejected" if result.rejected else "ok", result.labels, labeller.name,
-                         result.model or model, result.input_tokens, result.output_tokens,
-                         result.rejected)).fetchone()[0]
-    if kept:
-        stats.ok += 1
-    else:
-        stats.rejected += 1
-    stats.details.append((None, "ok" if kept else "rejected", kept or result.rejected, kept is not None))
+        conn.execute(sql, (*key, "error", None, labeller.name, model, 0, 0, str(e)))
+        return None
+    kept = conn.execute(sql, (*key, "rejected" if result.rejected else "ok",
+                              None if result.rejected else answer(result), labeller.name, result.model or model,
+                              result.input_tokens, result.output_tokens, result.rejected)).fetchone()[0]
+    return result, kept
 
 
 def render(conn: psycopg.Connection, source: int, store: str) -> bool:
