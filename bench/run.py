@@ -703,8 +703,6 @@ def bench_catchup(conn, tables: Tables, cfg: Config, chunks: list[Chunk], explai
     fold = Metric("fold", "  fold alone (recount + store terms), vs to_tsvector alone", "words/s", target=0.7,
                   op=">=", higher_is_better=True)
     render = Metric("render", "  render alone (keywords + summary, per store), vs fold alone", "s", target=0.2)
-    one = Metric("render_one", "  render of one store after a 1-file change, vs its render from scratch", "s",
-                 target=0.05)
     floor = Metric("tsvector", "  to_tsvector alone (parallel scan, reference)", "words/s")
     secs_total, secs_fold, secs_render = [], [], []
     cpu: dict[str, list[float]] = {"backfill": [], "fold": [], "render": []}
@@ -773,7 +771,6 @@ def bench_catchup(conn, tables: Tables, cfg: Config, chunks: list[Chunk], explai
     total.unattached = fold.unattached = floor.attached
     render.unattached = secs_fold
     floor.extra.update(seconds=t_floor, plan=plan)
-    render_after_one_file(conn, name, sid, one, log)
     workers = re.search(r"Workers Planned: (\d+)", plan)
     floor.note = (f"SELECT sum(length(to_tsvector('english', content))) over the same table: {t_floor:.2f} s, "
                   f"{'parallel, ' + workers.group(1) + ' workers planned' if workers else 'no parallel plan'}. "
@@ -782,57 +779,7 @@ def bench_catchup(conn, tables: Tables, cfg: Config, chunks: list[Chunk], explai
     if explain:
         explain_fold(conn, name, sid, log)
     tables.drop(name)
-    return [total, fold, render, one, floor, storage]
-
-
-def render_after_one_file(conn, name: str, sid: int, m: Metric, log, reps: int = 5) -> None:
-    """The largest store rendered from scratch (no novelty basis, no file's novelty stored: what its first render
-    after a backfill computes), against its render right after one of its files changed (a few words appended to one
-    chunk, folded).  keywords()' side (_novelty_refresh + keywords) is also timed alone, in a transaction rolled
-    back first, so the render that follows still finds the state it is timed on."""
-    store = conn.execute("SELECT store_key FROM storetopics.store_state WHERE source_id = %s "
-                         "ORDER BY words DESC, store_key LIMIT 1", (sid,)).fetchone()[0]
-    files = [r[0] for r in conn.execute(
-        "SELECT file_key FROM storetopics.file_terms WHERE source_id = %s AND store_key = %s ORDER BY file_key "
-        "LIMIT %s", (sid, store, reps)).fetchall()]
-
-    def secs(sql: str, params=()) -> float:
-        t0 = time.perf_counter()
-        conn.execute(sql, params).fetchall()
-        return time.perf_counter() - t0
-
-    kw_sql = "SELECT storetopics._novelty_refresh(%s, %s), (SELECT count(*) FROM storetopics.keywords(%s, %s))"
-    runs: dict[str, list[float]] = {"full": [], "full_kw": [], "one": [], "one_kw": []}
-    for i, f in enumerate(files):
-        for part in ("full", "one"):
-            if part == "full":
-                conn.execute("DELETE FROM storetopics.novelty_basis WHERE source_id = %s AND store_key = %s",
-                             (sid, store))
-                conn.execute("UPDATE storetopics.file_terms SET novelty = NULL WHERE source_id = %s "
-                             "AND store_key = %s", (sid, store))
-            else:
-                conn.execute(f"UPDATE {name} SET content = content || %s WHERE file_id = %s::int AND chunk_no = 0",
-                             (f" quokka{i} lighthouse", f))
-                while conn.execute("SELECT storetopics.fold(%s)", (sid,)).fetchone()[0] > 0:
-                    pass
-            settle(conn)
-            try:
-                with conn.transaction():
-                    runs[part + "_kw"].append(secs(kw_sql, (sid, store, sid, store)))
-                    raise psycopg.Rollback()
-            except psycopg.Rollback:
-                pass
-            runs[part].append(secs("SELECT storetopics.render(%s, %s)", (sid, store)))
-    med = {k: statistics.median(v) for k, v in runs.items()}
-    m.attached, m.unattached = runs["one"], runs["full"]
-    m.extra.update(store=store, keywords_side_one=runs["one_kw"], keywords_side_full=runs["full_kw"])
-    m.note = (f"store {store}: render(source, store) right after one of its files changed (one chunk's text "
-              f"appended to, folded), {len(files)} times, vs its render from scratch (the store's novelty basis and "
-              f"its files' stored novelty deleted first). keywords()' side alone (_novelty_refresh + keywords): "
-              f"{med['one_kw'] * 1e3:.0f} ms vs {med['full_kw'] * 1e3:.0f} ms ({med['one_kw'] / med['full_kw']:.3f}x); "
-              f"the rest of render (contrast_terms, the screen, learnt words, clusters) costs the same in both.")
-    log(f"  render of {store}: after a 1-file change {med['one']:.3f} s, from scratch {med['full']:.3f} s; "
-        f"keywords side {med['one_kw']:.3f} s vs {med['full_kw']:.3f} s")
+    return [total, fold, render, floor, storage]
 
 
 def bench_storage(conn, name: str, sid: int) -> Metric:
