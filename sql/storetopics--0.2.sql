@@ -463,60 +463,6 @@ UPDATE storetopics.store_state SET store_label_needed = false, store_label_failu
 ALTER TABLE storetopics.store_state ALTER COLUMN store_label_needed SET NOT NULL,
                                     ALTER COLUMN store_label_failures SET NOT NULL;
 
--- incremental/0.2/005-render-incremental.sql
--- storetopics 0.2: render in proportion to what changed.  keywords() finds the store's outlier files by their
--- novelty (the mean IDF of their words); measured against the current document frequencies, one new file changes the
--- IDF of its words and so every other file's novelty, and every render recomputed all of them.  Novelty is now
--- measured against the store's basis: its document frequencies as of a moment, kept until they drifted by half
--- (storetopics._novelty_due).  A file's novelty against the basis depends on its own counts only, so it is computed
--- once per file (fold writes a file's row anew, so NULL, and render fills it in) and rendering after one upload
--- computes one file's.
-
--- The basis: the store's file count, and its terms' document frequencies (parallel arrays, by term id), as of the
--- render that took it.  incidences = sum(dfs), the drift gate's base.  Deleted with its source (_forget_source).
-CREATE TABLE storetopics.novelty_basis (
-  source_id  int NOT NULL,
-  store_key  text NOT NULL,
-  files      bigint NOT NULL,
-  incidences bigint NOT NULL,
-  term_ids   int[] NOT NULL,
-  dfs        int[] NOT NULL,
-  PRIMARY KEY (source_id, store_key)
-);
--- A file's novelty against its store's basis; NULL until render (or keywords()) computes it.
-ALTER TABLE storetopics.file_terms ADD COLUMN novelty float8;
-
--- The stores folded so far get their basis now, from their current counts, so an upgraded store renders what it
--- rendered before (the basis is the current state) and its first render computes nothing again.  The same
--- statements as storetopics._novelty_rebase.
-INSERT INTO storetopics.novelty_basis (source_id, store_key, files, incidences, term_ids, dfs)
-SELECT st.source_id, st.store_key, st.files, coalesce(sum(t.files), 0),
-       coalesce(array_agg(t.term_id ORDER BY t.term_id) FILTER (WHERE t.term_id IS NOT NULL), '{}'),
-       coalesce(array_agg(t.files ORDER BY t.term_id) FILTER (WHERE t.term_id IS NOT NULL), '{}')
-  FROM storetopics.store_state st
-  LEFT JOIN storetopics.store_terms t ON t.source_id = st.source_id AND t.store_key = st.store_key
- WHERE st.files > 0
- GROUP BY st.source_id, st.store_key, st.files;
-UPDATE storetopics.file_terms f SET novelty = x.novelty
-  FROM (SELECT f2.source_id, f2.file_key, f2.store_key,
-               round((ln(greatest(b.files, 1)) - sum(u.n::bigint * round(ln(t.files) * 1e9)::bigint)
-                                                 / (1e9 * f2.words))::numeric, 9)::float8 AS novelty
-          FROM storetopics.file_terms f2
-          JOIN storetopics.novelty_basis b ON b.source_id = f2.source_id AND b.store_key = f2.store_key
-         CROSS JOIN LATERAL unnest(f2.term_ids, f2.counts) AS u(term_id, n)
-          JOIN storetopics.store_terms t ON t.source_id = f2.source_id AND t.store_key = f2.store_key
-                                        AND t.term_id = u.term_id
-         WHERE f2.words > 0
-         GROUP BY f2.source_id, f2.file_key, f2.store_key, f2.words, b.files) x
- WHERE f.source_id = x.source_id AND f.file_key = x.file_key AND f.store_key = x.store_key;
-
-DO $$
-BEGIN
-  IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'storetopics') THEN
-    PERFORM pg_catalog.pg_extension_config_dump('storetopics.novelty_basis', '');
-  END IF;
-END $$;
-
 -- idempotent/010-helpers.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Helpers
@@ -1898,7 +1844,6 @@ BEGIN
   DELETE FROM storetopics.file_terms WHERE source_id = p_source;
   DELETE FROM storetopics.store_terms WHERE source_id = p_source;
   DELETE FROM storetopics.store_state WHERE source_id = p_source;
-  DELETE FROM storetopics.novelty_basis WHERE source_id = p_source;
   DELETE FROM storetopics.clusters WHERE source_id = p_source;
   DELETE FROM storetopics.label_ledger WHERE source_id = p_source;
   DELETE FROM storetopics.grants WHERE source_id = p_source;
@@ -3651,147 +3596,79 @@ END $$;
 -- ------------------------------------------------------------------------------------------------------------
 -- Keyword lists and the rendered summary
 -- ------------------------------------------------------------------------------------------------------------
--- A store's novelty basis is taken again (_novelty_refresh) when it has none, or when the store's document
--- frequencies drifted from it by half: the sum over terms of |df now - df at the basis| passes half the basis's
--- incidences (its sum of df).  Between two bases a file's novelty depends on its own counts only, so additions and
--- deletions leave every other file's novelty as it was, and deleting what was added renders byte for byte what was
--- rendered before: the same files, with the same values, against the same basis.  The basis is a generation of the
--- summary like a fit (a re-fit follows a share of outliers, a new basis a share of drift): taken from the counts of
--- the render that takes it, and kept through a resync (the same counts come back).
-CREATE OR REPLACE FUNCTION storetopics._novelty_due(p_source int, p_store text) RETURNS boolean
-LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-RETURN coalesce((
-  SELECT 2 * (SELECT coalesce(sum(abs(coalesce(t.files, 0) - coalesce(u.df, 0))), 0)
-                FROM unnest(b.term_ids, b.dfs) AS u(term_id, df)
-                FULL JOIN (SELECT t2.term_id, t2.files FROM storetopics.store_terms t2
-                            WHERE t2.source_id = p_source AND t2.store_key = p_store) t ON t.term_id = u.term_id)
-         > b.incidences
-    FROM storetopics.novelty_basis b WHERE b.source_id = p_source AND b.store_key = p_store), true);
-
--- The novelty of a store's files: ln N - sum(n ln df) / words, the mean IDF of a file's counted words, with N and
--- df the basis's (p_current: the store's current counts instead) and a word the basis does not know counted as in
--- one file; for every file (p_all) or those with none stored.  sum(n ln df) is a sum of integers (each ln df taken
--- to 1e-9): exact, so a file's value does not depend on the order rows arrive in, files with the same words tie
--- exactly, and a value stored is the value computed again.
-CREATE OR REPLACE FUNCTION storetopics._novelty_compute(p_source int, p_store text, p_current boolean,
-                                                        p_all boolean)
-RETURNS TABLE (file_key text, novelty float8)
-LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-  WITH base AS (
-    SELECT CASE WHEN p_current
-                THEN (SELECT s.files FROM storetopics.store_state s WHERE s.source_id = p_source AND s.store_key = p_store)
-                ELSE (SELECT b.files FROM storetopics.novelty_basis b
-                       WHERE b.source_id = p_source AND b.store_key = p_store) END AS n
-  ), basis AS (
-    SELECT u.term_id, round(ln(greatest(u.df, 1)) * 1e9)::bigint AS lndf
-      FROM storetopics.novelty_basis b, unnest(b.term_ids, b.dfs) AS u(term_id, df)
-     WHERE b.source_id = p_source AND b.store_key = p_store AND NOT p_current
-    UNION ALL
-    SELECT t.term_id, round(ln(t.files) * 1e9)::bigint FROM storetopics.store_terms t
-     WHERE t.source_id = p_source AND t.store_key = p_store AND p_current
-  )
-  SELECT f.file_key,
-         round((ln(greatest(base.n, 1)) - sum(u.n::bigint * coalesce(b.lndf, 0)) / (1e9 * f.words))::numeric, 9)::float8
-    FROM base, storetopics.file_terms f CROSS JOIN LATERAL unnest(f.term_ids, f.counts) AS u(term_id, n)
-    LEFT JOIN basis b ON b.term_id = u.term_id
-   WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0 AND (p_all OR f.novelty IS NULL)
-   GROUP BY f.file_key, f.words, base.n;
-END;
-
 -- Two ranked lists per store, both computed from the exact counts, deterministic (ties broken by term):
 --   dominant:    by total count (what the store is mostly about);
 --   distinctive: what is dense and rare.  Two sources, in this order:
---     * outlier files: a file's novelty is the mean IDF of its counted words, measured against the store's basis
---       (_novelty_due: its document frequencies as of a moment, kept until they drift by half).  Files whose novelty
---       stands out from the store's own distribution (robust z-score >= 3.5) give their top terms by count x IDF
---       (the current IDF).  This is how one football file among 100k renovation files surfaces: ranked per file, not
---       on store-wide sums.  A file the clustering also finds apart (every chunk beyond its nearest cluster's
---       radius) needs only z >= 2.5: two independent signals, each moderately extreme (measured in Debian's haskell
---       section: packages planted from other sections mostly had z 2.5-4.4 with every chunk outside the clusters; 2
---       of the section's own 1,076 files had both).  The 3 most novel such files are shown.  A store made of one-off
---       tokens (names) has no outlier file, so its names do not flood the list;
+--     * outlier files: a file's novelty is the mean IDF of its counted words.  Files whose novelty stands out from the
+--       store's own distribution (robust z-score >= 3.5) give their top terms by count x IDF.  This is how one football
+--       file among 100k renovation files surfaces: ranked per file, not on store-wide sums.  A file the clustering also
+--       finds apart (every chunk beyond its nearest cluster's radius) needs only z >= 2.5: two independent signals,
+--       each moderately extreme (measured in Debian's haskell section: packages planted from other sections mostly had
+--       z 2.5-4.4 with every chunk outside the clusters; 2 of the section's own 1,076 files had both).  The 3 most
+--       novel such files are shown.  A store made of one-off tokens (names) has no outlier file, so its names do not
+--       flood the list;
 --     * recurring dense terms: (total_sq / total) x IDF, for terms in at least three files whose occurrences come
 --       in clusters (total_sq / total >= 2, i.e. one-off mentions are ignored; a name two files share is not a
 --       theme).
--- Each list reads the store's terms in score order and looks their lexemes up one by one until it is full (ties
--- with its last term included, then ordered by term): a lexeme is tested (showable_term) only if it could rank.
--- The novelty of a file is stored once computed (render's _novelty_refresh); keywords() computes those not stored
--- the same way (_novelty_compute), so what it returns does not depend on what was stored before.
 CREATE OR REPLACE FUNCTION storetopics.keywords(p_source int, p_store text, n_dominant int DEFAULT 10,
                                      n_distinctive int DEFAULT 8)
 RETURNS TABLE (kind text, rank int, lexeme text, score float8, files int, total bigint, file_key text)
 LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   WITH st AS (
-    SELECT greatest(s.files, 1)::float8 AS n, storetopics._novelty_due(p_source, p_store) AS due
-      FROM storetopics.store_state s
+    SELECT greatest(s.files, 1)::float8 AS n FROM storetopics.store_state s
      WHERE s.source_id = p_source AND s.store_key = p_store
+  ), terms AS (
+    SELECT t.term_id, x.lexeme AS term, t.files, t.total, t.total_sq, ln(st.n / t.files) AS idf
+      FROM storetopics.store_terms t JOIN storetopics.lexemes x ON x.id = t.term_id, st
+     WHERE t.source_id = p_source AND t.store_key = p_store
   ), dominant AS (
-    -- (OFFSET 0: the lookup stays a row-by-row step above the sort, not a join of every term below it)
-    SELECT y.term_id, x.term, y.total::float8 AS score, y.files, y.total
-      FROM (SELECT t.term_id, t.files, t.total FROM storetopics.store_terms t
-             WHERE t.source_id = p_source AND t.store_key = p_store ORDER BY t.total DESC OFFSET 0) y
-     CROSS JOIN LATERAL (SELECT l.lexeme AS term FROM storetopics.lexemes l WHERE l.id = y.term_id OFFSET 0) x
-     WHERE storetopics.showable_term(x.term)
-     ORDER BY y.total DESC FETCH FIRST (n_dominant) ROWS WITH TIES
+    SELECT 'dominant'::text AS kind, t.term, t.total::float8 AS score, t.files, t.total, NULL::text AS file_key
+      FROM terms t WHERE storetopics.showable_term(t.term)
+     ORDER BY t.total DESC, t.term LIMIT n_dominant
+  ), file_words AS (
+    SELECT f.file_key, t.term, u.n, t.idf, t.files, t.total
+      FROM storetopics.file_terms f
+     CROSS JOIN LATERAL unnest(f.term_ids, f.counts) AS u(term_id, n)
+      JOIN terms t ON t.term_id = u.term_id
+     WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0
   ), novelty AS (
-    SELECT f.file_key, f.novelty AS nov FROM storetopics.file_terms f, st
-     WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0 AND f.novelty IS NOT NULL AND NOT st.due
-    UNION ALL
-    SELECT c.file_key, c.novelty FROM st, storetopics._novelty_compute(p_source, p_store, st.due, st.due) c
+    -- rounded: a float sum depends on the order rows arrive in, and files with the same words must tie exactly
+    -- whatever the table's physical order (the same state renders the same text)
+    SELECT w.file_key, round((sum(w.n * w.idf) / sum(w.n))::numeric, 9)::float8 AS nov
+      FROM file_words w GROUP BY w.file_key
   ), spread AS (
     SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY nov) AS med FROM novelty
   ), mad AS (
     SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY abs(v.nov - s.med)) AS mad, s.med
       FROM novelty v, spread s GROUP BY s.med
-  ), candidates AS (
-    SELECT v.file_key, v.nov, (v.nov - m.med) / (1.4826 * m.mad + 1e-9) AS z FROM novelty v CROSS JOIN mad m
-     WHERE (v.nov - m.med) / (1.4826 * m.mad + 1e-9) >= 2.5
+  ), apart AS (
+    -- files the clustering gives no topic: every one of their chunks lies beyond its nearest cluster's radius
+    SELECT f.file_key FROM storetopics.file_terms f
+     WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0 AND cardinality(f.cluster_chunks) > 0
+       AND (SELECT sum(o) FROM unnest(f.cluster_outliers) o) = (SELECT sum(c) FROM unnest(f.cluster_chunks) c)
   ), outliers AS (
-    -- z >= 3.5, or >= 2.5 for a file the clustering gives no topic: every one of its chunks lies beyond its nearest
-    -- cluster's radius
-    SELECT c.file_key, c.nov FROM candidates c
-     WHERE c.z >= 3.5
-        OR EXISTS (SELECT 1 FROM storetopics.file_terms f
-                    WHERE f.source_id = p_source AND md5(f.file_key)::uuid = md5(c.file_key)::uuid
-                      AND f.file_key = c.file_key AND f.store_key = p_store AND cardinality(f.cluster_chunks) > 0
-                      AND (SELECT sum(o) FROM unnest(f.cluster_outliers) o) = (SELECT sum(k) FROM unnest(f.cluster_chunks) k))
-     ORDER BY c.nov DESC, c.file_key LIMIT 3
-  ), outlier_words AS (
-    -- each outlier file's best showable terms by count x IDF (IDF > 0), in score order like the lists above
-    SELECT w.* FROM outliers o CROSS JOIN LATERAL (
-      SELECT y.term_id, x.term, y.score, y.files, y.total, o.file_key, o.nov
-        FROM (SELECT u.term_id, u.n * ln(st.n / t.files) AS score, t.files, t.total
-                FROM st, storetopics.file_terms f CROSS JOIN LATERAL unnest(f.term_ids, f.counts) AS u(term_id, n)
-                JOIN storetopics.store_terms t ON t.source_id = p_source AND t.store_key = p_store
-                                              AND t.term_id = u.term_id
-               WHERE f.source_id = p_source AND md5(f.file_key)::uuid = md5(o.file_key)::uuid
-                 AND f.file_key = o.file_key AND f.store_key = p_store AND ln(st.n / t.files) > 0
-               ORDER BY 2 DESC OFFSET 0) y
-       CROSS JOIN LATERAL (SELECT l.lexeme AS term FROM storetopics.lexemes l WHERE l.id = y.term_id OFFSET 0) x
-       WHERE storetopics.showable_term(x.term)
-       ORDER BY y.score DESC FETCH FIRST 3 ROWS WITH TIES) w
+    SELECT v.file_key, v.nov FROM novelty v CROSS JOIN mad m LEFT JOIN apart a ON a.file_key = v.file_key
+     WHERE (v.nov - m.med) / (1.4826 * m.mad + 1e-9) >= CASE WHEN a.file_key IS NULL THEN 3.5 ELSE 2.5 END
+     ORDER BY v.nov DESC, v.file_key LIMIT 3
   ), outlier_terms AS (
     -- the top 3 terms of each outlier file, even when they also rank as dominant (in a small store a needle's words
     -- do: they are still what the file is about); a term two outlier files share is kept once, with its best file
-    SELECT DISTINCT ON (x.term) x.term_id, x.term, x.score, x.files, x.total, x.file_key, x.nov FROM (
-      SELECT w.*, row_number() OVER (PARTITION BY w.file_key ORDER BY w.score DESC, w.term) AS r
-        FROM outlier_words w) x
+    SELECT DISTINCT ON (x.term) x.term, x.score, x.files, x.total, x.file_key, x.nov FROM (
+      SELECT w.term, w.n * w.idf AS score, w.files, w.total, w.file_key, w.nov,
+             row_number() OVER (PARTITION BY w.file_key ORDER BY w.n * w.idf DESC, w.term) AS r
+        -- the outlier files' words first, then the test (OFFSET 0 keeps it above the join: pushed down into the
+        -- scan of file_words it ran on every (file, term) pair of the store, most of a large store's render)
+        FROM (SELECT fw.*, o.nov FROM file_words fw JOIN outliers o ON o.file_key = fw.file_key OFFSET 0) w
+       WHERE storetopics.showable_term(w.term) AND w.idf > 0) x
      WHERE x.r <= 3
      ORDER BY x.term, x.nov DESC, x.score DESC, x.file_key
   ), dense AS (
-    SELECT y.term_id, x.term, y.score, y.files, y.total
-      FROM (SELECT t.term_id, (t.total_sq::float8 / t.total) * ln(st.n / t.files) AS score, t.files, t.total
-              FROM storetopics.store_terms t, st
-             WHERE t.source_id = p_source AND t.store_key = p_store AND t.files >= 3 AND t.total_sq >= 2 * t.total
-               AND ln(st.n / t.files) > 0
-             ORDER BY 2 DESC OFFSET 0) y
-     CROSS JOIN LATERAL (SELECT l.lexeme AS term FROM storetopics.lexemes l WHERE l.id = y.term_id OFFSET 0) x
-     WHERE storetopics.showable_term(x.term)
-       AND y.term_id NOT IN (SELECT d.term_id FROM dominant d)
-       AND y.term_id NOT IN (SELECT o.term_id FROM outlier_terms o)
-     ORDER BY y.score DESC FETCH FIRST (n_distinctive) ROWS WITH TIES
+    SELECT t.term, (t.total_sq::float8 / t.total) * t.idf AS score, t.files, t.total
+      FROM terms t
+     WHERE t.files >= 3 AND t.total_sq >= 2 * t.total AND t.idf > 0 AND storetopics.showable_term(t.term)
+       AND t.term NOT IN (SELECT d.term FROM dominant d)
+       AND t.term NOT IN (SELECT o.term FROM outlier_terms o)
   ), distinctive AS (
     SELECT 'distinctive'::text AS kind, x.term, x.score, x.files, x.total, x.file_key
       FROM (SELECT o.term, o.score, o.files, o.total, o.file_key, 0 AS pass, -o.nov AS k1, -o.score AS k2
@@ -3800,44 +3677,11 @@ BEGIN ATOMIC
             SELECT d.term, d.score, d.files, d.total, NULL, 1, 0, -d.score FROM dense d) x
      ORDER BY x.pass, x.k1, x.k2, x.term LIMIT n_distinctive
   )
-  SELECT 'dominant'::text, (row_number() OVER (ORDER BY d.score DESC, d.term))::int, d.term, d.score, d.files,
-         d.total, NULL::text
-    FROM (SELECT * FROM dominant ORDER BY total DESC, term LIMIT n_dominant) d
+  SELECT d.kind, (row_number() OVER (ORDER BY d.score DESC, d.term))::int, d.term, d.score, d.files, d.total,
+         d.file_key FROM dominant d
   UNION ALL
   SELECT x.kind, (row_number() OVER ())::int, x.term, x.score, x.files, x.total, x.file_key FROM distinctive x;
 END;
-
--- Render's part: the novelty of the store's files stored against its basis, the basis taken first when it is due.
--- After one upload that is the files the upload wrote (fold writes a file's row anew, without a novelty).  The basis
--- is written first and then read back, so the stored values are computed against exactly the stored basis.
--- Returns how many files were computed.
-CREATE OR REPLACE FUNCTION storetopics._novelty_refresh(p_source int, p_store text) RETURNS int
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  v_rebase boolean;
-  v_n int;
-BEGIN
-  PERFORM 1 FROM storetopics.store_state s WHERE s.source_id = p_source AND s.store_key = p_store FOR UPDATE;
-  v_rebase := storetopics._novelty_due(p_source, p_store);
-  IF v_rebase THEN
-    INSERT INTO storetopics.novelty_basis AS b (source_id, store_key, files, incidences, term_ids, dfs)
-    SELECT p_source, p_store, s.files, coalesce(sum(t.files), 0),
-           coalesce(array_agg(t.term_id ORDER BY t.term_id) FILTER (WHERE t.term_id IS NOT NULL), '{}'),
-           coalesce(array_agg(t.files ORDER BY t.term_id) FILTER (WHERE t.term_id IS NOT NULL), '{}')
-      FROM storetopics.store_state s
-      LEFT JOIN storetopics.store_terms t ON t.source_id = s.source_id AND t.store_key = s.store_key
-     WHERE s.source_id = p_source AND s.store_key = p_store
-     GROUP BY s.files
-    ON CONFLICT (source_id, store_key) DO UPDATE
-       SET files = excluded.files, incidences = excluded.incidences, term_ids = excluded.term_ids, dfs = excluded.dfs;
-  END IF;
-  UPDATE storetopics.file_terms f SET novelty = c.novelty
-    FROM storetopics._novelty_compute(p_source, p_store, false, v_rebase) c
-   WHERE f.source_id = p_source AND md5(f.file_key)::uuid = md5(c.file_key)::uuid AND f.file_key = c.file_key
-     AND f.store_key = p_store;
-  GET DIAGNOSTICS v_n = ROW_COUNT;
-  RETURN v_n;
-END $$;
 
 -- The words people wrote for some lexemes of a store, learnt from the texts of files that contain them and
 -- remembered in storetopics.term_words.  Returns how many lexemes were learnt.
@@ -4129,7 +3973,6 @@ DECLARE
   v_topics_from text;   -- what the topic list is made of: clusters, the labeller's store labels, mined phrases
 BEGIN
   PERFORM storetopics.refresh_words(src.id, st.store_key);   -- the clusters' words and phrases, from the current counts
-  PERFORM storetopics._novelty_refresh(src.id, st.store_key); -- its files' novelty, for keywords()
   PERFORM storetopics._render_terms(src, st.store_key);         -- pg_temp.storetopics_kw: dominant, distinctive, contrast
   SELECT array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'contrast'),
          array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'),

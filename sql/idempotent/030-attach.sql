@@ -43,7 +43,6 @@ BEGIN
   DELETE FROM storetopics.file_terms WHERE source_id = p_source;
   DELETE FROM storetopics.store_terms WHERE source_id = p_source;
   DELETE FROM storetopics.store_state WHERE source_id = p_source;
-  DELETE FROM storetopics.novelty_basis WHERE source_id = p_source;
   DELETE FROM storetopics.clusters WHERE source_id = p_source;
   DELETE FROM storetopics.label_ledger WHERE source_id = p_source;
   DELETE FROM storetopics.grants WHERE source_id = p_source;
