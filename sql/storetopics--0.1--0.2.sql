@@ -3565,13 +3565,19 @@ BEGIN ATOMIC
       CROSS JOIN own CROSS JOIN whole CROSS JOIN cat
       LEFT JOIN storetopics.catalog_terms c ON c.catalog = cat.name AND c.term_id = t.term_id
      WHERE t.source_id = p_source AND t.store_key = p_store AND (t.files >= 2 OR own.files < 20)
-       AND storetopics.showable_term(x.lexeme)
+  ), ranked AS (
+    SELECT s.lexeme, round((CASE WHEN s.stores < 2 THEN s.p ELSE s.p * ln(s.p / s.q) END)::numeric, 9)::float8
+             AS score, s.files, s.p, s.q
+      FROM scored s
+     WHERE s.stores < 2 OR s.p > s.q
+     ORDER BY 2 DESC, 1
+    OFFSET 0
   )
-  SELECT s.lexeme, round((CASE WHEN s.stores < 2 THEN s.p ELSE s.p * ln(s.p / s.q) END)::numeric, 9)::float8,
-         s.files, s.p, s.q
-    FROM scored s
-   WHERE s.stores < 2 OR s.p > s.q
-   ORDER BY 2 DESC, 1
+  -- ranked first, then tested in that order until n pass (OFFSET 0 keeps the test above the sort): showable_term
+  -- is a call per term, and a store has tens of thousands of terms
+  SELECT r.lexeme, r.score, r.files, r.p, r.q FROM ranked r
+   WHERE storetopics.showable_term(r.lexeme)
+   ORDER BY r.score DESC, r.lexeme
    LIMIT n;
 END;
 
