@@ -3367,9 +3367,9 @@ END $$;
 --       file among 100k renovation files surfaces: ranked per file, not on store-wide sums.  A file the clustering also
 --       finds apart (every chunk beyond its nearest cluster's radius) needs only z >= 2.5: two independent signals,
 --       each moderately extreme (measured in Debian's haskell section: packages planted from other sections mostly had
---       z 2.5-4.4 with every chunk outside the clusters; 2 of the section's own 1,076 files had both).  The 3 most
---       novel such files are shown.  A store made of one-off tokens (names) has no outlier file, so its names do not
---       flood the list;
+--       z 2.5-4.4 with every chunk outside the clusters; 2 of the section's own 1,076 files had both).  Up to 3
+--       such files are shown, those both signals find apart first, then the most novel.  A store made of one-off
+--       tokens (names) has no outlier file, so its names do not flood the list;
 --     * recurring dense terms: (total_sq / total) x IDF, for terms in at least three files whose occurrences come
 --       in clusters (total_sq / total >= 2, i.e. one-off mentions are ignored; a name two files share is not a
 --       theme).
@@ -3413,7 +3413,8 @@ BEGIN ATOMIC
   ), outliers AS (
     SELECT v.file_key, v.nov FROM novelty v CROSS JOIN mad m LEFT JOIN apart a ON a.file_key = v.file_key
      WHERE (v.nov - m.med) / (1.4826 * m.mad + 1e-9) >= CASE WHEN a.file_key IS NULL THEN 3.5 ELSE 2.5 END
-     ORDER BY v.nov DESC, v.file_key LIMIT 3
+     -- files both signals find apart first: a uniform store has some novel files of its own, rarely apart as well
+     ORDER BY a.file_key IS NULL, v.nov DESC, v.file_key LIMIT 3
   ), outlier_terms AS (
     -- the top 3 terms of each outlier file, even when they also rank as dominant (in a small store a needle's words
     -- do: they are still what the file is about); a term two outlier files share is kept once, with its best file
