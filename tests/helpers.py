@@ -16,6 +16,8 @@ Both return a dict:
 """
 from __future__ import annotations
 
+import contextlib
+
 import psycopg
 from psycopg import sql as psql
 
@@ -230,3 +232,54 @@ def sections(text: str | None) -> dict:
         if m:
             out[name.lower()] = m.group(1).split(", ")
     return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Tenants: roles that attach a table each, and roles with other rights (test_route, test_metrics)
+# --------------------------------------------------------------------------------------------------------------
+def connect_as(dsn: str, role: str | None = None) -> psycopg.Connection:
+    """An autocommit connection, as `role` when given (a LOGIN role of the test cluster, no password)."""
+    from psycopg import conninfo
+    c = psycopg.connect(conninfo.make_conninfo(dsn, user=role) if role else dsn, autocommit=True)
+    c.execute("SET client_min_messages = warning")
+    return c
+
+
+@contextlib.contextmanager
+def tenants(dsn: str, others: tuple[str, ...], prepare=None, each=None):
+    """Tenants a and b (grant_attach, a schema of their own, a table {a,b}.docs attached with store_key 'store' and
+    file_key 'file'), and the roles `others` with nothing granted yet; unique names (roles are cluster-wide), all
+    dropped afterwards.  prepare(admin, roles) runs once the roles exist; each(conn, tenant, roles) as each tenant
+    once its table is attached.  Yields (roles, conns, admin, sources): roles by short name, a
+    connection per role, the admin's connection, the source id of each tenant's table."""
+    import uuid
+    tag = uuid.uuid4().hex[:6]
+    roles = {k: f"{k}_{tag}" for k in ("a", "b", *others)}
+    admin = connect_as(dsn)
+    for r in roles.values():
+        admin.execute(f"CREATE ROLE {r} LOGIN")
+    conns, sources = {}, {}
+    try:
+        if prepare:
+            prepare(admin, roles)
+        for t in ("a", "b"):
+            admin.execute("SELECT storetopics.grant_attach(%s)", (roles[t],))
+            admin.execute(f"CREATE SCHEMA {t} AUTHORIZATION {roles[t]}")
+            c = conns[t] = connect_as(dsn, roles[t])
+            c.execute(f"CREATE TABLE {t}.docs (id serial PRIMARY KEY, store text, file int, content text)")
+            c.execute(f"CREATE INDEX ON {t}.docs (file)")
+            sources[t] = c.execute(f"SELECT storetopics.attach('{t}.docs', store_key => 'store', file_key => 'file')"
+                                   ).fetchone()[0]
+            if each:
+                each(c, t, roles)
+        for k in others:
+            conns[k] = connect_as(dsn, roles[k])
+        yield roles, conns, admin, sources
+    finally:
+        for c in conns.values():
+            c.close()
+        admin.execute("DROP SCHEMA IF EXISTS a, b CASCADE")
+        for r in roles.values():
+            admin.execute(f"DROP OWNED BY {r}")
+            admin.execute(f"DROP ROLE {r}")
+        admin.close()

@@ -18,12 +18,6 @@ from storetopics import install as st_install
 EXPORTER_FILE = Path(__file__).resolve().parents[1] / "docker" / "postgres_exporter-queries.yaml"
 
 
-def _connect(dsn: str, role: str | None = None) -> psycopg.Connection:
-    c = psycopg.connect(conninfo.make_conninfo(dsn, user=role) if role else dsn, autocommit=True)
-    c.execute("SET client_min_messages = warning")
-    return c
-
-
 def metrics(conn: psycopg.Connection) -> dict[str, dict]:
     """{source: {column: value}} from storetopics.metrics()."""
     cur = conn.execute("SELECT * FROM storetopics.metrics()")
@@ -126,37 +120,20 @@ def test_a_store_whose_passes_fail_counts_as_failing_and_dirty(conn):
 @pytest.fixture
 def tenants(make_db):
     """Two tenants with a table each, a worker, a reader of B's table, a reader of every table, a role with
-    nothing; unique names (roles are cluster-wide)."""
-    dsn = make_db()
-    tag = uuid.uuid4().hex[:6]
-    roles = {k: f"{k}_{tag}" for k in ("a", "b", "worker", "router", "monitor", "nobody")}
-    admin = _connect(dsn)
-    for r in roles.values():
-        admin.execute(f"CREATE ROLE {r} LOGIN")
-    admin.execute("SELECT storetopics.grant_worker(%s)", (roles["worker"],))
-    conns = {}
-    for t in ("a", "b"):
-        admin.execute("SELECT storetopics.grant_attach(%s)", (roles[t],))
-        admin.execute(f"CREATE SCHEMA {t} AUTHORIZATION {roles[t]}")
-        c = conns[t] = _connect(dsn, roles[t])
-        c.execute(f"CREATE TABLE {t}.docs (id serial PRIMARY KEY, store text, file int, content text)")
-        c.execute(f"CREATE INDEX ON {t}.docs (file)")
+    nothing (helpers.tenants)."""
+    def worker(admin, roles):
+        admin.execute("SELECT storetopics.grant_worker(%s)", (roles["worker"],))
+
+    def table(c, t, roles):
         c.execute(f"GRANT USAGE ON SCHEMA {t} TO {roles['worker']}")
         c.execute(f"GRANT SELECT ON {t}.docs TO {roles['worker']}")
-        c.execute(f"SELECT storetopics.attach('{t}.docs', store_key => 'store', file_key => 'file')")
         c.execute(f"INSERT INTO {t}.docs (store, file, content) VALUES ('s', 1, 'honey bees and hives')")
-    conns["b"].execute(f"SELECT storetopics.grant_read('{roles['router']}', 'b.docs')")
-    admin.execute(f"SELECT storetopics.grant_read('{roles['monitor']}')")
-    for k in ("worker", "router", "monitor", "nobody"):
-        conns[k] = _connect(dsn, roles[k])
-    yield roles, conns, admin
-    for c in conns.values():
-        c.close()
-    admin.execute("DROP SCHEMA a, b CASCADE")
-    for r in roles.values():
-        admin.execute(f"DROP OWNED BY {r}")
-        admin.execute(f"DROP ROLE {r}")
-    admin.close()
+
+    with helpers.tenants(make_db(), ("worker", "router", "monitor", "nobody"), worker, table) as (
+            roles, conns, admin, _):
+        conns["b"].execute(f"SELECT storetopics.grant_read('{roles['router']}', 'b.docs')")
+        admin.execute(f"SELECT storetopics.grant_read('{roles['monitor']}')")
+        yield roles, conns, admin
 
 
 def test_metrics_show_a_role_only_the_sources_it_may_read(tenants):
@@ -348,11 +325,11 @@ def owned_db(pg_admin_dsn):
     extension: that role cannot create it, as on a managed server that does not offer it)."""
     tag = uuid.uuid4().hex[:8]
     role, name = f"dbowner_{tag}", f"st_novector_{tag}"
-    with _connect(pg_admin_dsn) as admin:
+    with helpers.connect_as(pg_admin_dsn) as admin:
         admin.execute(f"CREATE ROLE {role} LOGIN")
         admin.execute(f'CREATE DATABASE "{name}" OWNER {role}')
     yield conninfo.make_conninfo(pg_admin_dsn, dbname=name), role
-    with _connect(pg_admin_dsn) as admin:
+    with helpers.connect_as(pg_admin_dsn) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.execute(f"DROP ROLE {role}")
 
@@ -368,7 +345,7 @@ def test_install_without_pgvector_is_one_clear_error(owned_db):
     assert "CREATE EXTENSION vector" in e.value.hint and "pgvector" in e.value.hint
     assert str(e.value) == f"{e.value.message} (hint: {e.value.hint})"
     assert logs == []                                                    # no "keyword summaries only"
-    with _connect(dsn) as conn:                                          # and nothing was left behind
+    with helpers.connect_as(dsn) as conn:                                          # and nothing was left behind
         assert conn.execute("SELECT to_regnamespace('storetopics')").fetchone()[0] is None
         assert conn.execute("SELECT count(*) FROM pg_extension WHERE extname = 'vector'").fetchone()[0] == 0
     # the extension path says the same before CREATE EXTENSION ... CASCADE would
@@ -376,10 +353,10 @@ def test_install_without_pgvector_is_one_clear_error(owned_db):
         st_install.install(as_owner, extension=True, log=logs.append)
 
     # Once an administrator created pgvector there, the owner installs it and a keyword-only table works.
-    with _connect(dsn) as conn:
+    with helpers.connect_as(dsn) as conn:
         conn.execute("CREATE EXTENSION vector")
     assert st_install.install(as_owner, log=logs.append) == st_install.default_version()
-    with _connect(as_owner) as conn:
+    with helpers.connect_as(as_owner) as conn:
         conn.execute("CREATE TABLE notes (id serial PRIMARY KEY, store text, file int, content text)")
         conn.execute("CREATE INDEX ON notes (file)")
         conn.execute("INSERT INTO notes (store, file, content) VALUES ('home', 1, 'kitchen renovation tiles')")

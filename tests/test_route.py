@@ -6,25 +6,17 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-import uuid
 
 import helpers
 import numpy as np
 import psycopg
 import pytest
-from psycopg import conninfo
 
 from storetopics import api
 from storetopics import tokens as st_tokens
 
 TOOL = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 KAPPA = 20
-
-
-def _connect(dsn: str, role: str | None = None) -> psycopg.Connection:
-    c = psycopg.connect(conninfo.make_conninfo(dsn, user=role) if role else dsn, autocommit=True)
-    c.execute("SET client_min_messages = warning")
-    return c
 
 
 def catalog(conn, p_catalog=None) -> list[dict]:
@@ -397,39 +389,18 @@ def test_route_text_uses_each_sources_text_search_configuration(conn):
 @pytest.fixture
 def tenants(make_db):
     """Tenants a and b with a table each (stores with 8-d clusters), a router granted b's table, a role granted
-    nothing; unique role names (roles are cluster-wide)."""
-    dsn = make_db()
-    tag = uuid.uuid4().hex[:6]
-    roles = {k: f"{k}_{tag}" for k in ("a", "b", "router", "nobody")}
-    admin = _connect(dsn)
-    for r in roles.values():
-        admin.execute(f"CREATE ROLE {r} LOGIN")
-    conns, sources = {}, {}
-    for i, t in enumerate(("a", "b")):
-        admin.execute("SELECT storetopics.grant_attach(%s)", (roles[t],))
-        admin.execute(f"CREATE SCHEMA {t} AUTHORIZATION {roles[t]}")
-        c = conns[t] = _connect(dsn, roles[t])
-        c.execute(f"CREATE TABLE {t}.docs (id serial PRIMARY KEY, store text, file int, content text)")
-        c.execute(f"CREATE INDEX ON {t}.docs (file)")
-        sources[t] = c.execute(f"SELECT storetopics.attach('{t}.docs', store_key => 'store', file_key => 'file')"
-                               ).fetchone()[0]
+    nothing (helpers.tenants)."""
+    def rows(c, t, roles):
         c.execute(f"INSERT INTO {t}.docs (store, file, content) VALUES ('{t}-store', 1, 'honey bees hives'), "
                   f"('shared', 2, 'honey and bees')")
-    admin.execute("SELECT * FROM storetopics.backfill()")
-    for i, t in enumerate(("a", "b")):
-        add_clusters(admin, sources[t], f"{t}-store", [unit(i)], [10])
-        add_clusters(admin, sources[t], "shared", [unit(i) + unit(5)], [10])
-    conns["b"].execute(f"SELECT storetopics.grant_read('{roles['router']}', 'b.docs')")
-    for k in ("router", "nobody"):
-        conns[k] = _connect(dsn, roles[k])
-    yield roles, conns, admin, sources
-    for c in conns.values():
-        c.close()
-    admin.execute("DROP SCHEMA a, b CASCADE")
-    for r in roles.values():
-        admin.execute(f"DROP OWNED BY {r}")
-        admin.execute(f"DROP ROLE {r}")
-    admin.close()
+
+    with helpers.tenants(make_db(), ("router", "nobody"), each=rows) as (roles, conns, admin, sources):
+        admin.execute("SELECT * FROM storetopics.backfill()")
+        for i, t in enumerate(("a", "b")):
+            add_clusters(admin, sources[t], f"{t}-store", [unit(i)], [10])
+            add_clusters(admin, sources[t], "shared", [unit(i) + unit(5)], [10])
+        conns["b"].execute(f"SELECT storetopics.grant_read('{roles['router']}', 'b.docs')")
+        yield roles, conns, admin, sources
 
 
 def test_a_read_role_sees_and_routes_to_the_stores_of_its_sources_only(tenants):
