@@ -7,6 +7,7 @@ import psycopg
 import pytest
 
 from lab import testing
+from lab.fakes.messages import MessagesServer
 from storetopics import install as st_install
 
 
@@ -70,3 +71,12 @@ def conn(dsn):
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("SET client_min_messages = warning")
         yield c
+
+
+@pytest.fixture
+def messages(monkeypatch):
+    """The local Messages API server, and the environment that points the Anthropic labeller at it."""
+    with MessagesServer() as server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+        yield server

@@ -12,7 +12,6 @@ import numpy as np
 import psycopg
 import pytest
 
-from lab.fakes.messages import MessagesServer
 from storetopics import api, refresh, tokens
 
 DIM = 24
@@ -433,14 +432,6 @@ def test_offline_label_in_sql(conn):
 # ------------------------------------------------------------------------------------------------------------
 # The Anthropic labeller end to end: CLI backfill -> local Messages API server -> ledger -> summary
 # ------------------------------------------------------------------------------------------------------------
-@pytest.fixture
-def messages(monkeypatch):
-    with MessagesServer() as server:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
-        yield server
-
-
 def test_anthropic_labels_ledger_and_failures(make_db, messages):
     with psycopg.connect(make_db(), autocommit=True) as conn:
         source = setup_table(conn)

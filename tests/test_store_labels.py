@@ -10,9 +10,7 @@ import sys
 
 import helpers
 import psycopg
-import pytest
 
-from lab.fakes.messages import MessagesServer
 from storetopics import api, refresh
 
 OWN = {"cooking": "recipe oven flour", "sailing": "boat wind harbour", "chess": "pawn rook gambit",
@@ -23,14 +21,6 @@ OTHER = {"cooking": "yeast dough knead", "sailing": "keel mast anchor", "chess":
 
 def text(store: str, f: int, own: dict = OWN) -> str:
     return f"software package tool {own[store]} {own[store]} {OTHER[store] if f % 2 else ''} notes {f}"
-
-
-@pytest.fixture
-def messages(monkeypatch):
-    with MessagesServer() as server:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
-        yield server
 
 
 def setup(conn, labeller: str = "anthropic") -> int:
