@@ -29,19 +29,19 @@ BEGIN ATOMIC
      WHERE t.source_id = p_source AND t.store_key = p_store
   ), dominant AS (
     SELECT 'dominant'::text AS kind, t.term, t.total::float8 AS score, t.files, t.total, NULL::text AS file_key
-      FROM terms t WHERE storetopics.showable_term(t.term)
+      -- ranked first, then the test, until n pass (OFFSET 0 keeps the test above the sort, off most terms)
+      FROM (SELECT * FROM terms ORDER BY total DESC, term OFFSET 0) t WHERE storetopics.showable_term(t.term)
      ORDER BY t.total DESC, t.term LIMIT n_dominant
-  ), file_words AS (
-    SELECT f.file_key, t.term, u.n, t.idf, t.files, t.total
-      FROM storetopics.file_terms f
-     CROSS JOIN LATERAL unnest(f.term_ids, f.counts) AS u(term_id, n)
-      JOIN terms t ON t.term_id = u.term_id
-     WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0
   ), novelty AS (
     -- rounded: a float sum depends on the order rows arrive in, and files with the same words must tie exactly
     -- whatever the table's physical order (the same state renders the same text)
-    SELECT w.file_key, round((sum(w.n * w.idf) / sum(w.n))::numeric, 9)::float8 AS nov
-      FROM file_words w GROUP BY w.file_key
+    -- (every (file, term) pair of the store: the arrays are unnested in the select list, which streams them,
+    -- where unnest(a, b) in FROM first copies each pair into a tuplestore)
+    SELECT u.file_key, round((sum(u.n * t.idf) / sum(u.n))::numeric, 9)::float8 AS nov
+      FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id, unnest(f.counts) AS n FROM storetopics.file_terms f
+             WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0) u
+      JOIN terms t ON t.term_id = u.term_id
+     GROUP BY u.file_key
   ), spread AS (
     SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY nov) AS med FROM novelty
   ), mad AS (
@@ -63,18 +63,29 @@ BEGIN ATOMIC
     SELECT DISTINCT ON (x.term) x.term, x.score, x.files, x.total, x.file_key, x.nov FROM (
       SELECT w.term, w.n * w.idf AS score, w.files, w.total, w.file_key, w.nov,
              row_number() OVER (PARTITION BY w.file_key ORDER BY w.n * w.idf DESC, w.term) AS r
-        -- the outlier files' words first, then the test (OFFSET 0 keeps it above the join: pushed down into the
-        -- scan of file_words it ran on every (file, term) pair of the store, most of a large store's render)
-        FROM (SELECT fw.*, o.nov FROM file_words fw JOIN outliers o ON o.file_key = fw.file_key OFFSET 0) w
+        -- only the outlier files' words, then the test (OFFSET 0 keeps it above the joins: pushed down into the
+        -- scan of terms, it ran on every term of the store)
+        FROM (SELECT u.file_key, o.nov, t.term, u.n, t.idf, t.files, t.total
+                FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id, unnest(f.counts) AS n
+                        FROM storetopics.file_terms f
+                       WHERE f.source_id = p_source AND f.store_key = p_store
+                         AND f.file_key IN (SELECT o.file_key FROM outliers o)) u
+                JOIN outliers o ON o.file_key = u.file_key
+                JOIN terms t ON t.term_id = u.term_id
+              OFFSET 0) w
        WHERE storetopics.showable_term(w.term) AND w.idf > 0) x
      WHERE x.r <= 3
      ORDER BY x.term, x.nov DESC, x.score DESC, x.file_key
   ), dense AS (
-    SELECT t.term, (t.total_sq::float8 / t.total) * t.idf AS score, t.files, t.total
-      FROM terms t
-     WHERE t.files >= 3 AND t.total_sq >= 2 * t.total AND t.idf > 0 AND storetopics.showable_term(t.term)
+    -- no more than the list takes, ranked first, then the tests (OFFSET 0, as in dominant)
+    SELECT t.term, t.score, t.files, t.total
+      FROM (SELECT t.term, (t.total_sq::float8 / t.total) * t.idf AS score, t.files, t.total FROM terms t
+             WHERE t.files >= 3 AND t.total_sq >= 2 * t.total AND t.idf > 0
+             ORDER BY 2 DESC, 1 OFFSET 0) t
+     WHERE storetopics.showable_term(t.term)
        AND t.term NOT IN (SELECT d.term FROM dominant d)
        AND t.term NOT IN (SELECT o.term FROM outlier_terms o)
+     ORDER BY t.score DESC, t.term LIMIT n_distinctive
   ), distinctive AS (
     SELECT 'distinctive'::text AS kind, x.term, x.score, x.files, x.total, x.file_key
       FROM (SELECT o.term, o.score, o.files, o.total, o.file_key, 0 AS pass, -o.nov AS k1, -o.score AS k2
@@ -111,12 +122,11 @@ BEGIN
   END IF;
   -- One file per missing lexeme (the first by key), then those files' texts.
   v_files := ARRAY(SELECT DISTINCT x.file_key FROM (
-                     SELECT DISTINCT ON (u.term_id) u.term_id, f.file_key
-                       FROM storetopics.file_terms f CROSS JOIN LATERAL unnest(f.term_ids) AS u(term_id)
-                      WHERE f.source_id = p_source AND f.store_key = p_store
-                        AND u.term_id = ANY (ARRAY(SELECT x.id FROM storetopics.lexemes x
-                                                    WHERE x.lexeme = ANY (v_missing)))
-                      ORDER BY u.term_id, f.file_key) x);
+                     SELECT DISTINCT ON (u.term_id) u.term_id, u.file_key
+                       FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id FROM storetopics.file_terms f
+                              WHERE f.source_id = p_source AND f.store_key = p_store) u
+                      WHERE u.term_id IN (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (v_missing))
+                      ORDER BY u.term_id, u.file_key) x);
   EXECUTE format('SELECT array_agg(x.t) FROM %s(''texts'', $1, $2, NULL) AS x(t text)',
                  storetopics._reader(p_source))
     INTO v_texts USING v_files, p_store;
@@ -125,14 +135,17 @@ BEGIN
     -- Words are read both whole ("open-source") and split at hyphens ("open", "source").  A word speaks for a
     -- lexeme when it gives only that lexeme, or, for a hyphenated word, for its compound lexeme only.
     FROM (SELECT w.word, w.n, l.lexeme
-            FROM (SELECT x.word, count(*) AS n
-                    FROM unnest(v_texts) t,
-                         -- (quotes and hyphens at either end are punctuation, not part of the word)
-                         LATERAL (SELECT btrim(w, '''-') FROM regexp_split_to_table(lower(t), '[^[:alpha:]''-]+') w
+            FROM (SELECT x.word, sum(r.n) AS n
+                    -- the texts are split once, into runs of letters, quotes and hyphens, counted; each distinct
+                    -- run then gives its whole word and its parts between hyphens (quotes and hyphens at either
+                    -- end are punctuation, not part of the word)
+                    FROM (SELECT r, count(*) AS n
+                            FROM unnest(v_texts) t, regexp_split_to_table(lower(t), '[^[:alpha:]''-]+') r
+                           WHERE storetopics.usable_text(t) GROUP BY r) r,
+                         LATERAL (SELECT btrim(r.r, '''-')
                                   UNION ALL
-                                  SELECT btrim(w, '''') FROM regexp_split_to_table(lower(t), '[^[:alpha:]'']+') w)
-                           AS x(word)
-                   WHERE storetopics.usable_text(t) AND length(x.word) BETWEEN 2 AND 40
+                                  SELECT btrim(p, '''') FROM regexp_split_to_table(r.r, '-') p) AS x(word)
+                   WHERE length(x.word) BETWEEN 2 AND 40
                    GROUP BY x.word) w,
                  LATERAL (SELECT tsvector_to_array(to_tsvector(src.ts_config, w.word)) AS ls) v,
                  LATERAL unnest(v.ls) AS l(lexeme)
