@@ -379,9 +379,16 @@ BEGIN
                      FROM fc) x
      WHERE x.r <= 400
   ), ct AS (
-    SELECT p.cluster_id, u.term_id, sum(u.n * p.w) AS n, count(*) AS nfiles
-      FROM pick p, unnest(p.term_ids, p.counts) AS u(term_id, n)
+    -- (the arrays unnested in the select list, which streams them; unnest(a, b) in FROM copies them first)
+    SELECT u.cluster_id, u.term_id, sum(u.n * u.w) AS n, count(*) AS nfiles
+      FROM (SELECT p.cluster_id, p.w, unnest(p.term_ids) AS term_id, unnest(p.counts) AS n FROM pick p) u
      GROUP BY 1, 2
+  ), shown AS MATERIALIZED (
+    -- the store's terms worth showing, with their text: one hash for the join below (looked up per (cluster,
+    -- term) pair, the lexemes cost an index probe and a showable_term call each)
+    SELECT t.term_id, x.lexeme
+      FROM storetopics.store_terms t JOIN storetopics.lexemes x ON x.id = t.term_id
+     WHERE t.source_id = p_source AND t.store_key = p_store AND storetopics.showable_term(x.lexeme)
   ), tot AS (
     SELECT ct.term_id, sum(ct.n) AS total FROM ct GROUP BY 1
   ), sizes AS (
@@ -393,11 +400,9 @@ BEGIN
     -- tells this store from others, and the routing benchmark lost 7 points of top-1 when labels lost such words.
     SELECT ct.cluster_id, x.lexeme,
            CASE WHEN a.clusters = 1 THEN ct.n ELSE ct.n / s.size * ln(1 + a.avg / t.total) END AS score
-      FROM ct JOIN tot t USING (term_id) JOIN sizes s USING (cluster_id)
-      JOIN storetopics.lexemes x ON x.id = ct.term_id,
+      FROM ct JOIN tot t USING (term_id) JOIN sizes s USING (cluster_id) JOIN shown x ON x.term_id = ct.term_id,
            (SELECT avg(sizes.size) AS avg, count(*) AS clusters FROM sizes) a
-     WHERE ct.nfiles >= least(2, s.files) AND storetopics.showable_term(x.lexeme)
-       AND (p_clusters IS NULL OR ct.cluster_id = ANY (p_clusters))
+     WHERE ct.nfiles >= least(2, s.files) AND (p_clusters IS NULL OR ct.cluster_id = ANY (p_clusters))
   )
   -- (scores rounded before ranking: float sums depend on row order, equal words must tie whatever the order)
   SELECT * FROM (SELECT sc.*, row_number() OVER (PARTITION BY sc.cluster_id
