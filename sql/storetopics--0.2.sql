@@ -3121,10 +3121,11 @@ END $$;
 -- term counts are those of its files, each weighted by the share of the file's chunks in the cluster (at most 400
 -- files per cluster, the most committed first, ties by a hash of the key); tf(t, cluster) x log(1 + A / f(t)), A = average words per cluster, f(t) = count of t in all
 -- clusters.  A term must occur in two of the cluster's files (one file's names are not the cluster's theme).
--- p_clusters: the clusters to update (NULL: all of the store).
+-- p_clusters: the clusters to update (NULL: all of the store).  No JIT, as for storetopics._mine_phrases: estimates
+-- over unnested arrays are off by orders of magnitude, and the compilation took longer than the statement.
 CREATE OR REPLACE FUNCTION storetopics._cluster_keywords(p_source int, p_store text, p_clusters int[] DEFAULT NULL,
                                               n_words int DEFAULT 15) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
 BEGIN
@@ -3437,8 +3438,10 @@ COMMENT ON FUNCTION storetopics.cluster(int, text) IS
 -- the other groups (log(1 + groups / groups holding it)).  Shown in its most common spelling.  After those rank the
 -- runs that occur in a single file, then single weighted words ("debootstrap", "Docker"), which a keyword-only
 -- store's topics take rather than none.
+-- No JIT: planned over temp tables and unnested arrays, these statements are estimated at up to 10^9 rows (they
+-- have ~10^4-10^5), which buys them an LLVM compilation that takes longer than they run (bench/README.md).
 CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
   v_groups int := (SELECT count(DISTINCT g.grp) FROM pg_temp.storetopics_mine_files g);

@@ -14,8 +14,10 @@
 -- the other groups (log(1 + groups / groups holding it)).  Shown in its most common spelling.  After those rank the
 -- runs that occur in a single file, then single weighted words ("debootstrap", "Docker"), which a keyword-only
 -- store's topics take rather than none.
+-- No JIT: planned over temp tables and unnested arrays, these statements are estimated at up to 10^9 rows (they
+-- have ~10^4-10^5), which buys them an LLVM compilation that takes longer than they run (bench/README.md).
 CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
   v_groups int := (SELECT count(DISTINCT g.grp) FROM pg_temp.storetopics_mine_files g);
