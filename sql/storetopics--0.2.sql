@@ -463,6 +463,11 @@ UPDATE storetopics.store_state SET store_label_needed = false, store_label_failu
 ALTER TABLE storetopics.store_state ALTER COLUMN store_label_needed SET NOT NULL,
                                     ALTER COLUMN store_label_failures SET NOT NULL;
 
+-- incremental/0.2/005-file-means-index.sql
+-- storetopics 0.2: an index on the file means an assignment pass writes, so that re-assigning a whole store
+-- (apply_fit) looks each row's file mean up instead of hashing all of them (storetopics._assign_sql).
+CREATE INDEX file_means_key ON storetopics.file_means (source_id, store_key, file_key, dims);
+
 -- idempotent/010-helpers.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Helpers
@@ -1567,7 +1572,7 @@ DECLARE
   slow_tsv text := format('storetopics.tsvector_or_null(%L::regconfig, CASE WHEN k.s IS NOT NULL THEN %s END)',
                           src.ts_config, t);
   means text := '';
-  assign text[] := '{"", "", ""}';
+  assign text[] := '{"", "", "", "", "", ""}';
   sample text := '';
   -- search: %1$s the tsvector of the row's text, %2$s the CTE v of the nearest chunks (none without an embedding)
   search text := $q$
@@ -1645,7 +1650,8 @@ BEGIN
                   SELECT pg_catalog.count(*) AS n
                     FROM pg_catalog.jsonb_array_elements(args OPERATOR(pg_catalog.->) 'clusters') AS k
                    GROUP BY k OPERATOR(pg_catalog.->>) 'store_key') AS x);
-    RETURN QUERY EXECUTE %12$L
+    RETURN QUERY EXECUTE %12$L OPERATOR(pg_catalog.||) CASE WHEN files IS NULL THEN %22$L ELSE %21$L END
+      OPERATOR(pg_catalog.||) %23$L
       OPERATOR(pg_catalog.||) coalesce((SELECT pg_catalog.string_agg(pg_catalog.format(%13$L, i, i), ', ')
                                           FROM pg_catalog.generate_series(1, v_slots) AS i), 'NULL::float8[]')
       OPERATOR(pg_catalog.||) %14$L OPERATOR(pg_catalog.||) CASE WHEN files IS NULL THEN %10$L ELSE %11$L END
@@ -1683,7 +1689,7 @@ END$f$,
     format('SELECT %s, (%s)::text, left(%s, 1000) FROM %s AS c WHERE %s', storetopics._chunk_ref_sql(src.chunks),
            f, t, tbl, storetopics._chunk_lookup_sql(src.chunks)),
     means, by_store, by_files,
-    assign[1], format('ARRAY[ks.cen[%%s] OPERATOR(%I.<#>) q.q, %%s]', coalesce(vs, 'public')), assign[2], assign[3],
+    assign[1], format('ARRAY[ks.cen[%%s] OPERATOR(%I.<#>) q.q, %%s]', coalesce(vs, 'public')), assign[5], assign[6],
     sample, format($q$
        WHERE %s AND %s IS NOT NULL AND (%s) IS NOT NULL
        ORDER BY hashtext(%s || ':' || ($3 ->> 'seed')), 1
@@ -1697,7 +1703,8 @@ END$f$,
     format(search, format('pg_catalog.to_tsvector(%L::pg_catalog.regconfig, %s)', src.ts_config, t), nearest, f,
            storetopics._chunk_ref_sql(src.chunks), t, src.ts_config, tbl, by_store),
     format(search, format('storetopics.tsvector_or_null(%L::pg_catalog.regconfig, %s)', src.ts_config, t), nearest, f,
-           storetopics._chunk_ref_sql(src.chunks), t, src.ts_config, tbl, by_store));
+           storetopics._chunk_ref_sql(src.chunks), t, src.ts_config, tbl, by_store),
+    assign[2], assign[3], assign[4]);
 END $$;
 
 -- The mirror: UPDATE mirror SET mirror_column = summary WHERE mirror_key::text = store (NULL once the store is gone).
@@ -2788,11 +2795,15 @@ DECLARE
   v_reader text := storetopics._generated(src.id, 'read');
   v_clusters jsonb;
   v_saved text[] := ARRAY[current_setting('parallel_setup_cost'), current_setting('parallel_tuple_cost'),
-                          current_setting('min_parallel_table_scan_size'), current_setting('enable_sort')];
+                          current_setting('min_parallel_table_scan_size'), current_setting('enable_sort'),
+                          current_setting('enable_hashjoin'), current_setting('enable_material')];
 BEGIN
   DROP TABLE IF EXISTS pg_temp.storetopics_assign;
   PERFORM set_config('parallel_setup_cost', '0', true), set_config('parallel_tuple_cost', '0', true),
           set_config('min_parallel_table_scan_size', '0', true), set_config('enable_sort', 'off', true);
+  IF p_files IS NULL THEN   -- a whole store: each row finds its file's mean through the index (see _assign_sql)
+    PERFORM set_config('enable_hashjoin', 'off', true), set_config('enable_material', 'off', true);
+  END IF;
   DELETE FROM storetopics.file_means WHERE source_id = src.id;
   EXECUTE format('INSERT INTO storetopics.file_means (source_id, store_key, file_key, dims, m) '
                  'SELECT $1, r.* FROM %s(''means'', $2, $3, NULL) AS r(store_key text, file_key text, dims int, '
@@ -2809,11 +2820,19 @@ BEGIN
     USING p_files, p_store, v_clusters;
   DELETE FROM storetopics.file_means WHERE source_id = src.id;
   PERFORM set_config('parallel_setup_cost', v_saved[1], true), set_config('parallel_tuple_cost', v_saved[2], true),
-          set_config('min_parallel_table_scan_size', v_saved[3], true), set_config('enable_sort', v_saved[4], true);
+          set_config('min_parallel_table_scan_size', v_saved[3], true), set_config('enable_sort', v_saved[4], true),
+          set_config('enable_hashjoin', v_saved[5], true), set_config('enable_material', v_saved[6], true);
 END $$;
 
--- The reader's assignment query (see _assign), in three pieces: it goes on with the least() arguments of the
--- cluster slots, then the rows' filter (by files or by store), which the reader puts in at run time.
+-- The reader's assignment query (see _assign), in pieces the reader puts together at run time: the head, then the
+-- stores' clusters (ks) from one of two sources, the joins up to least(), the least() arguments of the cluster
+-- slots, the next piece, the rows' filter (by files or by store), the tail.
+--   ks by files (fold: a few files, maybe of several stores): the clusters of each store of the call, hashed and
+--   joined to the rows by store, as is each file's mean.
+--   ks by store (apply_fit: every file of one store): the one store's clusters as init plans, evaluated once and
+--   passed to the parallel workers, and _assign turns hash joins off, so each row finds its file's mean through
+--   file_means' index.  Hashed, the means of a store of 450k files (690 MB at 384 dimensions) were one shared
+--   hash table that every process of the query held (bench/README.md has the figures).
 CREATE OR REPLACE FUNCTION storetopics._assign_sql(src storetopics.sources) RETURNS text[]
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -2834,13 +2853,24 @@ BEGIN
                            ks.ids[a.m[2]::int] AS cluster_id, ks.radii[a.m[2]::int] AS radius,
                            CASE WHEN b.qn > 0 THEN 1 + a.m[1] / b.qn ELSE 'NaN'::float8 END AS d
                       FROM %3$s AS c
-                      -- the store's clusters as arrays, in cluster id order
-                      LEFT JOIN (SELECT k.store_key, array_agg(k.centroid::%5$I.vector ORDER BY k.id) AS cen,
-                                        array_agg(k.id ORDER BY k.id) AS ids, array_agg(k.radius ORDER BY k.id) AS radii,
-                                        min(%5$I.vector_dims(k.centroid::%5$I.vector)) AS dims
-                                   FROM jsonb_to_recordset($3 -> 'clusters')
-                                        AS k(store_key text, id int, radius real, centroid text)
-                                  GROUP BY 1) ks
+                      -- the store's clusters as arrays, in cluster id order (ks: the reader puts in one of the
+                      -- two sources below)
+                      LEFT JOIN ($q$,
+                      src.store_sql, src.file_sql, src.chunks, e),
+               format($q$
+                            SELECT k.store_key, array_agg(k.centroid::%1$I.vector ORDER BY k.id) AS cen,
+                                   array_agg(k.id ORDER BY k.id) AS ids, array_agg(k.radius ORDER BY k.id) AS radii,
+                                   min(%1$I.vector_dims(k.centroid::%1$I.vector)) AS dims
+                              FROM jsonb_to_recordset($3 -> 'clusters') AS k(store_key text, id int, radius real, centroid text)
+                             GROUP BY 1$q$, vs),
+               format($q$
+                            SELECT $2 AS store_key,
+                                   (SELECT array_agg(k.centroid::%1$I.vector ORDER BY k.id) FROM %2$s) AS cen,
+                                   (SELECT array_agg(k.id ORDER BY k.id) FROM %2$s) AS ids,
+                                   (SELECT array_agg(k.radius ORDER BY k.id) FROM %2$s) AS radii,
+                                   (SELECT min(%1$I.vector_dims(k.centroid::%1$I.vector)) FROM %2$s) AS dims$q$,
+                      vs, $q$jsonb_to_recordset($3 -> 'clusters') AS k(store_key text, id int, radius real, centroid text)$q$),
+               format($q$) ks
                              ON ks.store_key = (%1$s)::text
                       LEFT JOIN storetopics.file_means fm
                              ON fm.source_id = %6$s AND fm.store_key = (%1$s)::text AND fm.file_key = (%2$s)::text

@@ -185,7 +185,7 @@ DECLARE
   slow_tsv text := format('storetopics.tsvector_or_null(%L::regconfig, CASE WHEN k.s IS NOT NULL THEN %s END)',
                           src.ts_config, t);
   means text := '';
-  assign text[] := '{"", "", ""}';
+  assign text[] := '{"", "", "", "", "", ""}';
   sample text := '';
   -- search: %1$s the tsvector of the row's text, %2$s the CTE v of the nearest chunks (none without an embedding)
   search text := $q$
@@ -263,7 +263,8 @@ BEGIN
                   SELECT pg_catalog.count(*) AS n
                     FROM pg_catalog.jsonb_array_elements(args OPERATOR(pg_catalog.->) 'clusters') AS k
                    GROUP BY k OPERATOR(pg_catalog.->>) 'store_key') AS x);
-    RETURN QUERY EXECUTE %12$L
+    RETURN QUERY EXECUTE %12$L OPERATOR(pg_catalog.||) CASE WHEN files IS NULL THEN %22$L ELSE %21$L END
+      OPERATOR(pg_catalog.||) %23$L
       OPERATOR(pg_catalog.||) coalesce((SELECT pg_catalog.string_agg(pg_catalog.format(%13$L, i, i), ', ')
                                           FROM pg_catalog.generate_series(1, v_slots) AS i), 'NULL::float8[]')
       OPERATOR(pg_catalog.||) %14$L OPERATOR(pg_catalog.||) CASE WHEN files IS NULL THEN %10$L ELSE %11$L END
@@ -301,7 +302,7 @@ END$f$,
     format('SELECT %s, (%s)::text, left(%s, 1000) FROM %s AS c WHERE %s', storetopics._chunk_ref_sql(src.chunks),
            f, t, tbl, storetopics._chunk_lookup_sql(src.chunks)),
     means, by_store, by_files,
-    assign[1], format('ARRAY[ks.cen[%%s] OPERATOR(%I.<#>) q.q, %%s]', coalesce(vs, 'public')), assign[2], assign[3],
+    assign[1], format('ARRAY[ks.cen[%%s] OPERATOR(%I.<#>) q.q, %%s]', coalesce(vs, 'public')), assign[5], assign[6],
     sample, format($q$
        WHERE %s AND %s IS NOT NULL AND (%s) IS NOT NULL
        ORDER BY hashtext(%s || ':' || ($3 ->> 'seed')), 1
@@ -315,7 +316,8 @@ END$f$,
     format(search, format('pg_catalog.to_tsvector(%L::pg_catalog.regconfig, %s)', src.ts_config, t), nearest, f,
            storetopics._chunk_ref_sql(src.chunks), t, src.ts_config, tbl, by_store),
     format(search, format('storetopics.tsvector_or_null(%L::pg_catalog.regconfig, %s)', src.ts_config, t), nearest, f,
-           storetopics._chunk_ref_sql(src.chunks), t, src.ts_config, tbl, by_store));
+           storetopics._chunk_ref_sql(src.chunks), t, src.ts_config, tbl, by_store),
+    assign[2], assign[3], assign[4]);
 END $$;
 
 -- The mirror: UPDATE mirror SET mirror_column = summary WHERE mirror_key::text = store (NULL once the store is gone).
