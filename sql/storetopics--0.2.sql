@@ -2831,8 +2831,8 @@ END $$;
 --   joined to the rows by store, as is each file's mean.
 --   ks by store (apply_fit: every file of one store): the one store's clusters as init plans, evaluated once and
 --   passed to the parallel workers, and _assign turns hash joins off, so each row finds its file's mean through
---   file_means' index.  Hashed, the means of a store of 450k files (690 MB at 384 dimensions) were one shared
---   hash table that every process of the query held (bench/README.md has the figures).
+--   file_means' index.  Hashed, all the means of a large store were one shared hash table that every process of
+--   the query held, growing with the store's files (bench/README.md has the figures).
 CREATE OR REPLACE FUNCTION storetopics._assign_sql(src storetopics.sources) RETURNS text[]
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
