@@ -3224,7 +3224,8 @@ COMMENT ON FUNCTION storetopics.cluster(int, text) IS
 
 -- Mines phrases for groups of files.  Input: pg_temp.storetopics_mine_files (grp, file_key), the files of each group
 -- (a cluster, or a whole store), and pg_temp.storetopics_mine_words (grp, lexeme, weight), the words a group's
--- phrases should be made of.  Output: pg_temp.storetopics_mined (grp, phrase, one_file, score, rank).
+-- phrases should be made of.  Output: pg_temp.storetopics_mined (grp, phrase, one_file, hits, score, rank); hits:
+-- how many of its words weigh 0.5 or more for the group (a cluster's three first words).
 -- A phrase is a run of 2-3 different words within a clause (never across punctuation), letters only, its first and
 -- last word no stopword, at least one of its words (as a lexeme) weighted for the group; it must occur in two of the group's
 -- files (one file's names are no topic).  Score: files it occurs in x (1 + weight of its words) x how rare it is in
@@ -3280,7 +3281,7 @@ BEGIN
            min(p.words) AS words
       FROM per p GROUP BY 1, 2
   ), weighted AS (
-    SELECT s.grp, s.key, sum(mw.weight) AS weight
+    SELECT s.grp, s.key, sum(mw.weight) AS weight, count(*) FILTER (WHERE mw.weight >= 0.5) AS hits
       FROM scored s CROSS JOIN LATERAL unnest(s.words) AS u(w)
       JOIN pg_temp.storetopics_mine_lex l ON l.word = lower(u.w)
       JOIN pg_temp.storetopics_mine_words mw ON mw.grp = s.grp AND mw.lexeme = l.lexeme
@@ -3290,7 +3291,7 @@ BEGIN
   ), sizes AS (
     SELECT f.grp, count(*) AS files FROM pg_temp.storetopics_mine_files f GROUP BY 1
   )
-  SELECT s.grp, s.phrase, s.files < least(2, z.files) AS one_file,
+  SELECT s.grp, s.phrase, s.files < least(2, z.files) AS one_file, w.hits,
          round((s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups))::numeric, 9) AS score,
          row_number() OVER (PARTITION BY s.grp ORDER BY cardinality(s.words) = 1, s.files < least(2, z.files),
                                                         s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups)
@@ -3335,11 +3336,13 @@ BEGIN
     RETURN;
   END IF;
   PERFORM storetopics._mine_phrases(p_source, p_store);
-  -- only a run of words two of its files share: where there is none, the cluster's first words say more to a router
-  -- than a single word or one file's phrase (measured: bench/README.md, "Offline labels")
+  -- a run of words two of its files share, else one file's run that holds two of the cluster's three first words:
+  -- where there is neither, those three words say more to a router than a single word or one file's other phrases
+  -- (measured: bench/README.md, "Offline labels")
   UPDATE storetopics.clusters k
      SET phrase = (SELECT m.phrase FROM pg_temp.storetopics_mined m
-                    WHERE m.grp = k.cluster_id AND m.rank = 1 AND NOT m.one_file AND strpos(m.phrase, ' ') > 0)
+                    WHERE m.grp = k.cluster_id AND strpos(m.phrase, ' ') > 0 AND (NOT m.one_file OR m.hits >= 2)
+                    ORDER BY m.rank LIMIT 1)
    WHERE k.source_id = p_source AND k.store_key = p_store;
   UPDATE storetopics.store_state SET cluster_phrases_from = v_from WHERE source_id = p_source AND store_key = p_store;
   DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files, pg_temp.storetopics_mined;

@@ -633,3 +633,30 @@ def test_phrases_are_runs_people_wrote_and_single_words_where_there_are_none(con
     assert len(topics["lists"]) == 3 and all(" " not in t for t in topics["lists"]), topics
     assert "Kayak" in topics["lists"] and "kayak" not in topics["lists"], topics    # as written
     assert len(topics["other"]) == 3 and " " not in topics["other"][2], topics
+
+
+def test_a_cluster_without_a_shared_run_takes_one_files_run_of_its_top_words(make_db):
+    """A cluster's offline label is a run of words its files share; where they share none, one file's run that
+    holds two of the cluster's three first words ("tile grout", as written), and where there is no such run either,
+    the cluster's first three words, not a run of lesser words ("whistle stadium")."""
+    with psycopg.connect(make_db(plpython=True), autocommit=True) as conn:
+        source = setup_table(conn)
+        rng = np.random.default_rng(3)
+        rows = [r for t in ("guitar", "garden", "astronomy") for r in rows_for(t, 30)]
+        for f in range(20):   # the phrases are mined from a cluster's 20 most committed files: here all of them
+            kitchen = "Tile, grout, faucet, tile, grout, cabinet, sink" + (", tile grout." if f == 0 else ".")
+            football = "Referee, goal, striker, referee, goal, striker, league, stadium" + \
+                (", whistle stadium." if f == 0 else ".")
+            rows += [("s1", f"kitchen-{f}", kitchen, vec("kitchen", rng)) for _ in range(3)]
+            rows += [("s1", f"football-{f}", football, vec("football", rng)) for _ in range(3)]
+        insert(conn, rows)
+        conn.execute("SELECT * FROM storetopics.backfill()")
+        ks = {topic_of_keywords(k[4][:3]): (k[4], p) for k, p in zip(clusters(conn), conn.execute(
+            "SELECT phrase FROM storetopics.clusters WHERE source_id = %s AND chunks > 0 ORDER BY cluster_id",
+            (source,)).fetchall())}
+        assert {"kitchen", "football"} <= set(ks), ks
+        assert ks["kitchen"][1] == ("tile grout",), ks
+        assert set(ks["football"][0][:3]) == {"referee", "goal", "striker"} and ks["football"][1] == (None,), ks
+        shown = helpers.sections(summary(conn)[0])["topics"]
+        first_three = conn.execute("SELECT storetopics.offline_label(%s)", (ks["football"][0],)).fetchone()[0]
+        assert "tile grout" in shown and first_three in shown and "whistle stadium" not in shown, shown
