@@ -3651,10 +3651,12 @@ END $$;
 --     * recurring dense terms: (total_sq / total) x IDF, for terms in at least three files whose occurrences come
 --       in clusters (total_sq / total >= 2, i.e. one-off mentions are ignored; a name two files share is not a
 --       theme).
+-- No merge joins: the planner cannot know how long the arrays are, so it sorted every (file, term) pair of the store
+-- by term to merge them with the store's terms; hashing the terms streams the pairs instead (bench/README.md).
 CREATE OR REPLACE FUNCTION storetopics.keywords(p_source int, p_store text, n_dominant int DEFAULT 10,
                                      n_distinctive int DEFAULT 8)
 RETURNS TABLE (kind text, rank int, lexeme text, score float8, files int, total bigint, file_key text)
-LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off
 BEGIN ATOMIC
   WITH st AS (
     SELECT greatest(s.files, 1)::float8 AS n FROM storetopics.store_state s
@@ -4155,8 +4157,9 @@ BEGIN
 END $$;
 
 -- render()'s term lists, in pg_temp.storetopics_kw (kind, rank, lexeme, word, score, files, total, file_key): the
--- dominant and distinctive lists of keywords() and the contrastive terms, as people write them; two lexemes that show
--- as one word ("run", "running") are shown once, where they rank first.
+-- dominant and distinctive lists of keywords() and the contrastive terms (as _contrast_shown() shows them), as people
+-- write them; two lexemes that show as one word ("run", "running") are shown once, where they rank first.  The
+-- words of the three lists are learnt together: each learning reads every (file, term) pair of the store once.
 CREATE OR REPLACE FUNCTION storetopics._render_terms(src storetopics.sources, p_store text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -4164,8 +4167,9 @@ BEGIN
   SELECT k.kind, k.rank, k.lexeme, NULL::text AS word, k.score, k.files, k.total, k.file_key
     FROM storetopics.keywords(src.id, p_store) k
   UNION ALL
-  SELECT 'contrast', c.rank, c.lexeme, NULL, c.score, c.files, NULL, NULL
-    FROM storetopics._contrast_shown(src.id, p_store, 80) c;
+  SELECT 'contrast', (row_number() OVER (ORDER BY c.score DESC, c.lexeme))::int, c.lexeme, NULL, c.score, c.files,
+         NULL, NULL
+    FROM storetopics.contrast_terms(src.id, p_store, 80) c;
   PERFORM storetopics._learn_words(src.id, p_store, ARRAY(SELECT DISTINCT k.lexeme FROM pg_temp.storetopics_kw k));
   UPDATE pg_temp.storetopics_kw SET word = storetopics._show(src.ts_config, lexeme);
   DELETE FROM pg_temp.storetopics_kw k USING pg_temp.storetopics_kw k2
