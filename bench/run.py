@@ -57,6 +57,7 @@ class Config:
     reps: int = 5                   # repetitions of each attached/unattached pair (bulk, DELETE)
     small_reps: int = 5             # repetitions of the per-row INSERT measurement
     per_row: int = 2_000            # single-row INSERT statements, one transaction
+    per_row_block: int = 100        # of them in a row into one table, then as many into the other
     hnsw_rows: int = 8_000          # rows per repetition into one HNSW-indexed table, half attached (slow: ~5 ms/row)
     hnsw_preload: int = 2_000       # untimed rows loaded first, so the graph is not empty when timing starts
     hnsw_reps: int = 3
@@ -452,23 +453,27 @@ def bench_bulk_and_delete(conn, tables: Tables, cfg: Config, chunks: list[Chunk]
 
 def bench_per_row(conn, tables: Tables, cfg: Config, chunks: list[Chunk], log) -> Metric:
     rows = [(c.store, c.file_id, c.chunk_no, c.content, c.vec) for c in chunks[:cfg.per_row]]
+    blocks = [rows[i:i + cfg.per_row_block] for i in range(0, len(rows), cfg.per_row_block)]
     m = Metric("per_row", f"{len(rows):,} single-row INSERTs, one transaction", "s", target=1.25,
-               note=("one INSERT ... VALUES ($1..$5) statement per row (pipelined executemany, prepared), all in "
-                     "one transaction, the chunks in file order (20 statements per file); each statement fires "
-                     "the statement-level trigger once, so its fixed cost is the whole overhead."))
+               note=("one INSERT ... VALUES ($1..$5) statement per row (pipelined executemany, prepared), the chunks "
+                     "in file order (20 statements per file); each statement fires the statement-level trigger once, "
+                     "so its fixed cost is the whole overhead.  Both tables are written in one transaction per "
+                     f"repetition, in blocks of {cfg.per_row_block} statements alternating ABBA between them (the same "
+                     "rows into each)."))
+    sql = {}
+
+    def step(table: str, block: list[tuple]) -> None:
+        with conn.cursor() as cur:
+            cur.executemany(sql.setdefault(table, f"INSERT INTO {table} ({COLUMNS}) VALUES (%s, %s, %s, %s, "
+                                                  "%s::vector)"), block)
+
     for rep in range(cfg.small_reps):
-        for attached in order(rep):
-            name = tables.create(attached)
-            settle(conn)
-            c0, t0 = backend_cpu(conn), time.perf_counter()
-            with conn.transaction(), conn.cursor() as cur:
-                cur.executemany(f"INSERT INTO {name} ({COLUMNS}) VALUES (%s, %s, %s, %s, %s::vector)", rows)
-            t = time.perf_counter() - t0
-            c1 = backend_cpu(conn)
-            (m.attached if attached else m.unattached).append(t)
-            if c0 is not None and c1 is not None:
-                m.extra.setdefault("cpu_attached" if attached else "cpu_unattached", []).append(round(c1 - c0, 3))
-            tables.drop(name)
+        names = {attached: tables.create(attached) for attached in order(rep)}
+        settle(conn)
+        with conn.transaction():
+            interleaved(conn, names, blocks, step, rep % 2 == 0, m)
+        for n in names.values():
+            tables.drop(n)
         log(f"  rep {rep + 1}/{cfg.small_reps}: per-row a/u {m.attached[-1]:.2f}/{m.unattached[-1]:.2f} s")
     return m
 

@@ -1454,53 +1454,62 @@ CREATE OR REPLACE FUNCTION storetopics._capture_body(src storetopics.sources) RE
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   relevant text := format('%s AS s, %s AS f, %s AS t%s', src.store_sql, src.file_sql, src.content_sql,
-                          CASE WHEN src.embedding IS NULL THEN '' ELSE format(', c.%I::text AS e', src.embedding) END);
+                          CASE WHEN src.embedding IS NULL THEN ''
+                               ELSE format(', c.%I::pg_catalog.text AS e', src.embedding) END);
   on_files text := CASE WHEN src.files_table IS NULL THEN '' ELSE format($b$
-  IF TG_NARGS > 0 THEN
-    IF TG_OP = 'DELETE' THEN
-      INSERT INTO storetopics.pending (source_id, file_key) SELECT DISTINCT %1$s, r.%2$I::text FROM old_rows AS r;
-    ELSIF TG_OP = 'INSERT' THEN
-      INSERT INTO storetopics.pending (source_id, file_key) SELECT DISTINCT %1$s, r.%2$I::text FROM new_rows AS r;
+  IF TG_NARGS OPERATOR(pg_catalog.>) 0 THEN
+    IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
+      INSERT INTO storetopics.pending (source_id, file_key)
+      SELECT DISTINCT %1$s, r.%2$I::pg_catalog.text FROM old_rows AS r;
+    ELSIF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
+      INSERT INTO storetopics.pending (source_id, file_key)
+      SELECT DISTINCT %1$s, r.%2$I::pg_catalog.text FROM new_rows AS r;
     ELSE
       INSERT INTO storetopics.pending (source_id, file_key)
       SELECT DISTINCT %1$s, d.k FROM (
-        (SELECT r.%2$I::text AS k, r::text AS v FROM old_rows AS r EXCEPT SELECT r.%2$I::text, r::text FROM new_rows AS r)
+        (SELECT r.%2$I::pg_catalog.text AS k, r::pg_catalog.text AS v FROM old_rows AS r
+         EXCEPT SELECT r.%2$I::pg_catalog.text, r::pg_catalog.text FROM new_rows AS r)
         UNION ALL
-        (SELECT r.%2$I::text, r::text FROM new_rows AS r EXCEPT SELECT r.%2$I::text, r::text FROM old_rows AS r)) AS d;
+        (SELECT r.%2$I::pg_catalog.text, r::pg_catalog.text FROM new_rows AS r
+         EXCEPT SELECT r.%2$I::pg_catalog.text, r::pg_catalog.text FROM old_rows AS r)) AS d;
     END IF;
     IF FOUND AND was_clean THEN
-      PERFORM pg_notify('storetopics_dirty', '%1$s');
+      PERFORM pg_catalog.pg_notify('storetopics_dirty', '%1$s');
     END IF;
     RETURN NULL;
   END IF;$b$, src.id, src.files_key) END;
 BEGIN
+  -- Every name below is schema-qualified, operators included: without SET search_path (storetopics._capture_bound)
+  -- the body runs as the table's owner under the writer's search_path.
   RETURN format($f$
 DECLARE
   -- NOTIFY only when the source becomes dirty: a NOTIFY serialises commits on a global lock, so a burst of
   -- writers must not all send one.  The worker also polls, so a hint not sent is only a delay.
-  was_clean boolean := false;
+  was_clean pg_catalog.bool := false;
   -- set by this transaction's first statement that logged (see storetopics._capture_body)
-  logged text := current_setting('storetopics.logged_%2$s', true);
+  logged pg_catalog.text := pg_catalog.current_setting('storetopics.logged_%2$s', true);
 BEGIN
   %1$s
-  IF logged IS NULL OR logged = '' THEN
-    was_clean := NOT EXISTS (SELECT 1 FROM storetopics.pending WHERE source_id = %2$s);
+  IF logged IS NULL OR logged OPERATOR(pg_catalog.=) '' THEN
+    was_clean := NOT EXISTS (SELECT 1 FROM storetopics.pending WHERE source_id OPERATOR(pg_catalog.=) %2$s);
   END IF;%6$s
-  IF TG_OP = 'INSERT' THEN
-    IF logged = (pg_stat_get_xact_tuples_inserted(TG_RELID)
-                 - pg_stat_get_xact_tuples_inserted('storetopics.pending'::regclass) - 1)::text THEN
+  IF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
+    IF logged OPERATOR(pg_catalog.=)
+       (pg_catalog.pg_stat_get_xact_tuples_inserted(TG_RELID)
+        OPERATOR(pg_catalog.-) pg_catalog.pg_stat_get_xact_tuples_inserted('storetopics.pending'::pg_catalog.regclass)
+        OPERATOR(pg_catalog.-) 1)::pg_catalog.text THEN
       -- one row: one key
       INSERT INTO storetopics.pending (source_id, store_key, file_key)
-      SELECT %2$s, (%3$s)::text, (%4$s)::text FROM new_rows AS c;
+      SELECT %2$s, (%3$s)::pg_catalog.text, (%4$s)::pg_catalog.text FROM new_rows AS c;
       RETURN NULL;
     END IF;
     INSERT INTO storetopics.pending (source_id, store_key, file_key)
-    SELECT DISTINCT %2$s, (%3$s)::text, (%4$s)::text FROM new_rows AS c;
-  ELSIF TG_OP = 'DELETE' THEN
+    SELECT DISTINCT %2$s, (%3$s)::pg_catalog.text, (%4$s)::pg_catalog.text FROM new_rows AS c;
+  ELSIF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
     INSERT INTO storetopics.pending (source_id, deletes) VALUES (%2$s, true);
-  ELSIF TG_OP = 'UPDATE' THEN
+  ELSIF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
     INSERT INTO storetopics.pending (source_id, store_key, file_key)
-    SELECT DISTINCT %2$s, d.s::text, d.f::text FROM (
+    SELECT DISTINCT %2$s, d.s::pg_catalog.text, d.f::pg_catalog.text FROM (
       (SELECT %5$s FROM old_rows AS c EXCEPT ALL SELECT %5$s FROM new_rows AS c)
       UNION ALL
       (SELECT %5$s FROM new_rows AS c EXCEPT ALL SELECT %5$s FROM old_rows AS c)) AS d;
@@ -1510,14 +1519,47 @@ BEGIN
   ELSE -- TRUNCATE
     INSERT INTO storetopics.pending (source_id, resync) VALUES (%2$s, true);
   END IF;
-  PERFORM set_config('storetopics.logged_%2$s', (pg_stat_get_xact_tuples_inserted(TG_RELID)
-                     - pg_stat_get_xact_tuples_inserted('storetopics.pending'::regclass))::text, true);
+  PERFORM pg_catalog.set_config('storetopics.logged_%2$s',
+    (pg_catalog.pg_stat_get_xact_tuples_inserted(TG_RELID)
+     OPERATOR(pg_catalog.-) pg_catalog.pg_stat_get_xact_tuples_inserted('storetopics.pending'::pg_catalog.regclass)
+    )::pg_catalog.text, true);
   IF was_clean THEN
-    PERFORM pg_notify('storetopics_dirty', '%2$s');
+    PERFORM pg_catalog.pg_notify('storetopics_dirty', '%2$s');
   END IF;
   RETURN NULL;
 END$f$, storetopics._owner_check_sql(src, 'RETURN NULL;'), src.id, src.store_sql, src.file_sql, relevant, on_files);
 END $$;
+
+-- Whether the capture function may run without SET search_path, under the writer's (a SET clause costs every
+-- statement a save and restore of the setting and a recomputed search path: bench/README.md, "Single-row INSERTs").
+-- Its own text names everything by schema; what it cannot qualify is what the owner wrote: so only when every
+-- key is a plain column, and turning each such column into text calls no function that runs SQL (a cast function
+-- in a language other than internal or C, for the column's type or the types its domain is based on; otherwise
+-- the cast is the type's output function, always C).  Checked when the function is generated.
+CREATE OR REPLACE FUNCTION storetopics._capture_bound(src storetopics.sources) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  WITH RECURSIVE cols AS (
+    SELECT a.atttypid AS t FROM pg_attribute a
+     WHERE a.attrelid = src.chunks AND a.attnum > 0 AND NOT a.attisdropped
+       AND a.attname IN (src.store_key, src.file_key, src.content, src.embedding)
+    UNION ALL
+    SELECT a.atttypid FROM pg_attribute a
+     WHERE a.attrelid = src.files_table AND a.attname = src.files_key AND a.attnum > 0 AND NOT a.attisdropped
+  ), types AS (
+    SELECT c.t FROM cols c
+    UNION
+    SELECT y.typbasetype FROM types x JOIN pg_type y ON y.oid = x.t WHERE y.typtype = 'd'
+  )
+  SELECT src.store_sql = format('c.%I', src.store_key) AND src.file_sql = format('c.%I', src.file_key)
+         AND src.content_sql = format('c.%I', src.content)
+         AND NOT EXISTS (SELECT 1 FROM types x
+                           JOIN pg_cast k ON k.castsource = x.t AND k.casttarget = 'text'::regtype
+                                         AND k.castmethod = 'f'
+                           JOIN pg_proc p ON p.oid = k.castfunc
+                           JOIN pg_language l ON l.oid = p.prolang
+                          WHERE l.lanname NOT IN ('internal', 'c'));
+END;
 
 -- The reader: read_<id>(op, files, store, args) RETURNS SETOF record, one query per op (callers name the columns).
 -- Every query is fixed at generation; the arguments are only ever bound values ($1 files, $2 store, $3 args), and
@@ -1740,9 +1782,10 @@ BEGIN
       AS x(kind, params, types, returns, body)
     WHERE x.kind <> 'mirror' OR src.mirror IS NOT NULL LOOP
     fn := format('%s(%s)', storetopics._generated(src.id, g.kind), g.types);
-    EXECUTE format('CREATE OR REPLACE FUNCTION %s(%s) RETURNS %s LANGUAGE plpgsql SECURITY DEFINER '
-                   'SET search_path = pg_catalog, pg_temp AS %L',
-                   storetopics._generated(src.id, g.kind), g.params, g.returns, g.body);
+    EXECUTE format('CREATE OR REPLACE FUNCTION %s(%s) RETURNS %s LANGUAGE plpgsql SECURITY DEFINER %s AS %L',
+                   storetopics._generated(src.id, g.kind), g.params, g.returns,
+                   CASE WHEN g.kind = 'capture' AND storetopics._capture_bound(src) THEN ''
+                        ELSE 'SET search_path = pg_catalog, pg_temp' END, g.body);
     EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', fn);
     -- DROP EXTENSION storetopics must not leave triggers behind that would fail the application's writes.
     IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'storetopics') THEN

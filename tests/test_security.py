@@ -172,6 +172,97 @@ def test_expressions_that_read_what_the_owner_may_not_fail_for_that_source_alone
     assert "bees" in helpers.summary(cast.admin, src_b, "bees")[0]
 
 
+# A writer's search_path, with everything the capture function names shadowed: functions that tell who called
+# them, operators, a type (a domain whose check tells), a temp table named like the transition table.  Run as the
+# table's owner, any of them would be the writer's code with the owner's rights.
+SHADOWS = """
+CREATE TABLE evil.calls (who text, what text);
+GRANT INSERT ON evil.calls TO PUBLIC;
+GRANT USAGE ON SCHEMA evil TO PUBLIC;
+CREATE FUNCTION evil.spy(what text) RETURNS boolean LANGUAGE sql
+  AS $$ INSERT INTO evil.calls VALUES (current_user, what); SELECT true $$;
+CREATE FUNCTION evil.current_setting(text, boolean) RETURNS text LANGUAGE sql
+  AS $$ SELECT CASE WHEN evil.spy('current_setting') THEN pg_catalog.current_setting($1, $2) END $$;
+CREATE FUNCTION evil.set_config(text, text, boolean) RETURNS text LANGUAGE sql
+  AS $$ SELECT CASE WHEN evil.spy('set_config') THEN pg_catalog.set_config($1, $2, $3) END $$;
+CREATE FUNCTION evil.pg_notify(text, text) RETURNS void LANGUAGE sql
+  AS $$ SELECT evil.spy('pg_notify'); SELECT pg_catalog.pg_notify($1, $2) $$;
+CREATE FUNCTION evil.pg_stat_get_xact_tuples_inserted(oid) RETURNS bigint LANGUAGE sql
+  AS $$ SELECT CASE WHEN evil.spy('pg_stat') THEN pg_catalog.pg_stat_get_xact_tuples_inserted($1) END $$;
+CREATE FUNCTION evil.pg_get_userbyid(oid) RETURNS name LANGUAGE sql
+  AS $$ SELECT CASE WHEN evil.spy('pg_get_userbyid') THEN pg_catalog.pg_get_userbyid($1) END $$;
+CREATE FUNCTION evil.eq(text, text) RETURNS boolean LANGUAGE sql
+  AS $$ SELECT evil.spy('=') AND $1 OPERATOR(pg_catalog.=) $2 $$;
+CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.eq);
+CREATE FUNCTION evil.eq(int, int) RETURNS boolean LANGUAGE sql
+  AS $$ SELECT evil.spy('=') AND $1 OPERATOR(pg_catalog.=) $2 $$;
+CREATE OPERATOR evil.= (LEFTARG = int, RIGHTARG = int, FUNCTION = evil.eq);
+CREATE FUNCTION evil.ne(name, name) RETURNS boolean LANGUAGE sql
+  AS $$ SELECT evil.spy('<>') AND $1 OPERATOR(pg_catalog.<>) $2 $$;
+CREATE OPERATOR evil.<> (LEFTARG = name, RIGHTARG = name, FUNCTION = evil.ne);
+CREATE FUNCTION evil.minus(bigint, bigint) RETURNS bigint LANGUAGE sql
+  AS $$ SELECT CASE WHEN evil.spy('-') THEN $1 OPERATOR(pg_catalog.-) $2 END $$;
+CREATE OPERATOR evil.- (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = evil.minus);
+CREATE FUNCTION evil.gt(int, int) RETURNS boolean LANGUAGE sql
+  AS $$ SELECT evil.spy('>') AND $1 OPERATOR(pg_catalog.>) $2 $$;
+CREATE OPERATOR evil.> (LEFTARG = int, RIGHTARG = int, FUNCTION = evil.gt);
+CREATE DOMAIN evil.text AS pg_catalog.text CHECK (evil.spy('text'));
+CREATE TEMP TABLE new_rows (store pg_catalog.text, file int, content pg_catalog.text);
+INSERT INTO new_rows VALUES ('forged', 999, 'forged');
+"""
+
+
+@pytest.mark.parametrize("keys, bound", [({}, True), ({"store_key": "lower(c.store)"}, False)],
+                         ids=["columns", "expression"])
+def test_a_writers_search_path_does_not_reach_the_capture_function(cast, keys, bound):
+    """With plain column keys the capture function runs without SET search_path (cheaper per statement), so it
+    names everything by schema; with an expression key it keeps the SET clause.  Either way no shadow runs."""
+    writer = f"writer_{uuid.uuid4().hex[:6]}"
+    cast.admin.execute(f"CREATE ROLE {writer} LOGIN")
+    try:
+        cast.admin.execute(f"CREATE SCHEMA evil AUTHORIZATION {writer}")
+        cast.table(cast.a, "a", A_ROWS)
+        src = cast.attach(cast.a, "a", **keys)
+        config = cast.admin.execute(f"SELECT proconfig FROM pg_proc WHERE oid = 'storetopics.capture_{src}()'"
+                                    "::regprocedure").fetchone()[0]
+        assert (config is None) == bound, config
+        owner = cast.as_(cast.a)
+        owner.execute(f"GRANT USAGE ON SCHEMA a TO {writer}")
+        owner.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON a.docs TO {writer}")
+        owner.execute(f"GRANT USAGE ON SEQUENCE a.docs_id_seq TO {writer}")
+        cast.admin.execute("SELECT * FROM storetopics.backfill()")
+        w = cast.as_(writer)
+        w.execute(SHADOWS)
+        w.execute("SET search_path = evil, pg_catalog")
+        assert w.execute("SELECT 'x'::text").fetchone() == ("x",)     # the shadows are live: the domain's check
+        assert w.execute("SELECT count(*) FROM evil.calls").fetchone()[0] == 1
+        w.execute("DELETE FROM evil.calls")
+        with w.transaction():
+            with w.cursor() as cur:   # single-row statements: the second takes the one-row path
+                cur.executemany("INSERT INTO a.docs (store, file, content) VALUES (%s, %s, %s)",
+                                [("kitchen", 3, "oak worktops"), ("kitchen", 3, "brass taps")])
+            w.execute("INSERT INTO a.docs (store, file, content) VALUES ('kitchen', 4, 'tiles'), ('hall', 5, 'rug')")
+            # (the writer's own statements name their operators: what runs as the writer is not the question)
+            w.execute("UPDATE a.docs SET content = 'granite worktops' "
+                      "WHERE content OPERATOR(pg_catalog.=) 'oak worktops'")
+            w.execute("DELETE FROM a.docs WHERE file OPERATOR(pg_catalog.=) 5")
+        w.execute("INSERT INTO a.docs (store, file, content) VALUES ('kitchen', 6, 'pantry shelves')")
+        w.execute("RESET search_path")
+        assert w.execute("SELECT who, what FROM evil.calls").fetchall() == []
+        logged = {r[0] for r in cast.admin.execute("SELECT file_key FROM storetopics.pending WHERE source_id = %s "
+                                                   "AND file_key IS NOT NULL", (src,))}
+        assert logged == {"3", "4", "5", "6"}
+        cast.admin.execute("SELECT * FROM storetopics.backfill()")
+        assert helpers.state(cast.admin, src) == helpers.recount(cast.admin, src)
+    finally:
+        for c in list(cast.conns):
+            if c == writer:
+                cast.conns.pop(c).close()
+        cast.admin.execute("DROP SCHEMA IF EXISTS evil CASCADE")
+        cast.admin.execute(f"DROP OWNED BY {writer}")
+        cast.admin.execute(f"DROP ROLE {writer}")
+
+
 # ------------------------------------------------------------------------------------------------------------
 # 2. Ownership checks use the caller; internal functions are not callable
 # ------------------------------------------------------------------------------------------------------------
