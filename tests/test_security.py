@@ -263,6 +263,30 @@ def test_a_writers_search_path_does_not_reach_the_capture_function(cast, keys, b
         cast.admin.execute(f"DROP ROLE {writer}")
 
 
+def test_a_key_column_of_a_type_its_owner_made_brings_the_set_clause_back(cast):
+    """Casting such a column to text may call a cast function its owner wrote (which would then resolve names
+    under the writer's search_path): ALTER TABLE generates the capture function again, with SET search_path."""
+    cast.table(cast.a, "a", A_ROWS)
+    src = cast.attach(cast.a, "a")
+
+    def config():
+        return cast.admin.execute(f"SELECT proconfig FROM pg_proc WHERE oid = 'storetopics.capture_{src}()'"
+                                  "::regprocedure").fetchone()[0]
+
+    a = cast.as_(cast.a)
+    a.execute("CREATE DOMAIN a.label AS text")                    # a domain over a built-in type: casts ignore it
+    a.execute("ALTER TABLE a.docs ALTER COLUMN content TYPE a.label")
+    assert config() is None
+    a.execute("CREATE TYPE a.room AS ENUM ('kitchen', 'hall')")
+    a.execute("ALTER TABLE a.docs ALTER COLUMN store TYPE a.room USING store::a.room")
+    assert config() == ["search_path=pg_catalog, pg_temp"]
+    cast.insert(cast.a, "a", [("hall", 7, "a rug by the door")])
+    assert cast.admin.execute("SELECT count(*) FROM storetopics.pending WHERE source_id = %s AND file_key = '7'",
+                              (src,)).fetchone()[0] == 1
+    a.execute("ALTER TABLE a.docs ALTER COLUMN store TYPE text")
+    assert config() is None
+
+
 # ------------------------------------------------------------------------------------------------------------
 # 2. Ownership checks use the caller; internal functions are not callable
 # ------------------------------------------------------------------------------------------------------------

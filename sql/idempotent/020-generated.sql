@@ -144,34 +144,27 @@ END$f$, storetopics._owner_check_sql(src, 'RETURN NULL;'), src.id, src.store_sql
 END $$;
 
 -- Whether the capture function may run without SET search_path, under the writer's (a SET clause costs every
--- statement a save and restore of the setting and a recomputed search path: bench/README.md, "Single-row INSERTs").
+-- statement a save and restore of the setting and a recomputed search path: bench/README.md, "No SET search_path").
 -- Its own text names everything by schema; what it cannot qualify is what the owner wrote: so only when every
--- key is a plain column, and turning each such column into text calls no function that runs SQL (a cast function
--- in a language other than internal or C, for the column's type or the types its domain is based on; otherwise
--- the cast is the type's output function, always C).  Checked when the function is generated.
+-- key is a plain column, and turning each such column into text can run nothing a non-superuser wrote: the column's
+-- type (its base type, for a domain: casts from domains are ignored) is built in or owned by a superuser, so only a
+-- superuser can have created a cast from it.  Checked when the function is generated; ALTER TABLE on the tree
+-- generates it again when the answer changed (storetopics._cover_partitions).
 CREATE OR REPLACE FUNCTION storetopics._capture_bound(src storetopics.sources) RETURNS boolean
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-  WITH RECURSIVE cols AS (
+  WITH RECURSIVE types AS (
     SELECT a.atttypid AS t FROM pg_attribute a
-     WHERE a.attrelid = src.chunks AND a.attnum > 0 AND NOT a.attisdropped
-       AND a.attname IN (src.store_key, src.file_key, src.content, src.embedding)
-    UNION ALL
-    SELECT a.atttypid FROM pg_attribute a
-     WHERE a.attrelid = src.files_table AND a.attname = src.files_key AND a.attnum > 0 AND NOT a.attisdropped
-  ), types AS (
-    SELECT c.t FROM cols c
+     WHERE a.attnum > 0 AND NOT a.attisdropped
+       AND ((a.attrelid = src.chunks AND a.attname IN (src.store_key, src.file_key, src.content, src.embedding))
+            OR (a.attrelid = src.files_table AND a.attname = src.files_key))
     UNION
     SELECT y.typbasetype FROM types x JOIN pg_type y ON y.oid = x.t WHERE y.typtype = 'd'
   )
   SELECT src.store_sql = format('c.%I', src.store_key) AND src.file_sql = format('c.%I', src.file_key)
          AND src.content_sql = format('c.%I', src.content)
-         AND NOT EXISTS (SELECT 1 FROM types x
-                           JOIN pg_cast k ON k.castsource = x.t AND k.casttarget = 'text'::regtype
-                                         AND k.castmethod = 'f'
-                           JOIN pg_proc p ON p.oid = k.castfunc
-                           JOIN pg_language l ON l.oid = p.prolang
-                          WHERE l.lanname NOT IN ('internal', 'c'));
+         AND NOT EXISTS (SELECT 1 FROM types x JOIN pg_type y ON y.oid = x.t JOIN pg_roles r ON r.oid = y.typowner
+                          WHERE y.typtype <> 'd' AND y.oid >= 16384 AND NOT r.rolsuper);
 END;
 
 -- The reader: read_<id>(op, files, store, args) RETURNS SETOF record, one query per op (callers name the columns).

@@ -389,7 +389,8 @@ END $$;
 
 -- A partition created or attached later, or one detached: after CREATE TABLE / ALTER TABLE on a table of an
 -- attached tree, cover the tree with triggers again and check the counts at the next fold (an attached partition
--- brings rows no trigger saw).  Never fails the DDL: a problem is a WARNING.
+-- brings rows no trigger saw); a column's new type may change how the capture function must be generated.  Never
+-- fails the DDL: a problem is a WARNING.
 CREATE OR REPLACE FUNCTION storetopics._cover_partitions() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -404,6 +405,12 @@ BEGIN
               ORDER BY s.id LOOP
     BEGIN
       PERFORM storetopics._create_triggers(src);
+      -- a key column's type changed: the capture function may need its SET search_path again (or no longer)
+      IF storetopics._capture_bound(src) IS DISTINCT FROM
+         (SELECT p.proconfig IS NULL FROM pg_proc p
+           WHERE p.oid = (storetopics._generated(src.id, 'capture') || '()')::regprocedure) THEN
+        PERFORM storetopics._generate(src);
+      END IF;
       INSERT INTO storetopics.pending (source_id, deletes, logged_by) VALUES (src.id, true, src.owner);
     EXCEPTION WHEN OTHERS THEN
       RAISE WARNING 'storetopics: could not cover the partitions of % with its triggers: %', src.chunks, SQLERRM
