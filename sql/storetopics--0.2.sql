@@ -1545,6 +1545,9 @@ BEGIN ATOMIC
      WHERE a.attnum > 0 AND NOT a.attisdropped
        AND ((a.attrelid = src.chunks AND a.attname IN (src.store_key, src.file_key, src.content, src.embedding))
             OR (a.attrelid = src.files_table AND a.attname = src.files_key))
+    UNION ALL
+    -- files_table rows are compared as text whole (r::text): a cast from the table's row type is its owner's to make
+    SELECT k.reltype FROM pg_class k WHERE k.oid = src.files_table
     UNION
     SELECT y.typbasetype FROM types x JOIN pg_type y ON y.oid = x.t WHERE y.typtype = 'd'
   )

@@ -285,6 +285,12 @@ def test_a_key_column_of_a_type_its_owner_made_brings_the_set_clause_back(cast):
                               (src,)).fetchone()[0] == 1
     a.execute("ALTER TABLE a.docs ALTER COLUMN store TYPE text")
     assert config() is None
+    # a files table's rows are compared as text whole, and a cast from its row type would be the tenant's
+    a.execute("CREATE TABLE a.files (id int PRIMARY KEY, name text)")
+    a.execute("CREATE TABLE a.pages (id serial PRIMARY KEY, store text, file int, content text)")
+    src = a.execute("SELECT storetopics.attach('a.pages', store_key => 'store', file_key => 'file', "
+                    "content => 'content', files_table => 'a.files', files_key => 'id')").fetchone()[0]
+    assert config() == ["search_path=pg_catalog, pg_temp"]
 
 
 # ------------------------------------------------------------------------------------------------------------
