@@ -263,6 +263,28 @@ def test_a_writers_search_path_does_not_reach_the_capture_function(cast, keys, b
         cast.admin.execute(f"DROP ROLE {writer}")
 
 
+def test_writes_under_an_empty_search_path_are_captured(cast):
+    """What logical replication's apply workers run with (pg_catalog is still searched, implicitly): a name in the
+    capture function left unqualified outside pg_catalog would fail the application's write, not just miss it."""
+    cast.table(cast.a, "a", A_ROWS)
+    src = cast.attach(cast.a, "a")
+    w = cast.as_(cast.a)
+    w.execute("SET search_path = ''")
+    with w.transaction():
+        with w.cursor() as cur:
+            cur.executemany("INSERT INTO a.docs (store, file, content) VALUES (%s, %s, %s)",
+                            [("kitchen", 3, "oak worktops"), ("kitchen", 3, "brass taps")])
+        w.execute("INSERT INTO a.docs (store, file, content) VALUES ('kitchen', 4, 'tiles'), ('hall', 5, 'rug')")
+        w.execute("UPDATE a.docs SET content = 'granite' WHERE file OPERATOR(pg_catalog.=) 4")
+        w.execute("DELETE FROM a.docs WHERE file OPERATOR(pg_catalog.=) 5")
+    w.execute("TRUNCATE a.docs")
+    w.execute("RESET search_path")
+    events = cast.admin.execute("SELECT file_key, deletes, resync FROM storetopics.pending WHERE source_id = %s",
+                                (src,)).fetchall()
+    assert {e[0] for e in events if e[0]} == {"3", "4", "5"}
+    assert (None, True, False) in events and events.count((None, False, True)) == 2   # attach's and TRUNCATE's
+
+
 def test_a_key_column_of_a_type_its_owner_made_brings_the_set_clause_back(cast):
     """Casting such a column to text may call a cast function its owner wrote (which would then resolve names
     under the writer's search_path): ALTER TABLE generates the capture function again, with SET search_path."""
