@@ -460,12 +460,9 @@ def bench_per_row(conn, tables: Tables, cfg: Config, chunks: list[Chunk], log) -
                      "so its fixed cost is the whole overhead.  Both tables are written in one transaction per "
                      f"repetition, in blocks of {cfg.per_row_block} statements alternating ABBA between them (the same "
                      "rows into each)."))
-    sql = {}
-
     def step(table: str, block: list[tuple]) -> None:
         with conn.cursor() as cur:
-            cur.executemany(sql.setdefault(table, f"INSERT INTO {table} ({COLUMNS}) VALUES (%s, %s, %s, %s, "
-                                                  "%s::vector)"), block)
+            cur.executemany(f"INSERT INTO {table} ({COLUMNS}) VALUES (%s, %s, %s, %s, %s::vector)", block)
 
     for rep in range(cfg.small_reps):
         names = {attached: tables.create(attached) for attached in order(rep)}

@@ -2014,12 +2014,13 @@ BEGIN
                 AND (d.objid = s.chunks OR s.chunks IN (SELECT a.relid FROM pg_partition_ancestors(d.objid) a))
               ORDER BY s.id LOOP
     BEGIN
-      PERFORM storetopics._create_triggers(src);
       -- a key column's type changed: the capture function may need its SET search_path again (or no longer)
       IF storetopics._capture_bound(src) IS DISTINCT FROM
          (SELECT p.proconfig IS NULL FROM pg_proc p
            WHERE p.oid = (storetopics._generated(src.id, 'capture') || '()')::regprocedure) THEN
-        PERFORM storetopics._generate(src);
+        PERFORM storetopics._regenerate(src.id);
+      ELSE
+        PERFORM storetopics._create_triggers(src);
       END IF;
       INSERT INTO storetopics.pending (source_id, deletes, logged_by) VALUES (src.id, true, src.owner);
     EXCEPTION WHEN OTHERS THEN
