@@ -17,7 +17,7 @@ its own 8 stores, the 10 WordNet stores; name + `store_topics` is read from benc
     whose files are already covered by picked words adds less);
   - aligned: words ranked by how their own MiniLM embedding leans to the store's prototype rather than to the
     others' (the router's own model in the loop, which the extension does not have);
-  - greedy (--greedy, ~15 min per set on 2 cores): words appended 4 at a time, each of the 4 among the 30 best
+  - greedy (--greedy, ~25 min for the four sets on 2 cores): words appended 4 at a time, each of the 4 among the 30 best
     aligned words that makes the whole text's MiniLM embedding lean most to the store's prototype.
 What it measured is in bench/README.md ("How far one description can go").
 """
