@@ -89,6 +89,8 @@ def aligned(stores: list[str], files: dict[str, list[set[str]]], proto: np.ndarr
 
 def greedy(stores: list[str], pools: dict[str, list[str]], proto: np.ndarray, emb, n: int = WORDS,
            step: int = 4, tries: int = 30) -> dict[str, list[str]]:
+    """Per store, n words appended `step` at a time: of the `tries` first words of its pool not yet taken, those
+    whose addition makes the whole text's embedding lean most to the store's prototype over the best other's."""
     out = {}
     for i, s in enumerate(stores):
         cur: list[str] = []
@@ -122,9 +124,11 @@ def main(argv: list[str] | None = None) -> None:
         qs = [p for s in stores for p in sp.queries[s]]
         truth = np.array([stores.index(p.section) for p in qs])
         qv = emb([p.text for p in qs])
-        fx = [(i, embedding.normalise(emb(p.chunks).mean(0)[None])[0]) for i, s in enumerate(stores)
-              for p in sp.store[s]]
-        X, y = np.array([v for _, v in fx]), np.array([i for i, _ in fx])
+        owners = [(i, len(p.chunks)) for i, s in enumerate(stores) for p in sp.store[s]]
+        cv = emb([c for s in stores for p in sp.store[s] for c in p.chunks])   # one call: one cache shard
+        ends = np.cumsum([n for _, n in owners])
+        X = embedding.normalise(np.array([cv[e - n:e].mean(0) for (_, n), e in zip(owners, ends)]))
+        y = np.array([i for i, _ in owners])
         top1 = lambda scores: 100 * float((metrics.ranks(scores, truth) == 1).mean())   # noqa: E731
 
         def unit(m: np.ndarray) -> np.ndarray:
