@@ -130,12 +130,8 @@ def main(argv: list[str] | None = None) -> None:
         X = embedding.normalise(np.array([cv[e - n:e].mean(0) for (_, n), e in zip(owners, ends)]))
         y = np.array([i for i, _ in owners])
         top1 = lambda scores: 100 * float((metrics.ranks(scores, truth) == 1).mean())   # noqa: E731
-
-        def unit(m: np.ndarray) -> np.ndarray:
-            return m / np.linalg.norm(m, axis=1, keepdims=True)
-
-        centroid = unit(np.array([X[y == i].mean(0) for i in range(len(stores))]))
-        proto = unit(LogisticRegression(C=10, fit_intercept=False, max_iter=3000).fit(X, y).coef_)
+        centroid = embedding.normalise(np.array([X[y == i].mean(0) for i in range(len(stores))]))
+        proto = embedding.normalise(LogisticRegression(C=10, fit_intercept=False, max_iter=3000).fit(X, y).coef_)
         print(f"| {name} | store centroid (a vector, no text) | {top1(qv @ centroid.T):.1f} | – | – |")
         print(f"| {name} | fitted prototype (a vector, no text) | {top1(qv @ proto.T):.1f} | – | – |")
         files = {s: [set(routers.bm25_tokens(p.text)) for p in sp.store[s]] for s in stores}
