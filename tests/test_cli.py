@@ -294,7 +294,7 @@ def test_attach_dry_run_prints_runnable_sql(conn, capsys):
     source_id = conn.execute(out).fetchone()[0]
     row = conn.execute("SELECT file_sql, ts_config::text FROM storetopics.sources WHERE id = %s",
                        (source_id,)).fetchone()
-    assert row == ("(c.file || '#')", "simple")
+    assert row == ("(c.file || '#'\n)", "simple")   # the line break ends a trailing -- comment
 
 
 def test_dsn_from_environment_and_after_the_command(dsn, conn, capsys, monkeypatch):

@@ -12,6 +12,7 @@ superuser DBA.  Every attack below worked against 0.1; each test states the rule
 """
 from __future__ import annotations
 
+import os
 import re
 import uuid
 
@@ -170,6 +171,80 @@ def test_expressions_that_read_what_the_owner_may_not_fail_for_that_source_alone
     assert not {"root", "nologin", "daemon"} & words
     # ... while tenant B's source was folded and rendered as usual
     assert "bees" in helpers.summary(cast.admin, src_b, "bees")[0]
+
+
+# Each key is parsed as exactly one expression before anything is done with it, and nothing a tenant wrote runs in
+# attach() itself: every statement an attacker ends early, every second statement, every "one statement but not one
+# expression" is refused with a clear error, for each key argument, by the extension and the plain script alike.
+INJECTIONS = [
+    # ends the statement early: a shell command as the server's OS user (then ALTER ROLE ... SUPERUSER from there)
+    "1) AS k FROM pg_catalog.pg_class c; COPY (SELECT 1) TO PROGRAM 'id > {pwned}'; SELECT (1",
+    # ... or every tenant's summaries in the error text
+    "1) AS k FROM pg_catalog.pg_class c; SELECT (SELECT string_agg(store_key || '=' || store_topics, ' | ') "
+    "FROM storetopics.store_state)::int; SELECT (1",
+    # one statement, but not one expression
+    "1) AS k FROM pg_catalog.pg_authid c UNION ALL SELECT (1",
+    "c.store) AS k FROM pg_catalog.pg_authid c --",
+    "c.store) AS k FROM pg_catalog.pg_authid c /*",
+]
+
+
+def _pwned_path() -> str:
+    return f"/tmp/storetopics-pwned-{uuid.uuid4().hex}"
+
+
+@pytest.mark.parametrize("key", ["store_key", "file_key", "content"])
+@pytest.mark.parametrize("payload", INJECTIONS)
+def test_attach_parses_a_key_as_one_expression_and_runs_none_of_it(cast, key, payload):
+    cast.table(cast.b, "b", B_ROWS)
+    src_b = cast.attach(cast.b, "b")
+    cast.admin.execute("SELECT * FROM storetopics.backfill()")
+    secret = helpers.summary(cast.admin, src_b, "bees")[0]
+    cast.table(cast.a, "a", A_ROWS)
+    pwned = _pwned_path()
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as e:
+        cast.attach(cast.a, "a", **{key: payload.format(pwned=pwned)})
+    assert "one SQL expression" in str(e.value) or "is not a column or valid expression" in str(e.value), e.value
+    assert not os.path.exists(pwned)
+    assert "bees" not in str(e.value) and secret not in str(e.value)
+    assert not cast.is_superuser(cast.a)
+    assert cast.admin.execute("SELECT count(*) FROM storetopics.sources WHERE chunks = 'a.docs'::regclass"
+                              ).fetchone()[0] == 0
+
+
+def test_attach_dry_run_runs_none_of_a_key(cast, capsys):
+
+    from storetopics import cli
+    cast.table(cast.a, "a", A_ROWS)
+    pwned = _pwned_path()
+    tenant_dsn = conninfo.make_conninfo(cast.dsn, user=cast.a)
+    rc = cli.main(["--dsn", tenant_dsn, "attach", "a.docs", "--store-key", INJECTIONS[0].format(pwned=pwned),
+                   "--file-key", "file", "--content", "content", "--dry-run"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "one SQL expression" in err, err
+    assert not os.path.exists(pwned)
+    assert not cast.is_superuser(cast.a)
+
+
+@pytest.mark.parametrize("store_key, stored", [
+    ("c.store -- the store column", "kitchen"),                   # a trailing comment ends at the line's end
+    ("pg_catalog.split_part(c.store || chr(59) || 'x', chr(59), 1)", "kitchen"),
+    ("(SELECT c.store) || ''", "kitchen"),
+])
+def test_expressions_people_write_still_attach(cast, store_key, stored):
+    cast.table(cast.a, "a", A_ROWS)
+    src = cast.attach(cast.a, "a", store_key=store_key)
+    cast.insert(cast.a, "a", [("kitchen", 3, "a pantry with shelves for spices")])
+    cast.admin.execute("SELECT * FROM storetopics.backfill()")
+    assert helpers.state(cast.admin, src) == helpers.recount(cast.admin, src)
+    assert stored in helpers.summary(cast.admin, src, stored)[0]
+
+
+def test_a_semicolon_in_a_key_is_refused_with_the_way_around_it(cast):
+    cast.table(cast.a, "a", A_ROWS)
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as e:
+        cast.attach(cast.a, "a", store_key="split_part(c.store, ';', 1)")
+    assert e.value.diag.message_hint and "chr(59)" in e.value.diag.message_hint
 
 
 # A writer's search_path, with everything the capture function names shadowed: functions that tell who called

@@ -13,31 +13,61 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN t ~ '^[[:alpha:]][[:alpha:]''-]*[[:alpha:]]$' AND length(t) >= 3 AND length(t) <= 40;
 
 -- A key given to attach(): an existing column becomes c."col"; anything else is an SQL expression over the chunk
--- row, which must call the row `c` (e.g. `c.cmetadata->>'source'`), wrapped in parentheses.
+-- row, which must call the row `c` (e.g. `c.cmetadata->>'source'`), wrapped in parentheses, with a line break
+-- before the closing one so that a trailing `--` comment ends there.  storetopics._expr_type proves first that it is
+-- one expression: only then is it ever put into a statement.
 CREATE OR REPLACE FUNCTION storetopics._key_sql(tbl regclass, key text) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN CASE
   WHEN EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = tbl AND a.attname = key AND a.attnum > 0
                 AND NOT a.attisdropped)
   THEN format('c.%I', key)
-  ELSE format('(%s)', key)
+  ELSE format(E'(%s\n)', key)
 END;
 
--- The type of an expression over the table's rows, checked by the planner (clear errors for bad expressions).
-CREATE OR REPLACE FUNCTION storetopics._expr_type(tbl regclass, expr text, what text) RETURNS regtype
+-- The type of a key over the table's rows.  A key that is no column is the attacher's SQL, and nothing of it may run
+-- here (as the extension's owner): it is proven to be exactly one expression without running it.  It holds no
+-- semicolon, so no statement built around it can hold a second statement; and it is the body of an SQL function's
+-- `RETURN (<key>)`, where the grammar admits one expression and nothing after it (a key that closes the parenthesis
+-- to add FROM, UNION or a comment is a syntax error there).  Creating that function parses it and runs nothing.
+-- The type then comes from a temporary view (parsed, never run).  The key is evaluated only by the source's
+-- generated functions, as the table's owner (020-generated.sql).
+CREATE OR REPLACE FUNCTION storetopics._expr_type(tbl regclass, key text, what text) RETURNS regtype
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   t regtype;
+  expr text := storetopics._key_sql(tbl, key);
 BEGIN
+  SELECT a.atttypid::regtype INTO t FROM pg_attribute a
+   WHERE a.attrelid = tbl AND a.attname = key AND a.attnum > 0 AND NOT a.attisdropped;
+  IF FOUND THEN
+    RETURN t;
+  END IF;
+  IF strpos(key, ';') > 0 THEN
+    RAISE EXCEPTION 'storetopics: % is not one SQL expression: it contains ";"', what
+      USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'A key is a column name or one SQL expression over the chunk row c; inside a string, write '
+                   'chr(59) for a semicolon.';
+  END IF;
+  BEGIN
+    EXECUTE format('CREATE FUNCTION pg_temp.storetopics_probe(c %s) RETURNS pg_catalog.text LANGUAGE sql '
+                   'RETURN %s::pg_catalog.text', tbl, expr);
+  EXCEPTION WHEN syntax_error THEN
+    RAISE EXCEPTION 'storetopics: % is not one SQL expression over %: %', what, tbl, SQLERRM
+      USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Give a column name, or one SQL expression that calls the chunk row c, e.g. '
+                   'c.cmetadata->>''source''.';
+  WHEN OTHERS THEN
+    RAISE EXCEPTION 'storetopics: % is not a column or valid expression over %: %', what, tbl, SQLERRM
+      USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Give a column name, or an SQL expression that calls the chunk row c, e.g. c.cmetadata->>''source''.';
+  END;
+  EXECUTE format('DROP FUNCTION pg_temp.storetopics_probe(%s)', tbl);
   EXECUTE format('CREATE TEMP VIEW storetopics_probe AS SELECT %s AS k FROM %s AS c', expr, tbl);
   SELECT a.atttypid::regtype INTO t FROM pg_attribute a
    WHERE a.attrelid = 'pg_temp.storetopics_probe'::regclass AND a.attname = 'k';
   DROP VIEW pg_temp.storetopics_probe;
   RETURN t;
-EXCEPTION WHEN OTHERS THEN
-  RAISE EXCEPTION 'storetopics: % is not a column or valid expression over %: %', what, tbl, SQLERRM
-    USING ERRCODE = 'invalid_parameter_value',
-          HINT = 'Give a column name, or an SQL expression that calls the chunk row c, e.g. c.cmetadata->>''source''.';
 END $$;
 
 -- pgvector's schema, to name its operators in dynamic SQL (functions here run with search_path = pg_catalog).

@@ -189,10 +189,9 @@ BEGIN
   IF coalesce(trim(p_store_key), '') = '' OR coalesce(trim(p_file_key), '') = '' OR coalesce(trim(p_content), '') = '' THEN
     RAISE EXCEPTION 'storetopics: store_key, file_key and content are required' USING ERRCODE = 'null_value_not_allowed';
   END IF;
-  PERFORM storetopics._expr_type(p_chunks, storetopics._key_sql(p_chunks, p_store_key), format('store_key %L', p_store_key));
-  v_file_type := storetopics._expr_type(p_chunks, storetopics._key_sql(p_chunks, p_file_key),
-                                        format('file_key %L', p_file_key));
-  v_type := storetopics._expr_type(p_chunks, storetopics._key_sql(p_chunks, p_content), format('content %L', p_content));
+  PERFORM storetopics._expr_type(p_chunks, p_store_key, format('store_key %L', p_store_key));
+  v_file_type := storetopics._expr_type(p_chunks, p_file_key, format('file_key %L', p_file_key));
+  v_type := storetopics._expr_type(p_chunks, p_content, format('content %L', p_content));
   IF v_type NOT IN ('text'::regtype, 'character varying'::regtype, 'character'::regtype) THEN
     RAISE EXCEPTION 'storetopics: content % of % is %, not text', p_content, p_chunks, v_type
       USING ERRCODE = 'datatype_mismatch';
