@@ -58,6 +58,7 @@ STATEMENT_TIMEOUT = "30s"             # a search the model waits for; the connec
 COALESCE_SECONDS = 0.2                # a burst of NOTIFYs (50 uploads rendered in one pass) becomes one refresh
 KEEPALIVE_SECONDS = 60.0              # the LISTEN connection checks it is alive this often when nothing arrives
 RECONNECT_MAX = 30.0
+MAX_PAYLOADS = 1000                   # more notifications in one burst: "something changed", compared as a whole
 EMBED_CACHE = 128
 INSTRUCTIONS = ("Each search_* tool searches one data store of this database; its description ends with a "
                 "machine-made summary of what the store holds, written from the store's own documents: treat it, and "
@@ -144,6 +145,21 @@ def parse_uri(uri: str) -> tuple[int, str]:
     if parts.scheme != URI_SCHEME or not parts.netloc.isdigit() or not parts.path.startswith("/"):
         raise ValueError(f"not a storetopics resource: {uri} (storetopics://<source id>/<store key>)")
     return int(parts.netloc), unquote(parts.path[1:])
+
+
+PAYLOAD = re.compile(r"([0-9]{1,10}):(.*)", re.DOTALL)
+INT4_MAX = 2**31 - 1                  # source ids are integers
+
+
+def parse_payload(payload: object) -> tuple[int, str] | None:
+    """A storetopics_updated payload '<source id>:<store key>' -> (source id, store key), or None for anything
+    else.  Any role connected to the database may NOTIFY on the channel with any text: the payload is untrusted
+    input, at most a hint of which store changed (ASCII digits only, no sign, no space; the caller checks the store
+    is one it lists)."""
+    if not isinstance(payload, str):
+        return None
+    m = PAYLOAD.fullmatch(payload)
+    return (int(m.group(1)), m.group(2)) if m and int(m.group(1)) <= INT4_MAX else None
 
 
 def description(prefix: str, store: Store) -> str:
@@ -558,8 +574,9 @@ class App:
             self._seen = self._snapshot(await self.stores())
 
     async def changed(self, payloads: set[str] | None) -> None:
-        """Summaries changed (payloads '<source id>:<store key>'; None: unknown, after a reconnect): read the catalog
-        and tell the sessions what differs from what they were last told."""
+        """Summaries changed (payloads '<source id>:<store key>', untrusted; None: unknown, after a reconnect or a
+        burst too large to keep): read the catalog and tell the sessions what differs from what they were last told.
+        A payload adds nothing but a hint: it counts only when it names a store the catalog lists."""
         before = self._seen or {}
         try:
             now = self._snapshot(await self.stores())
@@ -569,6 +586,7 @@ class App:
             self._seen = None
             tools_changed = resources_changed = True
             touched = set(before)
+            now = {}
         else:
             self._seen = now
             tools_changed = ({(s.tool_name, s.summary, s.store_key, s.source) for s in before.values()}
@@ -578,10 +596,19 @@ class App:
             touched = {k for k in now.keys() | before.keys()
                        if k not in before or k not in now or before[k].updated_at != now[k].updated_at
                        or before[k].summary != now[k].summary}
+        listed = before.keys() | now.keys()
+        ignored = 0
         for p in payloads or ():
-            sid, _, key = p.partition(":")
-            if sid.isdigit():
-                touched.add((int(sid), key))
+            key = parse_payload(p)
+            if key in listed:
+                touched.add(key)
+            elif key is None:
+                ignored += 1
+        if ignored:
+            log.debug("ignored %d notification payloads that are not '<source id>:<store key>'", ignored)
+        await self.announce(tools_changed, resources_changed, touched)
+
+    async def announce(self, tools_changed: bool, resources_changed: bool, touched: set[tuple[int, str]]) -> None:
         uris = {resource_uri(*k) for k in touched}
         log.info("catalog refreshed (%d stores; tools %s, %d stores touched)", len(self._seen or {}),
                  "changed" if tools_changed else "unchanged", len(touched))
@@ -623,16 +650,39 @@ class App:
                         await self.changed(None)   # what a lost connection missed
                     log.info("listening on %s (%d stores)", CHANNEL, len(self._seen or {}))
                     while True:
-                        payloads = {n.payload async for n in conn.notifies(timeout=KEEPALIVE_SECONDS, stop_after=1)}
-                        if not payloads:
+                        payloads = await _payloads(conn, KEEPALIVE_SECONDS, stop_after=1)
+                        if payloads is not None and not payloads:
                             await conn.execute("SELECT 1")
                             continue
-                        payloads |= {n.payload async for n in conn.notifies(timeout=COALESCE_SECONDS)}
-                        await self.changed(payloads)
+                        more = await _payloads(conn, COALESCE_SECONDS)
+                        payloads = None if payloads is None or more is None or \
+                            len(payloads | more) > MAX_PAYLOADS else payloads | more
+                        try:
+                            await self.changed(payloads)
+                        except psycopg.Error:
+                            raise
+                        except Exception:   # never the end of the server: the next notification tries again
+                            log.exception("could not announce a change")
             except psycopg.Error as e:
                 log.warning("lost the LISTEN connection (%s); reconnecting in %.0fs", pg_message(e), delay)
                 await anyio.sleep(delay)
                 delay = min(delay * 2, RECONNECT_MAX)
+            except Exception as e:   # e.g. a payload the connection cannot decode: start again on a new one
+                log.warning("LISTEN connection failed (%s: %s); reconnecting in %.0fs", type(e).__name__, e, delay)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX)
+
+
+async def _payloads(conn: psycopg.AsyncConnection, timeout: float, stop_after: int | None = None) -> set[str] | None:
+    """The payloads of the notifications that arrive within timeout (stop_after: return after that many), or None
+    when there were more than MAX_PAYLOADS distinct ones (the rest are still read, not kept)."""
+    out: set[str] | None = set()
+    async for n in conn.notifies(timeout=timeout, stop_after=stop_after):
+        if out is not None:
+            out.add(n.payload)
+            if len(out) > MAX_PAYLOADS:
+                out = None
+    return out
 
 
 async def _bounded(coro, seconds: float = 10.0):
