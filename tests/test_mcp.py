@@ -696,3 +696,48 @@ def test_hostile_notification_payloads_neither_crash_nor_wedge_the_server(dsn, c
             assert "Traceback" not in log.read_text()
 
     anyio.run(main)
+
+
+def test_a_resource_the_role_may_not_read_cannot_be_subscribed_to(dsn, conn):
+    """Two tenants; the server connects as a router granted tenant a's table only: subscribing to b's store is an
+    MCP error, and a change in b's store is never announced to it (nor is one forged with b's payload)."""
+    def each(c, tenant, roles):
+        with c.cursor() as cur:
+            cur.executemany(f"INSERT INTO {tenant}.docs (store, file, content) VALUES ('shelf', %s, %s)",
+                            GAMES if tenant == "a" else KITCHEN)
+        c.execute(f"SELECT storetopics.configure('{tenant}.docs', '{{\"debounce\": 0}}')")
+        if tenant == "a":
+            c.execute("SELECT storetopics.grant_read(%s, 'a.docs')", (roles["router"],))
+
+    with helpers.tenants(dsn, ("router",), each=each) as (roles, conns, admin, sources):
+        helpers.backfill(admin)
+        a_uri, b_uri = (f"storetopics://{sources[t]}/shelf" for t in ("a", "b"))
+
+        async def main():
+            async with client(_as(dsn, roles["router"])) as (session, notes, _):
+                assert [str(r.uri) for r in (await session.list_resources()).resources] == [a_uri]
+                with pytest.raises(McpError, match="that this role may read"):
+                    await session.subscribe_resource(b_uri)
+                for bad in ("storetopics://999999/shelf", f"storetopics://{sources['a']}/nope", "https://x/y"):
+                    with pytest.raises(McpError):
+                        await session.subscribe_resource(bad)
+                await session.subscribe_resource(a_uri)
+                n = len(notes.items)
+                # b's store changes (and a payload naming it is forged): nothing about it reaches the router
+                conns["b"].execute("INSERT INTO b.docs (store, file, content) VALUES "
+                                   "('shelf', 90, 'a cast iron skillet for searing')")
+                await _worker_pass(dsn)
+                conns["b"].execute("SELECT pg_notify('storetopics_updated', %s)", (f"{sources['b']}:shelf",))
+                # then a's: announced
+                conns["a"].execute("INSERT INTO a.docs (store, file, content) VALUES "
+                                   "('shelf', 91, 'dominoes: the boneyard and the spinner')")
+                await _worker_pass(dsn)
+                await notes.wait_for(types.ResourceUpdatedNotification, lambda x: str(x.params.uri) == a_uri,
+                                     after=n)
+                conns["b"].execute("SELECT pg_notify('storetopics_updated', %s)", (f"{sources['b']}:shelf",))
+                await anyio.sleep(2 * st_mcp.COALESCE_SECONDS + 0.5)
+                updated = {str(x.params.uri) for x in notes.items[n:]
+                           if isinstance(x, types.ResourceUpdatedNotification)}
+                assert updated == {a_uri}, updated
+
+        anyio.run(main)

@@ -422,13 +422,19 @@ class App:
         if session is not None:
             self.sessions.add(session)
 
-    def subscribe(self, session, uri: str) -> None:
-        parse_uri(uri)
+    async def subscribe(self, session, uri: str) -> None:
+        """Subscribe a session to a store's resource: only a store the catalog lists for the connecting role
+        (ValueError otherwise: not a storetopics address, or not a store this role may read)."""
+        key = parse_uri(uri)
+        if key not in {s.key for s in await self.stores()}:
+            raise ValueError(f"no store {key[1]!r} in source {key[0]} that this role may read: {uri} cannot be "
+                             f"subscribed to")
         self.track(session)
-        self.subscriptions.setdefault(session, set()).add(str(uri))
+        self.subscriptions.setdefault(session, set()).add(resource_uri(*key))
 
     def unsubscribe(self, session, uri: str) -> None:
-        self.subscriptions.get(session, set()).discard(str(uri))
+        with contextlib.suppress(ValueError):
+            self.subscriptions.get(session, set()).discard(resource_uri(*parse_uri(uri)))
 
     # catalog -------------------------------------------------------------------------------------------------
     async def stores(self) -> list[Store]:
@@ -596,7 +602,9 @@ class App:
             touched = {k for k in now.keys() | before.keys()
                        if k not in before or k not in now or before[k].updated_at != now[k].updated_at
                        or before[k].summary != now[k].summary}
-        listed = before.keys() | now.keys()
+        # only stores the role may read now (or, when the catalog could not be read, could before) are announced
+        listed = set(now or before)
+        touched &= listed
         ignored = 0
         for p in payloads or ():
             key = parse_payload(p)
@@ -782,9 +790,15 @@ def build_server(app: App):
     @server.subscribe_resource()
     async def subscribe(uri) -> None:
         try:
-            app.subscribe(session(), str(uri))
+            await app.subscribe(session(), str(uri))
         except ValueError as e:
             raise rpc_error(e, types.INVALID_PARAMS) from None
+        except Unavailable as e:
+            raise rpc_error(e) from None
+        except ToolError as e:
+            raise rpc_error(e, types.INVALID_PARAMS) from None
+        except psycopg.Error as e:
+            raise rpc_error(pg_message(e)) from None
 
     @server.unsubscribe_resource()
     async def unsubscribe(uri) -> None:
