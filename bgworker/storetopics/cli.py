@@ -10,7 +10,8 @@
     storetopics status
     storetopics show [--store KEY] [--source TABLE]
     storetopics worker [--once] [--lease S] [--poll S] [--batch N] [--id NAME]
-    storetopics mcp [--prefix TEXT] [--http HOST:PORT] [--catalog NAME] [--embeddings-url URL --embeddings-model NAME]
+    storetopics mcp [--prefix TEXT] [--http HOST:PORT [--auth-token T] [--allowed-host H]...] [--catalog NAME]
+                    [--embeddings-url URL --embeddings-model NAME]
 
 The connection defaults to $DATABASE_URL, else libpq's own PG* environment variables.  Errors are printed as one
 line (message and hint) with exit status 1.  This module parses arguments and prints; the work is in api.
@@ -369,9 +370,22 @@ def build_parser() -> argparse.ArgumentParser:
                        help="serve the stores as MCP tools (stdio, or streamable HTTP with --http); needs the extra "
                             "`mcp`")
     s.add_argument("--prefix", metavar="TEXT",
-                   help="what each search tool's description says before the store's summary ({store} and {source} "
-                        "are replaced; default: a sentence naming the store)")
+                   help="what each search tool's description says first ({store} and {source} are replaced by the "
+                        "delimited store key and table name; default: nothing)")
     s.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio")
+    s.add_argument("--auth-token", metavar="TOKEN",
+                   help="with --http: require 'Authorization: Bearer TOKEN' on every request (at least 16 characters; "
+                        "default: $STORETOPICS_MCP_TOKEN; needed to bind an address that is not loopback)")
+    s.add_argument("--allowed-host", metavar="HOST[:PORT]", action="append",
+                   help="with --http: a Host (and Origin) the server also answers, besides the bind address, "
+                        "localhost, 127.0.0.1 and [::1] with the port (repeatable)")
+    s.add_argument("--max-sessions", metavar="N", type=int,
+                   help="with --http: at most N open sessions, a new one past it gets 503 (default 100)")
+    s.add_argument("--session-timeout", metavar="S", type=float,
+                   help="with --http: end a session after S seconds with no request in flight (default 600)")
+    s.add_argument("--allow-unauthenticated", action="store_true",
+                   help="with --http: serve an address that is not loopback without --auth-token (e.g. behind a "
+                        "proxy that authenticates)")
     s.add_argument("--catalog", metavar="NAME",
                    help="only the stores of this catalog (configure(t, '{\"catalog\": NAME}')); default: every store "
                         "the role may see")
