@@ -4673,6 +4673,10 @@ END $$;
 -- Claim up to p_limit due stores for p_worker, leased for p_lease seconds (renewed by worker_heartbeat).
 -- Due: dirty, quiet for `debounce` or dirty for `max_staleness`, its backoff over, its source not paused, and no
 -- live lease on it.  Returns the stores with the generation the result is checked against in work_done().
+-- Stores of a source whose last pass over some store failed come after every other due store: a source whose
+-- passes keep failing (a tenant's key expression that runs into the worker's time limit, and a fold fails for every
+-- store of its source) is served when nothing else is waiting, so it holds the others up by the one pass in flight
+-- at most, however many stores it has.
 CREATE OR REPLACE FUNCTION storetopics.claim(p_worker text, p_lease float8 DEFAULT 60, p_limit int DEFAULT 1)
 RETURNS TABLE (source_id int, store_key text, generation bigint, takeover boolean)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -4689,7 +4693,8 @@ BEGIN
        AND (w.leased_by IS NULL OR w.lease_expires < now())
        AND NOT (cfg ->> 'paused')::boolean
        AND storetopics._work_due_at(w, cfg) <= now()
-     ORDER BY storetopics._work_due_at(w, cfg), w.source_id, w.store_key
+     ORDER BY EXISTS (SELECT 1 FROM storetopics.work f WHERE f.source_id = w.source_id AND f.attempts > 0),
+              storetopics._work_due_at(w, cfg), w.source_id, w.store_key
      LIMIT p_limit
        FOR UPDATE OF w SKIP LOCKED)
   UPDATE storetopics.work w
