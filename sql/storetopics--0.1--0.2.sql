@@ -231,6 +231,35 @@ ALTER TABLE storetopics.store_state ALTER COLUMN store_label_needed SET NOT NULL
 -- (apply_fit) looks each row's file mean up instead of hashing all of them (storetopics._assign_sql).
 CREATE INDEX file_means_key ON storetopics.file_means (source_id, store_key, file_key, dims);
 
+-- incremental/0.2/006-keys-and-ddl.sql
+-- storetopics 0.2: keys that outlive the table's DDL and rows on which a key expression fails.  The capture trigger
+-- never fails an application's write: when it cannot key a statement's rows it logs a count check instead, with
+-- the error (pending.error), which fold records (sources.key_error) and the status view shows.
+ALTER TABLE storetopics.pending ADD COLUMN error text;
+ALTER TABLE storetopics.sources
+  -- the column each plain key is (store_key, file_key, content, embedding, files_key; NULL: an expression or none),
+  -- so that a renamed column is followed
+  ADD COLUMN key_attnums int2[],
+  -- a key expression raised an error for some row: the source is read with row-by-row error handling from then on
+  -- (such rows count as skipped) until resync()
+  ADD COLUMN safe_keys boolean,
+  ADD COLUMN key_error text,
+  ADD COLUMN key_error_at timestamptz;
+UPDATE storetopics.sources s
+   SET safe_keys = false,
+       key_attnums = ARRAY(SELECT (SELECT a.attnum FROM pg_attribute a
+                                    WHERE a.attrelid = CASE WHEN k.i = 5 THEN s.files_table ELSE s.chunks END
+                                      AND a.attname = k.name AND a.attnum > 0 AND NOT a.attisdropped
+                                      AND (k.i IN (4, 5) OR k.sql = format('c.%I', k.name)))
+                             FROM unnest(ARRAY[s.store_key, s.file_key, s.content, s.embedding, s.files_key],
+                                         ARRAY[s.store_sql, s.file_sql, s.content_sql, NULL, NULL])
+                                  WITH ORDINALITY AS k(name, sql, i)
+                            ORDER BY k.i);
+ALTER TABLE storetopics.sources ALTER COLUMN safe_keys SET DEFAULT false;
+ALTER TABLE storetopics.sources ALTER COLUMN safe_keys SET NOT NULL;
+-- _expr_type takes the key as given now (and proves it one expression itself).
+DROP FUNCTION IF EXISTS storetopics._expr_type(regclass, text, text);
+
 -- idempotent/010-helpers.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Helpers
@@ -304,11 +333,27 @@ BEGIN
   RETURN t;
 END $$;
 
+-- A type, or the base type of a domain (of a domain ...).
+CREATE OR REPLACE FUNCTION storetopics._base_type(p_type regtype) RETURNS regtype
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  WITH RECURSIVE d(t, base, kind) AS (
+    SELECT y.oid, y.typbasetype, y.typtype FROM pg_type y WHERE y.oid = p_type
+    UNION ALL
+    SELECT y.oid, y.typbasetype, y.typtype FROM d JOIN pg_type y ON y.oid = d.base WHERE d.kind = 'd')
+  SELECT d.t::regtype FROM d WHERE d.kind <> 'd';
+END;
+
 -- pgvector's schema, to name its operators in dynamic SQL (functions here run with search_path = pg_catalog).
 CREATE OR REPLACE FUNCTION storetopics._vector_schema() RETURNS name
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN (SELECT t.typnamespace::regnamespace::name FROM pg_type t WHERE t.typname = 'vector'
          ORDER BY t.typnamespace = 'public'::regnamespace DESC LIMIT 1);
+
+-- A table and, when it is partitioned, every table of its partition tree.
+CREATE OR REPLACE FUNCTION storetopics._tree(p_table regclass) RETURNS regclass[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN ARRAY(SELECT p_table UNION SELECT x.relid FROM pg_partition_tree(p_table) x ORDER BY 1);
 
 -- How to name one chunk: its single-column primary key, else its ctid (good within one fit).
 CREATE OR REPLACE FUNCTION storetopics._chunk_ref_sql(tbl regclass) RETURNS text
@@ -738,7 +783,13 @@ BEGIN ATOMIC
       '\s+((the|your)\s+)?(words|text|prompt|instructions|everything)\s+(above|before|verbatim)\M', NULL),
     ('instruction', 'reveal|print|show|output|leak|display|repeat',
       '\s+(me\s+)?(your|the)\s+(system\s+|initial\s+)?(prompt|instructions)\M',
-      'prompt|instructions')
+      'prompt|instructions'),
+    -- imperatives made of ordinary words: the assistant told what it must do, secrets sent somewhere
+    ('instruction', 'assistant|ai|model|llm|router|agent|chatbot|bot|claude|chatgpt|gpt',
+      '\s*,?\s*(must|shall|should|needs\s+to|has\s+to|is\s+required\s+to|is\s+to|will\s+now)\M', NULL),
+    ('instruction', 'forward|send|transmit|upload|exfiltrate|leak|relay|post',
+      '\M[^.;!?]{0,40}\m(passwords|credentials|secrets|api\s+keys|private\s+keys|session\s+cookies)\M',
+      'passwords|credentials|secrets|api\s+keys|private\s+keys|session\s+cookies')
   ) p(kind, starts, follows, gate);
 END;
 
@@ -1245,35 +1296,10 @@ RETURN format('c.%I::%I.vector', src.embedding, storetopics._vector_schema());
 --     path, or at worst logs a key twice; a key is never left out.
 CREATE OR REPLACE FUNCTION storetopics._capture_body(src storetopics.sources) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  relevant text := format('%s AS s, %s AS f, %s AS t%s', src.store_sql, src.file_sql, src.content_sql,
-                          CASE WHEN src.embedding IS NULL THEN ''
-                               ELSE format(', c.%I::pg_catalog.text AS e', src.embedding) END);
-  on_files text := CASE WHEN src.files_table IS NULL THEN '' ELSE format($b$
-  IF TG_NARGS OPERATOR(pg_catalog.>) 0 THEN
-    IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
-      INSERT INTO storetopics.pending (source_id, file_key)
-      SELECT DISTINCT %1$s, r.%2$I::pg_catalog.text FROM old_rows AS r;
-    ELSIF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
-      INSERT INTO storetopics.pending (source_id, file_key)
-      SELECT DISTINCT %1$s, r.%2$I::pg_catalog.text FROM new_rows AS r;
-    ELSE
-      INSERT INTO storetopics.pending (source_id, file_key)
-      SELECT DISTINCT %1$s, d.k FROM (
-        (SELECT r.%2$I::pg_catalog.text AS k, r::pg_catalog.text AS v FROM old_rows AS r
-         EXCEPT SELECT r.%2$I::pg_catalog.text, r::pg_catalog.text FROM new_rows AS r)
-        UNION ALL
-        (SELECT r.%2$I::pg_catalog.text, r::pg_catalog.text FROM new_rows AS r
-         EXCEPT SELECT r.%2$I::pg_catalog.text, r::pg_catalog.text FROM old_rows AS r)) AS d;
-    END IF;
-    IF FOUND AND was_clean THEN
-      PERFORM pg_catalog.pg_notify('storetopics_dirty', '%1$s');
-    END IF;
-    RETURN NULL;
-  END IF;$b$, src.id, src.files_key) END;
 BEGIN
-  -- Every name below is schema-qualified, operators included: without SET search_path (storetopics._capture_bound)
-  -- the body runs as the table's owner under the writer's search_path.
+  IF storetopics._capture_net(src) THEN
+    RETURN storetopics._capture_net_body(src);
+  END IF;
   RETURN format($f$
 DECLARE
   -- NOTIFY only when the source becomes dirty: a NOTIFY serialises commits on a global lock, so a burst of
@@ -1302,10 +1328,7 @@ BEGIN
     INSERT INTO storetopics.pending (source_id, deletes) VALUES (%2$s, true);
   ELSIF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
     INSERT INTO storetopics.pending (source_id, store_key, file_key)
-    SELECT DISTINCT %2$s, d.s::pg_catalog.text, d.f::pg_catalog.text FROM (
-      (SELECT %5$s FROM old_rows AS c EXCEPT ALL SELECT %5$s FROM new_rows AS c)
-      UNION ALL
-      (SELECT %5$s FROM new_rows AS c EXCEPT ALL SELECT %5$s FROM old_rows AS c)) AS d;
+    SELECT DISTINCT %2$s, d.s::pg_catalog.text, d.f::pg_catalog.text FROM (%5$s) AS d;
     IF NOT FOUND THEN
       RETURN NULL;
     END IF;
@@ -1320,8 +1343,138 @@ BEGIN
     PERFORM pg_catalog.pg_notify('storetopics_dirty', '%2$s');
   END IF;
   RETURN NULL;
-END$f$, storetopics._owner_check_sql(src, 'RETURN NULL;'), src.id, src.store_sql, src.file_sql, relevant, on_files);
+END$f$, storetopics._owner_check_sql(src, 'RETURN NULL;'), src.id, src.store_sql, src.file_sql,
+    storetopics._changed_rows_sql(src), storetopics._capture_files_sql(src, false));
 END $$;
+
+-- The rows of an UPDATE whose (store, file, content, embedding) changed, old and new (multiset difference).
+CREATE OR REPLACE FUNCTION storetopics._changed_rows_sql(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format($q$
+      (SELECT %1$s FROM old_rows AS c EXCEPT ALL SELECT %1$s FROM new_rows AS c)
+      UNION ALL
+      (SELECT %1$s FROM new_rows AS c EXCEPT ALL SELECT %1$s FROM old_rows AS c)$q$,
+  format('%s AS s, %s AS f, %s AS t%s', src.store_sql, src.file_sql, src.content_sql,
+         CASE WHEN src.embedding IS NULL THEN '' ELSE format(', c.%I::pg_catalog.text AS e', src.embedding) END));
+
+-- The capture's part for the files_table's triggers (they pass an argument): a files row inserted, updated or deleted
+-- logs its file key with no store key (fold recounts the file wherever it is now).  With the net, the keys are
+-- computed in a subtransaction that writes nothing; an error logs a resync instead (a file moved between stores
+-- keeps its chunk count: only a recount finds it).
+CREATE OR REPLACE FUNCTION storetopics._capture_files_sql(src storetopics.sources, net boolean) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN src.files_table IS NULL THEN '' ELSE format($b$
+  IF TG_NARGS OPERATOR(pg_catalog.>) 0 THEN
+    %3$s
+    IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
+      %4$s SELECT DISTINCT r.%2$I::pg_catalog.text FROM old_rows AS r%5$s;
+    ELSIF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
+      %4$s SELECT DISTINCT r.%2$I::pg_catalog.text FROM new_rows AS r%5$s;
+    ELSE
+      %4$s SELECT DISTINCT d.k FROM (
+        (SELECT r.%2$I::pg_catalog.text AS k, r::pg_catalog.text AS v FROM old_rows AS r
+         EXCEPT SELECT r.%2$I::pg_catalog.text, r::pg_catalog.text FROM new_rows AS r)
+        UNION ALL
+        (SELECT r.%2$I::pg_catalog.text, r::pg_catalog.text FROM new_rows AS r
+         EXCEPT SELECT r.%2$I::pg_catalog.text, r::pg_catalog.text FROM old_rows AS r)) AS d%5$s;
+    END IF;
+    %6$s
+    IF was_clean THEN
+      PERFORM pg_catalog.pg_notify('storetopics_dirty', '%1$s');
+    END IF;
+    RETURN NULL;
+  END IF;$b$, src.id, src.files_key,
+  CASE WHEN net THEN 'BEGIN' ELSE '' END,
+  CASE WHEN net THEN 'v_f := ARRAY(' ELSE format('INSERT INTO storetopics.pending (source_id, file_key) SELECT %s, x.k FROM (', src.id) END,
+  CASE WHEN net THEN ')' ELSE ') AS x(k)' END,
+  CASE WHEN net THEN format($n$
+    EXCEPTION WHEN OTHERS THEN
+      v_error := SQLERRM;
+    END;
+    IF v_error IS NOT NULL THEN
+      INSERT INTO storetopics.pending (source_id, resync, error) VALUES (%1$s, true, v_error);
+    ELSIF pg_catalog.cardinality(v_f) OPERATOR(pg_catalog.>) 0 THEN
+      INSERT INTO storetopics.pending (source_id, file_key) SELECT %1$s, x.k FROM pg_catalog.unnest(v_f) AS x(k);
+    ELSE
+      RETURN NULL;
+    END IF;$n$, src.id)
+  ELSE 'IF NOT FOUND THEN RETURN NULL; END IF;' END) END;
+
+-- The capture with a net: when a key is an expression (it may raise for a row: a division by zero, text that is no
+-- JSON, a subquery that finds two rows) or when no event trigger keeps the keys in step with the table's DDL (a key
+-- column renamed or dropped would make the capture fail).  The keys are computed inside a subtransaction that
+-- writes nothing, so none of the transaction's 64 cached subtransaction ids is used up; what it computed is logged
+-- after it.  Any error (not a cancel) logs a count check instead, with the error: fold finds the files by their
+-- counts and records the error for the status view.  The application's statement goes through.
+CREATE OR REPLACE FUNCTION storetopics._capture_net_body(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format($f$
+DECLARE
+  was_clean pg_catalog.bool := false;
+  logged pg_catalog.text := pg_catalog.current_setting('storetopics.logged_%2$s', true);
+  v_s pg_catalog.text[];
+  v_f pg_catalog.text[];
+  v_error pg_catalog.text;
+BEGIN
+  %1$s
+  IF logged IS NULL OR logged OPERATOR(pg_catalog.=) '' THEN
+    was_clean := NOT EXISTS (SELECT 1 FROM storetopics.pending WHERE source_id OPERATOR(pg_catalog.=) %2$s);
+  END IF;%6$s
+  IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
+    INSERT INTO storetopics.pending (source_id, deletes) VALUES (%2$s, true);
+  ELSIF TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE' THEN
+    INSERT INTO storetopics.pending (source_id, resync) VALUES (%2$s, true);
+  ELSE
+    BEGIN
+      IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
+        SELECT pg_catalog.array_agg(k.s), pg_catalog.array_agg(k.f) INTO v_s, v_f
+          FROM (SELECT DISTINCT d.s::pg_catalog.text AS s, d.f::pg_catalog.text AS f FROM (%5$s) AS d) AS k;
+      ELSIF logged OPERATOR(pg_catalog.=)
+            (pg_catalog.pg_stat_get_xact_tuples_inserted(TG_RELID)
+             OPERATOR(pg_catalog.-) pg_catalog.pg_stat_get_xact_tuples_inserted('storetopics.pending'::pg_catalog.regclass)
+             OPERATOR(pg_catalog.-) 1)::pg_catalog.text THEN
+        -- one row: one key
+        SELECT ARRAY[(%3$s)::pg_catalog.text], ARRAY[(%4$s)::pg_catalog.text] INTO v_s, v_f FROM new_rows AS c;
+      ELSE
+        SELECT pg_catalog.array_agg(k.s), pg_catalog.array_agg(k.f) INTO v_s, v_f
+          FROM (SELECT DISTINCT (%3$s)::pg_catalog.text AS s, (%4$s)::pg_catalog.text AS f FROM new_rows AS c) AS k;
+      END IF;
+    EXCEPTION WHEN OTHERS THEN
+      v_error := SQLERRM;
+    END;
+    IF v_error IS NOT NULL THEN
+      INSERT INTO storetopics.pending (source_id, deletes, error) VALUES (%2$s, true, v_error);
+    ELSIF v_f IS NULL THEN
+      RETURN NULL;   -- no row, or an UPDATE that changed nothing storetopics reads
+    ELSE
+      INSERT INTO storetopics.pending (source_id, store_key, file_key)
+      SELECT %2$s, k.s, k.f FROM ROWS FROM (pg_catalog.unnest(v_s), pg_catalog.unnest(v_f)) AS k(s, f);
+    END IF;
+  END IF;
+  PERFORM pg_catalog.set_config('storetopics.logged_%2$s',
+    (pg_catalog.pg_stat_get_xact_tuples_inserted(TG_RELID)
+     OPERATOR(pg_catalog.-) pg_catalog.pg_stat_get_xact_tuples_inserted('storetopics.pending'::pg_catalog.regclass)
+    )::pg_catalog.text, true);
+  IF was_clean THEN
+    PERFORM pg_catalog.pg_notify('storetopics_dirty', '%2$s');
+  END IF;
+  RETURN NULL;
+END$f$, storetopics._owner_check_sql(src, 'RETURN NULL;'), src.id, src.store_sql, src.file_sql,
+  storetopics._changed_rows_sql(src), storetopics._capture_files_sql(src, true));
+
+-- Whether a key of the source is an SQL expression (not a column).
+CREATE OR REPLACE FUNCTION storetopics._has_expression_key(src storetopics.sources) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN src.store_sql <> format('c.%I', src.store_key) OR src.file_sql <> format('c.%I', src.file_key)
+       OR src.content_sql <> format('c.%I', src.content);
+
+-- Whether the capture needs its net (storetopics._capture_net_body): a key is an expression, or no enabled event
+-- trigger follows the DDL of attached tables (storetopics._follow_ddl).
+CREATE OR REPLACE FUNCTION storetopics._capture_net(src storetopics.sources) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN storetopics._has_expression_key(src)
+       OR NOT EXISTS (SELECT 1 FROM pg_event_trigger e
+                       WHERE e.evtname = 'storetopics_follow_ddl' AND e.evtenabled <> 'D');
 
 -- Whether the capture function may run without SET search_path, under the writer's (a SET clause costs every
 -- statement a save and restore of the setting and a recomputed search path: bench/README.md, "No SET search_path").
@@ -1329,7 +1482,7 @@ END $$;
 -- key is a plain column, and turning each such column into text can run nothing a non-superuser wrote: the column's
 -- type (its base type, for a domain: casts from domains are ignored) is built in or owned by a superuser, so only a
 -- superuser can have created a cast from it.  Checked when the function is generated; ALTER TABLE on the tree
--- generates it again when the answer changed (storetopics._cover_partitions).
+-- generates it again when the answer changed (storetopics._stamp).
 CREATE OR REPLACE FUNCTION storetopics._capture_bound(src storetopics.sources) RETURNS boolean
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
@@ -1551,10 +1704,46 @@ END$f$,
            storetopics._generated(src.id, 'mirror'), src.chunks), 'insufficient_privilege')),
   src.mirror, src.mirror_column, src.mirror_key, src.mirror_column);
 
--- (Re)creates a source's generated functions from its row, owned by the table's owner: at attach, and on every
--- install or upgrade (so they always follow the current templates).  The triggers that call capture_<id> keep
--- pointing at it (CREATE OR REPLACE keeps the function).  Only PUBLIC loses EXECUTE; the worker roles get it on the
--- reader and the mirror.
+-- The reader's view of a source that reads row by row (sources.safe_keys, after a key expression raised for some
+-- row): each expression key is evaluated by try_<id>, which gives NULL for a row it raises for (the row is then
+-- counted as skipped).  Slower (a subtransaction per row and key), so only after a fold met such a row.
+CREATE OR REPLACE FUNCTION storetopics._safe_reader_source(src storetopics.sources) RETURNS storetopics.sources
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  fn text := storetopics._generated(src.id, 'try');
+BEGIN
+  IF src.store_sql <> format('c.%I', src.store_key) THEN
+    src.store_sql := format('%s(c, 1)', fn);
+  END IF;
+  IF src.file_sql <> format('c.%I', src.file_key) THEN
+    src.file_sql := format('(%s(c, 2))::%s', fn, src.file_type);
+  END IF;
+  IF src.content_sql <> format('c.%I', src.content) THEN
+    src.content_sql := format('%s(c, 3)', fn);
+  END IF;
+  RETURN src;
+END $$;
+
+-- try_<id>(c, k): key k (1 store, 2 file, 3 content) of a row as text, NULL when its expression raises a data error
+-- (or finds two rows in a subquery) for that row.  Other errors (a right missing, a column gone) are the source's,
+-- and fail the read.
+CREATE OR REPLACE FUNCTION storetopics._try_body(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format($f$
+BEGIN
+  CASE k
+  WHEN 1 THEN RETURN (%s)::pg_catalog.text;
+  WHEN 2 THEN RETURN (%s)::pg_catalog.text;
+  ELSE RETURN (%s)::pg_catalog.text;
+  END CASE;
+EXCEPTION WHEN data_exception OR cardinality_violation THEN
+  RETURN NULL;
+END$f$, src.store_sql, src.file_sql, src.content_sql);
+
+-- (Re)creates a source's generated functions from its row, owned by the table's owner: at attach, and whenever what
+-- they were made from changed (storetopics._reader).  The triggers that call capture_<id> keep pointing at it
+-- (CREATE OR REPLACE keeps the function).  Only PUBLIC loses EXECUTE; the worker roles get it on the reader and the
+-- mirror.
 CREATE OR REPLACE FUNCTION storetopics._generate(src storetopics.sources) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -1563,16 +1752,22 @@ DECLARE
   fn text;
 BEGIN
   FOR g IN SELECT * FROM (VALUES
-      ('capture', '', '', 'trigger', storetopics._capture_body(src)),
+      ('capture', '', '', 'trigger', storetopics._capture_body(src), true),
       ('read', 'op text, files text[], store text, args jsonb', 'text, text[], text, jsonb', 'SETOF record',
-       storetopics._reader_body(src)),
+       storetopics._reader_body(CASE WHEN src.safe_keys THEN storetopics._safe_reader_source(src) ELSE src END), true),
       ('mirror', 'store text, summary text', 'text, text', 'void',
-       CASE WHEN src.mirror IS NOT NULL THEN storetopics._mirror_body(src) END))
-      AS x(kind, params, types, returns, body)
-    WHERE x.kind <> 'mirror' OR src.mirror IS NOT NULL LOOP
+       CASE WHEN EXISTS (SELECT 1 FROM pg_class m WHERE m.oid = src.mirror) THEN storetopics._mirror_body(src) END,
+       true),
+      -- runs as its caller: the reader, as the owner
+      ('try', 'c record, k int', 'record, int', 'text', storetopics._try_body(src), false))
+      AS x(kind, params, types, returns, body, definer)
+    -- (a mirror table dropped since: no mirror function; render warns, as when a column of it went)
+    WHERE (x.kind <> 'mirror' OR EXISTS (SELECT 1 FROM pg_class m WHERE m.oid = src.mirror))
+      AND (x.kind <> 'try' OR storetopics._has_expression_key(src)) LOOP
     fn := format('%s(%s)', storetopics._generated(src.id, g.kind), g.types);
-    EXECUTE format('CREATE OR REPLACE FUNCTION %s(%s) RETURNS %s LANGUAGE plpgsql SECURITY DEFINER %s AS %L',
+    EXECUTE format('CREATE OR REPLACE FUNCTION %s(%s) RETURNS %s LANGUAGE plpgsql %s %s AS %L',
                    storetopics._generated(src.id, g.kind), g.params, g.returns,
+                   CASE WHEN g.definer THEN 'SECURITY DEFINER' ELSE '' END,
                    CASE WHEN g.kind = 'capture' AND storetopics._capture_bound(src) THEN ''
                         ELSE 'SET search_path = pg_catalog, pg_temp' END, g.body);
     EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', fn);
@@ -1580,7 +1775,7 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'storetopics') THEN
       EXECUTE format('ALTER FUNCTION %s DEPENDS ON EXTENSION storetopics', fn);
     END IF;
-    IF g.kind <> 'capture' THEN
+    IF g.kind IN ('read', 'mirror') THEN
       FOR w IN SELECT DISTINCT x.role FROM storetopics.grants x WHERE x.kind = 'worker' LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', fn, w.role);
       END LOOP;
@@ -1589,39 +1784,108 @@ BEGIN
   END LOOP;
   -- what the generated functions do as the owner
   EXECUTE format('GRANT USAGE ON SCHEMA storetopics TO %s', src.owner);
-  EXECUTE format('GRANT INSERT (source_id, store_key, file_key, resync, deletes), SELECT (source_id) '
+  EXECUTE format('GRANT INSERT (source_id, store_key, file_key, resync, deletes, error), SELECT (source_id) '
                  'ON storetopics.pending TO %s', src.owner);
   EXECUTE format('GRANT SELECT ON storetopics.file_means TO %s', src.owner);
   -- and what it may read as the owner: its stores, in catalog() and route()
   PERFORM storetopics._grant_routing(src.owner::text);
 END $$;
 
--- The name of a source's reader, made current first: generated functions are stamped with the version that made
--- them (sources.generated) and made again from the current templates when that is not the installed version (the
--- first use after an upgrade: an extension script may not replace functions that are not its members, and these
--- must not become members, or pg_dump would leave out what the application's triggers call).
+-- What a source's generated functions are made from, besides its row: the installed version, the tables' names,
+-- columns and types, the primary key, the partitions, whether the capture needs its net.  When this changes (a
+-- table renamed, a column's type changed, a partition added, an upgrade) they are made again at the next use, also
+-- where no event trigger saw the DDL.
+CREATE OR REPLACE FUNCTION storetopics._stamp(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN storetopics._version() || ' ' || md5(concat_ws('|', src.chunks::text, src.files_table::text, src.mirror::text,
+  src.safe_keys, storetopics._capture_net(src), storetopics._capture_bound(src),
+  storetopics._chunk_ref_sql(src.chunks), storetopics._tree(src.chunks)::text,
+  (SELECT string_agg(concat_ws(' ', a.attrelid, a.attnum, a.attname, a.atttypid), ',' ORDER BY a.attrelid, a.attnum)
+     FROM pg_attribute a
+    WHERE a.attrelid IN (src.chunks, src.files_table) AND a.attnum > 0 AND NOT a.attisdropped)));
+
+-- The name of a source's reader, made current first (storetopics._stamp).  Generated functions must not become
+-- members of the extension (pg_dump would leave out what the application's triggers call), so an upgrade cannot
+-- replace them: they are made again at their first use after it.
 CREATE OR REPLACE FUNCTION storetopics._reader(p_source int) RETURNS text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  src storetopics.sources;
 BEGIN
-  IF (SELECT s.generated FROM storetopics.sources s WHERE s.id = p_source) IS DISTINCT FROM storetopics._version() THEN
-    PERFORM storetopics._regenerate(p_source);
+  SELECT * INTO src FROM storetopics.sources s WHERE s.id = p_source;
+  IF FOUND AND src.generated IS DISTINCT FROM storetopics._stamp(src)
+     AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = src.chunks) THEN
+    PERFORM storetopics._regenerate(p_source, true);
   END IF;
   RETURN storetopics._generated(p_source, 'read');
 END $$;
 
--- Makes a source's generated functions and triggers again (SECURITY DEFINER: only the extension's owner may create
--- in the schema; workers may call it, tenants may not).
-CREATE OR REPLACE FUNCTION storetopics._regenerate(p_source int) RETURNS void
+-- The current name of each plain key's column (by its attnum: a renamed column is followed); a column that was
+-- dropped is an error.  The expressions are left as they are (storetopics._check_keys parses them again).
+CREATE OR REPLACE FUNCTION storetopics._follow_columns(src storetopics.sources) RETURNS storetopics.sources
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_names text[] := ARRAY[src.store_key, src.file_key, src.content, src.embedding, src.files_key];
+  v_what text[] := ARRAY['store_key', 'file_key', 'content', 'embedding', 'files_key'];
+  v_name name;
+BEGIN
+  FOR i IN 1 .. 5 LOOP
+    CONTINUE WHEN src.key_attnums[i] IS NULL;
+    SELECT a.attname INTO v_name FROM pg_attribute a
+     WHERE a.attrelid = CASE WHEN i = 5 THEN src.files_table ELSE src.chunks END AND a.attnum = src.key_attnums[i]
+       AND NOT a.attisdropped;
+    IF v_name IS NULL THEN
+      RAISE EXCEPTION 'storetopics: the column % of % (source %) was dropped', v_what[i],
+        CASE WHEN i = 5 THEN src.files_table ELSE src.chunks END, src.id
+        USING ERRCODE = 'undefined_column',
+              HINT = format('Detach it (SELECT storetopics.detach(%L)) and attach it again with another %s.',
+                            src.chunks, v_what[i]);
+    END IF;
+    v_names[i] := v_name;
+  END LOOP;
+  src.store_key := v_names[1];
+  src.file_key := v_names[2];
+  src.content := v_names[3];
+  src.embedding := v_names[4];
+  src.files_key := v_names[5];
+  IF src.key_attnums[1] IS NOT NULL THEN src.store_sql := format('c.%I', v_names[1]); END IF;
+  IF src.key_attnums[2] IS NOT NULL THEN src.file_sql := format('c.%I', v_names[2]); END IF;
+  IF src.key_attnums[3] IS NOT NULL THEN src.content_sql := format('c.%I', v_names[3]); END IF;
+  RETURN src;
+END $$;
+
+-- Makes a source's generated functions and triggers again, after following its columns and checking its keys: an
+-- error here (a key that no longer fits the table) refuses the DDL that caused it (storetopics._follow_ddl), or
+-- fails the fold with what to do.  recount: check every file's count at the next fold (rows no trigger saw: a
+-- partition attached with its rows; file keys whose text changed with their column's type).  SECURITY DEFINER: only
+-- the extension's owner creates in the schema; workers may call it, tenants may not.
+CREATE OR REPLACE FUNCTION storetopics._regenerate(p_source int, recount boolean DEFAULT false) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   src storetopics.sources;
+  v_was text := coalesce(current_setting('storetopics.in_ddl', true), '');
 BEGIN
   SELECT * INTO src FROM storetopics.sources s WHERE s.id = p_source FOR UPDATE;
-  IF FOUND AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = src.chunks) THEN
+  IF NOT FOUND OR NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = src.chunks) THEN
+    RETURN;
+  END IF;
+  PERFORM set_config('storetopics.in_ddl', 'on', true);
+  src := storetopics._follow_columns(src);
+  src.file_type := storetopics._check_keys(src.chunks, src.store_key, src.file_key, src.content, src.embedding,
+                                           src.files_table, src.files_key, format('source %s', src.id));
+  IF src.generated IS DISTINCT FROM storetopics._stamp(src) THEN
     PERFORM storetopics._generate(src);
     PERFORM storetopics._create_triggers(src);
-    UPDATE storetopics.sources s SET generated = storetopics._version() WHERE s.id = p_source;
+    UPDATE storetopics.sources s
+       SET store_key = src.store_key, file_key = src.file_key, content = src.content, embedding = src.embedding,
+           files_key = src.files_key, store_sql = src.store_sql, file_sql = src.file_sql,
+           content_sql = src.content_sql, file_type = src.file_type, generated = storetopics._stamp(src)
+     WHERE s.id = p_source;
+    IF recount THEN
+      INSERT INTO storetopics.pending (source_id, deletes, logged_by) VALUES (src.id, true, src.owner);
+    END IF;
   END IF;
+  PERFORM set_config('storetopics.in_ddl', v_was, true);
 END $$;
 
 -- Drops a source's generated functions (with the triggers that call them).
@@ -1631,6 +1895,7 @@ BEGIN
   EXECUTE format('DROP FUNCTION IF EXISTS %s() CASCADE', storetopics._generated(p_source, 'capture'));
   EXECUTE format('DROP FUNCTION IF EXISTS %s(text, text[], text, jsonb)', storetopics._generated(p_source, 'read'));
   EXECUTE format('DROP FUNCTION IF EXISTS %s(text, text)', storetopics._generated(p_source, 'mirror'));
+  EXECUTE format('DROP FUNCTION IF EXISTS %s(record, int)', storetopics._generated(p_source, 'try'));
 END $$;
 
 -- What \df+ shows a DBA.
@@ -1657,6 +1922,12 @@ RETURN quote_ident(coalesce(nullif(current_setting('role'), 'none'), session_use
 CREATE OR REPLACE FUNCTION storetopics._may_act_as(p_role regrole) RETURNS boolean
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN pg_has_role(storetopics._caller(), p_role, 'USAGE');
+
+-- Whether the caller is an administrator of storetopics: it may act as the owner of the schema (the role that
+-- installed it, or a superuser).
+CREATE OR REPLACE FUNCTION storetopics._is_admin() RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN storetopics._may_act_as((SELECT n.nspowner::regrole FROM pg_namespace n WHERE n.nspname = 'storetopics'));
 
 -- The source of an attached table, for a caller who may act as its owner (else insufficient_privilege).
 CREATE OR REPLACE FUNCTION storetopics._owned_source(p_chunks regclass) RETURNS storetopics.sources
@@ -1689,11 +1960,6 @@ BEGIN
   DELETE FROM storetopics.sources WHERE id = p_source;
 END $$;
 
--- A table and, when it is partitioned, every table of its partition tree.
-CREATE OR REPLACE FUNCTION storetopics._tree(p_table regclass) RETURNS regclass[]
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN ARRAY(SELECT p_table UNION SELECT x.relid FROM pg_partition_tree(p_table) x ORDER BY 1);
-
 -- The capture triggers on the attached table and on every partition of it (statement triggers of a partitioned
 -- table do not fire for statements that name a partition), dropped from tables that left the tree, and on
 -- files_table.  Idempotent: attach, resync() and the DDL event trigger (partitions created or attached later) call
@@ -1707,10 +1973,10 @@ DECLARE
   v_enabled "char" := CASE WHEN v_mode = 'ALWAYS' THEN 'A' ELSE 'O' END;   -- pg_trigger.tgenabled
   r record;
   v_new int := 0;
-  -- its own DDL fires the DDL event trigger (_cover_partitions), which must not call it again
-  v_was text := coalesce(current_setting('storetopics.creating_triggers', true), '');
+  -- its own DDL fires the DDL event trigger (_follow_ddl), which must not call it again
+  v_was text := coalesce(current_setting('storetopics.in_ddl', true), '');
 BEGIN
-  PERFORM set_config('storetopics.creating_triggers', 'on', true);
+  PERFORM set_config('storetopics.in_ddl', 'on', true);
   FOR r IN SELECT t.tgrelid, t.tgname FROM pg_trigger t
             WHERE t.tgfoid = fn AND t.tgrelid <> ALL (storetopics._tree(src.chunks))
               AND t.tgrelid IS DISTINCT FROM src.files_table LOOP
@@ -1740,7 +2006,7 @@ BEGIN
       EXECUTE format('ALTER TABLE %s ENABLE %s TRIGGER %I', r.rel::regclass, v_mode, r.name);
     END IF;
   END LOOP;
-  PERFORM set_config('storetopics.creating_triggers', v_was, true);
+  PERFORM set_config('storetopics.in_ddl', v_was, true);
   RETURN v_new;
 END $$;
 
@@ -1780,17 +2046,18 @@ BEGIN
   PERFORM storetopics._validate_settings(settings);
   INSERT INTO storetopics.sources (chunks, owner, store_key, file_key, content, embedding, store_sql, file_sql,
                                    content_sql, file_type, ts_config, settings, files_table, files_key, mirror,
-                                   mirror_key, mirror_column)
+                                   mirror_key, mirror_column, key_attnums)
   VALUES (chunks, v_owner, store_key, file_key, content, embedding, storetopics._key_sql(chunks, store_key),
           storetopics._key_sql(chunks, file_key), storetopics._key_sql(chunks, content), v_file_type, ts_config,
           coalesce(settings, '{}'), files_table, CASE WHEN files_table IS NOT NULL THEN files_key END,
-          mirror, CASE WHEN mirror IS NOT NULL THEN mirror_key END, CASE WHEN mirror IS NOT NULL THEN mirror_column END)
+          mirror, CASE WHEN mirror IS NOT NULL THEN mirror_key END, CASE WHEN mirror IS NOT NULL THEN mirror_column END,
+          ARRAY[storetopics._attnum(chunks, store_key), storetopics._attnum(chunks, file_key),
+                storetopics._attnum(chunks, content), storetopics._attnum(chunks, embedding),
+                storetopics._attnum(files_table, files_key)])
   RETURNING * INTO src;
   -- The first fold counts every row that is already there.
   INSERT INTO storetopics.pending (source_id, resync, logged_by) VALUES (src.id, true, v_owner);
-  PERFORM storetopics._generate(src);
-  PERFORM storetopics._create_triggers(src);
-  UPDATE storetopics.sources s SET generated = storetopics._version() WHERE s.id = src.id;
+  PERFORM storetopics._regenerate(src.id);
   PERFORM storetopics._warn_unindexed_file_key(chunks, file_key);
   PERFORM pg_notify('storetopics_dirty', src.id::text);
   RETURN src.id;
@@ -1809,7 +2076,6 @@ CREATE OR REPLACE FUNCTION storetopics._attach_check(
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_owner regrole := (SELECT c.relowner::regrole FROM pg_class c WHERE c.oid = p_chunks);
-  v_type regtype;
   v_file_type regtype;
 BEGIN
   IF (SELECT relkind FROM pg_class WHERE oid = p_chunks) NOT IN ('r', 'p') THEN
@@ -1826,24 +2092,45 @@ BEGIN
     RAISE EXCEPTION 'storetopics: % is already attached', p_chunks USING ERRCODE = 'duplicate_object',
       HINT = 'Detach it first with storetopics.detach(...).';
   END IF;
+  v_file_type := storetopics._check_keys(p_chunks, p_store_key, p_file_key, p_content, p_embedding, p_files_table,
+                                         p_files_key, NULL);
+  IF p_mirror IS NOT NULL THEN
+    PERFORM storetopics._mirror_check(v_owner, p_mirror, p_mirror_key, p_mirror_column);
+  END IF;
+  RETURN v_file_type;
+END $$;
+
+-- The keys of a source checked against its tables as they are now (at attach, and after DDL): store_key, file_key
+-- and content are columns or one expression each (storetopics._expr_type), content is text, the embedding a
+-- pgvector column, files_key a column of files_table.  Returns the file key's type.  source: how errors name the
+-- source (NULL at attach).
+CREATE OR REPLACE FUNCTION storetopics._check_keys(
+  p_chunks regclass, p_store_key text, p_file_key text, p_content text, p_embedding text, p_files_table regclass,
+  p_files_key text, source text) RETURNS regtype
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_type regtype;
+  v_file_type regtype;
+  v_of text := CASE WHEN source IS NULL THEN '' ELSE format(' (%s)', source) END;
+BEGIN
   IF coalesce(trim(p_store_key), '') = '' OR coalesce(trim(p_file_key), '') = '' OR coalesce(trim(p_content), '') = '' THEN
     RAISE EXCEPTION 'storetopics: store_key, file_key and content are required' USING ERRCODE = 'null_value_not_allowed';
   END IF;
-  PERFORM storetopics._expr_type(p_chunks, p_store_key, format('store_key %L', p_store_key));
-  v_file_type := storetopics._expr_type(p_chunks, p_file_key, format('file_key %L', p_file_key));
-  v_type := storetopics._expr_type(p_chunks, p_content, format('content %L', p_content));
-  IF v_type NOT IN ('text'::regtype, 'character varying'::regtype, 'character'::regtype) THEN
-    RAISE EXCEPTION 'storetopics: content % of % is %, not text', p_content, p_chunks, v_type
+  PERFORM storetopics._expr_type(p_chunks, p_store_key, format('store_key %L%s', p_store_key, v_of));
+  v_file_type := storetopics._expr_type(p_chunks, p_file_key, format('file_key %L%s', p_file_key, v_of));
+  v_type := storetopics._expr_type(p_chunks, p_content, format('content %L%s', p_content, v_of));
+  IF storetopics._base_type(v_type) NOT IN ('text'::regtype, 'character varying'::regtype, 'character'::regtype) THEN
+    RAISE EXCEPTION 'storetopics: content % of % is %, not text', p_content, p_chunks::text || v_of, v_type
       USING ERRCODE = 'datatype_mismatch';
   END IF;
   IF p_embedding IS NOT NULL THEN
     SELECT a.atttypid::regtype INTO v_type FROM pg_attribute a
      WHERE a.attrelid = p_chunks AND a.attname = p_embedding AND a.attnum > 0 AND NOT a.attisdropped;
     IF v_type IS NULL THEN
-      RAISE EXCEPTION 'storetopics: % has no column %', p_chunks, p_embedding USING ERRCODE = 'undefined_column';
+      RAISE EXCEPTION 'storetopics: % has no column %', p_chunks, p_embedding || v_of USING ERRCODE = 'undefined_column';
     ELSIF (SELECT typname FROM pg_type WHERE oid = v_type) NOT IN ('vector', 'halfvec') THEN
-      RAISE EXCEPTION 'storetopics: embedding column % of % is %, not a pgvector vector', p_embedding, p_chunks,
-        v_type USING ERRCODE = 'datatype_mismatch';
+      RAISE EXCEPTION 'storetopics: embedding column % of % is %, not a pgvector vector', p_embedding,
+        p_chunks::text || v_of, v_type USING ERRCODE = 'datatype_mismatch';
     END IF;
   END IF;
   IF p_files_table IS NOT NULL THEN
@@ -1852,15 +2139,18 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = p_files_table AND a.attname = p_files_key
                     AND a.attnum > 0 AND NOT a.attisdropped) THEN
-      RAISE EXCEPTION 'storetopics: files_table % has no column %', p_files_table, p_files_key
+      RAISE EXCEPTION 'storetopics: files_table % has no column %', p_files_table, p_files_key || v_of
         USING ERRCODE = 'undefined_column', HINT = 'files_key names its column that holds the chunks'' file key.';
     END IF;
   END IF;
-  IF p_mirror IS NOT NULL THEN
-    PERFORM storetopics._mirror_check(v_owner, p_mirror, p_mirror_key, p_mirror_column);
-  END IF;
   RETURN v_file_type;
 END $$;
+
+-- The attnum of a table's column (NULL: no such column, or an expression).
+CREATE OR REPLACE FUNCTION storetopics._attnum(p_table regclass, p_column text) RETURNS int2
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN (SELECT a.attnum FROM pg_attribute a
+         WHERE a.attrelid = p_table AND a.attname = p_column AND a.attnum > 0 AND NOT a.attisdropped);
 
 -- fold() recounts every file a write touched (an insert, an update, a delete) by reading that file's chunks through
 -- the file key: without an index whose first column is that key, each recount reads the whole table, so attach()
@@ -1975,18 +2265,22 @@ RETURN coalesce((SELECT storetopics.detach_source(s.id) FROM storetopics.sources
 COMMENT ON FUNCTION storetopics.detach(regclass) IS
   'Detach a table: its triggers, generated functions and summaries go; the table is left as it is.';
 
--- Forget a source's state and recount everything on the next fold; also covers partitions added since.
+-- Forget a source's state and recount everything on the next fold, after making its functions and triggers again
+-- from its tables as they are now (renamed columns followed, partitions added since covered): what recovers a
+-- source after DDL no event trigger saw.  Rows read row by row since a key raised for one are read set-based again
+-- (the next fold finds out anew).
 CREATE OR REPLACE FUNCTION storetopics.resync(chunks regclass) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   src storetopics.sources := storetopics._owned_source(chunks);
 BEGIN
-  PERFORM storetopics._create_triggers(src);
+  UPDATE storetopics.sources s SET safe_keys = false, key_error = NULL, key_error_at = NULL WHERE s.id = src.id;
+  PERFORM storetopics._regenerate(src.id);
   INSERT INTO storetopics.pending (source_id, resync, logged_by) VALUES (src.id, true, src.owner);
 END $$;
 COMMENT ON FUNCTION storetopics.resync(regclass) IS
-  'Recount every row of an attached table at the next fold (after changes storetopics cannot see, e.g. a rename '
-  'in a table a key expression reads).';
+  'Recount every row of an attached table at the next fold, after making its capture again from the table as it is '
+  '(after DDL storetopics could not see, e.g. a rename in a table a key expression reads).';
 
 -- Compare every file's live chunk count with the folded one at the next fold, and recount those that differ: finds
 -- rows written while the capture triggers did not fire (session_replication_role = replica, ALTER TABLE ... DISABLE
@@ -2010,9 +2304,12 @@ COMMENT ON FUNCTION storetopics.verify(regclass) IS
   'Check at the next fold that every file''s live chunk count matches what was folded, and recount those that '
   'differ (rows written while the capture triggers did not fire).  NULL: every source the caller owns.';
 
--- DROP TABLE of an attached table also forgets its source (the table's triggers go with it).  SECURITY DEFINER:
--- it runs for whoever drops a table, and tenants may not touch storetopics' tables.  Installed where the installing
--- role may create event triggers (superuser); elsewhere fold() and backfill() skip such sources.
+-- After DROP: an attached table dropped forgets its source (its triggers go with it); anything else dropped that a
+-- remaining source's keys need (a key column, a table or function an expression names) is refused, with the error
+-- and what to do instead.  A partitioned source may have lost a partition's rows: its counts are checked at the next
+-- fold.  SECURITY DEFINER: it runs for whoever drops, and tenants may not touch storetopics' tables.  Installed
+-- where the installing role may create event triggers (superuser); elsewhere the capture's net keeps the
+-- application's writes going and fold fails with the error (storetopics._regenerate).
 CREATE OR REPLACE FUNCTION storetopics._forget_dropped_tables() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -2024,37 +2321,67 @@ BEGIN
     PERFORM storetopics._drop_generated(r.id);
     PERFORM storetopics._forget_source(r.id);
   END LOOP;
+  IF current_setting('storetopics.in_ddl', true) = 'on' THEN
+    RETURN;   -- storetopics' own DROPs (a probe, a generated function made again)
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() d WHERE NOT d.is_temporary) THEN
+    RETURN;
+  END IF;
+  FOR r IN SELECT s.id, s.chunks, (c.relkind = 'p') AS partitioned,
+                  EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() d
+                           WHERE d.classid = 'pg_class'::regclass AND d.objsubid > 0
+                             AND d.objid IN (s.chunks, s.files_table)) AS own_column
+             FROM storetopics.sources s JOIN pg_class c ON c.oid = s.chunks
+            ORDER BY s.id LOOP
+    IF r.own_column OR storetopics._has_expression_key((SELECT x FROM storetopics.sources x WHERE x.id = r.id)) THEN
+      BEGIN
+        PERFORM storetopics._regenerate(r.id, true);
+      EXCEPTION WHEN OTHERS THEN
+        RAISE EXCEPTION 'storetopics: % would break the attachment of % (source %): %', tg_tag, r.chunks, r.id,
+          SQLERRM USING ERRCODE = 'dependent_objects_still_exist',
+          HINT = format('Detach it first (SELECT storetopics.detach(%L)), or keep what its keys use.', r.chunks);
+      END;
+    ELSIF r.partitioned AND EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() d
+                                     WHERE d.classid = 'pg_class'::regclass AND d.object_type = 'table') THEN
+      INSERT INTO storetopics.pending (source_id, deletes, logged_by)
+      SELECT s.id, true, s.owner FROM storetopics.sources s WHERE s.id = r.id;
+    END IF;
+  END LOOP;
 END $$;
 
--- A partition created or attached later, or one detached: after CREATE TABLE / ALTER TABLE on a table of an
--- attached tree, cover the tree with triggers again and check the counts at the next fold (an attached partition
--- brings rows no trigger saw); a column's new type may change how the capture function must be generated.  Never
--- fails the DDL: a problem is a WARNING.
-CREATE OR REPLACE FUNCTION storetopics._cover_partitions() RETURNS event_trigger
+-- After CREATE TABLE or ALTER (ddl_command_end): every source whose table, partitions or files_table the command
+-- touched, and every source with a key expression when the command altered anything (the expression may name it: a
+-- function renamed, a column of another table), is made again from its tables as they are now
+-- (storetopics._regenerate): plain keys follow renamed columns, the functions follow a renamed table or a key's new
+-- type, new partitions get the triggers, and the counts are checked at the next fold (a partition attached with its
+-- rows).  A change its keys do not survive is refused: the error names the source and what to do instead, and the
+-- application's writes never meet a capture that no longer fits its table.
+CREATE OR REPLACE FUNCTION storetopics._follow_ddl() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   src storetopics.sources;
 BEGIN
-  IF current_setting('storetopics.creating_triggers', true) = 'on' THEN
-    RETURN;
+  IF current_setting('storetopics.in_ddl', true) = 'on' THEN
+    RETURN;   -- storetopics' own DDL (generated functions, triggers, probes)
   END IF;
-  FOR src IN SELECT DISTINCT ON (s.id) s.* FROM storetopics.sources s, pg_event_trigger_ddl_commands() d
-              WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0
-                AND (d.objid = s.chunks OR s.chunks IN (SELECT a.relid FROM pg_partition_ancestors(d.objid) a))
+  FOR src IN SELECT s.* FROM storetopics.sources s
+              WHERE EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands() d
+                             WHERE d.classid = 'pg_class'::regclass
+                               AND (d.objid = s.chunks OR d.objid = s.files_table
+                                    OR s.chunks IN (SELECT a.relid FROM pg_partition_ancestors(d.objid) a)
+                                    OR EXISTS (SELECT 1 FROM pg_trigger t
+                                                WHERE t.tgrelid = d.objid AND t.tgname = 'storetopics_ins'
+                                                  AND t.tgfoid = (storetopics._generated(s.id, 'capture')
+                                                                  || '()')::regprocedure)))
+                 OR (tg_tag <> 'CREATE TABLE' AND storetopics._has_expression_key(s))
               ORDER BY s.id LOOP
     BEGIN
-      -- a key column's type changed: the capture function may need its SET search_path again (or no longer)
-      IF storetopics._capture_bound(src) IS DISTINCT FROM
-         (SELECT p.proconfig IS NULL FROM pg_proc p
-           WHERE p.oid = (storetopics._generated(src.id, 'capture') || '()')::regprocedure) THEN
-        PERFORM storetopics._regenerate(src.id);
-      ELSE
-        PERFORM storetopics._create_triggers(src);
-      END IF;
-      INSERT INTO storetopics.pending (source_id, deletes, logged_by) VALUES (src.id, true, src.owner);
+      PERFORM storetopics._regenerate(src.id, true);
     EXCEPTION WHEN OTHERS THEN
-      RAISE WARNING 'storetopics: could not cover the partitions of % with its triggers: %', src.chunks, SQLERRM
-        USING HINT = format('Run SELECT storetopics.resync(%L) as its owner.', src.chunks);
+      RAISE EXCEPTION 'storetopics: % would break the attachment of % (source %): %', tg_tag, src.chunks, src.id,
+        SQLERRM USING ERRCODE = 'dependent_objects_still_exist',
+        HINT = format('Detach it first (SELECT storetopics.detach(%L)) and attach it again with keys that fit the '
+                      'new table, or leave the key''s columns as they are.', src.chunks);
     END;
   END LOOP;
 END $$;
@@ -2096,7 +2423,7 @@ COMMENT ON FUNCTION storetopics.grant_worker(name) IS
   'Let a role run the worker (fold, fit, label, render) on every source, without superuser.';
 
 -- Lets a role (a router) read the summaries of one source, or of every source (chunks NULL: administrators only).
--- The caller must be able to act as the source's owner.
+-- The caller must be able to act as the source's owner, and as the reader (or be an administrator).
 CREATE OR REPLACE FUNCTION storetopics.grant_read(role_name regrole, chunks regclass DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -2104,9 +2431,18 @@ DECLARE
 BEGIN
   IF chunks IS NOT NULL THEN
     v_source := (storetopics._owned_source(chunks)).id;
-  ELSIF NOT storetopics._may_act_as((SELECT n.nspowner::regrole FROM pg_namespace n WHERE n.nspname = 'storetopics')) THEN
+  ELSIF NOT storetopics._is_admin() THEN
     RAISE EXCEPTION 'storetopics: only an administrator may grant reading every source'
       USING ERRCODE = 'insufficient_privilege', HINT = 'Name the table: grant_read(role, chunks).';
+  END IF;
+  -- What a reader's catalog() and route() offer is the reader's choice (or an administrator's): an owner may add its
+  -- stores to the catalog of a role it may act as (its own router), not push them into another tenant's.
+  IF NOT storetopics._may_act_as(role_name) AND NOT storetopics._is_admin() THEN
+    RAISE EXCEPTION 'storetopics: % may not choose what % reads', storetopics._caller(), role_name
+      USING ERRCODE = 'insufficient_privilege',
+            DETAIL = 'Stores granted to a role appear in its catalog() and route().',
+            HINT = format('An administrator may grant it, or make %s a member of %s first (GRANT %s TO %s).',
+                          storetopics._caller(), role_name, role_name, storetopics._caller());
   END IF;
   INSERT INTO storetopics.grants (role, kind, source_id) VALUES (role_name, 'read', v_source) ON CONFLICT DO NOTHING;
   EXECUTE format('GRANT USAGE ON SCHEMA storetopics TO %s', role_name);
@@ -2118,7 +2454,8 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION storetopics.grant_read(regrole, regclass) IS
   'Let a role (a router, a monitoring role) read the summaries of one attached table, or of all (NULL; '
-  'administrators only): the views stores and status, catalog(), route(), route_text() and metrics().';
+  'administrators only): the views stores and status, catalog(), route(), route_text() and metrics().  The caller '
+  'must own the table and may act as the role, or be an administrator.';
 
 -- idempotent/040-fold.sql
 -- ------------------------------------------------------------------------------------------------------------
@@ -2136,6 +2473,20 @@ COMMENT ON FUNCTION storetopics.grant_read(regrole, regclass) IS
 CREATE OR REPLACE FUNCTION storetopics.fold(p_source int, max_files int DEFAULT 5000) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET jit = off
   SET plan_cache_mode = force_custom_plan AS $$
+BEGIN
+  BEGIN
+    RETURN storetopics._fold(p_source, max_files);
+  EXCEPTION WHEN data_exception OR cardinality_violation THEN
+    -- a key expression raised for some row: the source is read row by row from now on, and the fold runs again
+    IF NOT storetopics._read_row_by_row(p_source, SQLERRM) THEN
+      RAISE;
+    END IF;
+  END;
+  RETURN storetopics._fold(p_source, max_files);
+END $$;
+
+CREATE OR REPLACE FUNCTION storetopics._fold(p_source int, max_files int) RETURNS int
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   src storetopics.sources := storetopics._fold_source(p_source);
   v_files text[];
@@ -2155,6 +2506,27 @@ BEGIN
   PERFORM storetopics._analyze_if_stale(coalesce(v_n, 0));
   RETURN cardinality(v_files);
 END $$;
+
+-- A key expression raised a data error (a division by zero, text that is no JSON, a subquery that found two rows)
+-- for some row: from now on the source's reader evaluates its expression keys row by row, catching such errors
+-- (the rows count as skipped), and status shows the error.  false when it already does, or has no expression key
+-- (then the error is not a row's).
+CREATE OR REPLACE FUNCTION storetopics._read_row_by_row(p_source int, p_error text) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  UPDATE storetopics.sources s SET safe_keys = true, key_error = 'a key raised for a row: ' || p_error,
+         key_error_at = now()
+   WHERE s.id = p_source AND NOT s.safe_keys AND storetopics._has_expression_key(s);
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  RAISE WARNING 'storetopics: source %: a key expression raised "%" for a row; its rows are read one by one from '
+    'now on, and rows it raises for are counted as skipped', p_source, p_error
+    USING HINT = 'Fix the expression or the rows, then run storetopics.resync() to read them set-based again.';
+  PERFORM storetopics._regenerate(p_source);
+  RETURN true;
+END $$;
+
 COMMENT ON FUNCTION storetopics.fold(int, int) IS
   'Recount up to max_files files of a source whose rows changed and apply the difference to its stores; returns '
   'the number of files recounted (0: nothing pending).  Exact and idempotent; safe from any number of sessions.';
@@ -2192,11 +2564,30 @@ BEGIN
   RETURN src;
 END $$;
 
+-- The capture could not key a statement's rows (it logged a count check or a resync instead, with the error, and the
+-- statement went through): recorded for the status view, and said.
+CREATE OR REPLACE FUNCTION storetopics._note_capture_error(p_source int, p_error text, p_at timestamptz) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF p_error IS NULL THEN
+    RETURN;
+  END IF;
+  UPDATE storetopics.sources SET key_error = 'the capture trigger could not key a statement''s rows: ' || p_error,
+         key_error_at = p_at
+   WHERE id = p_source;
+  RAISE WARNING 'storetopics: source %: the capture trigger could not key a statement''s rows at %: %', p_source, p_at,
+    p_error USING HINT = 'The statement went through; its files are found by their counts.  status shows the error.';
+END $$;
+
 -- Fold step 1 (attach, TRUNCATE, resync()): forget the source's state and log every live file, folded in batches.
 CREATE OR REPLACE FUNCTION storetopics._fold_resync(src storetopics.sources) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  r record;
 BEGIN
-  DELETE FROM storetopics.pending WHERE source_id = src.id AND (resync OR deletes);
+  WITH d AS (DELETE FROM storetopics.pending WHERE source_id = src.id AND (resync OR deletes) RETURNING logged_at, error)
+  SELECT d.error, d.logged_at INTO r FROM d WHERE d.error IS NOT NULL ORDER BY d.logged_at DESC LIMIT 1;
+  PERFORM storetopics._note_capture_error(src.id, r.error, r.logged_at);
   PERFORM storetopics._catalog_move(src.id, storetopics._catalog(src.id), NULL);
   DELETE FROM storetopics.file_terms WHERE source_id = src.id;
   DELETE FROM storetopics.store_terms WHERE source_id = src.id;
@@ -2220,12 +2611,17 @@ CREATE OR REPLACE FUNCTION storetopics._fold_check_counts(src storetopics.source
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_at timestamptz;
+  v_error text;
+  v_error_at timestamptz;
 BEGIN
-  WITH d AS (DELETE FROM storetopics.pending WHERE source_id = src.id AND deletes RETURNING logged_at)
-  SELECT max(d.logged_at) INTO v_at FROM d;
+  WITH d AS (DELETE FROM storetopics.pending WHERE source_id = src.id AND deletes RETURNING logged_at, error)
+  SELECT max(d.logged_at), (array_agg(d.error ORDER BY d.logged_at DESC) FILTER (WHERE d.error IS NOT NULL))[1],
+         max(d.logged_at) FILTER (WHERE d.error IS NOT NULL)
+    INTO v_at, v_error, v_error_at FROM d;
   IF v_at IS NULL THEN
     RETURN;
   END IF;
+  PERFORM storetopics._note_capture_error(src.id, v_error, v_error_at);
   EXECUTE format('CREATE TEMP TABLE storetopics_live ON COMMIT DROP AS '
                  'SELECT * FROM %s(''file_counts'', NULL, NULL, NULL) AS r(file_key text, chunks bigint)',
                  storetopics._generated(src.id, 'read'));
@@ -2470,6 +2866,12 @@ RETURN jsonb_build_object(
   'route_text_threshold', 0.22); -- route_text(): the same for a query text (the mean log ratio of its words'
                                  -- probability in the store to the background); chosen likewise
 
+-- The settings only an administrator may change (storetopics._is_admin): what the operator pays for.  The labeller's
+-- endpoint and key come from the worker's environment, never from a setting.
+CREATE OR REPLACE FUNCTION storetopics._operator_settings() RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN ARRAY['labeller', 'model', 'prices'];
+
 CREATE OR REPLACE FUNCTION storetopics._settings(p_source int) RETURNS jsonb
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN storetopics.default_settings() || coalesce((SELECT s.settings FROM storetopics.sources s WHERE s.id = p_source),
@@ -2483,7 +2885,7 @@ COMMENT ON FUNCTION storetopics.settings(regclass) IS 'The effective settings of
 
 -- Settings changes as configure() and attach() take them: known keys, values of the default's type (null resets).
 CREATE OR REPLACE FUNCTION storetopics._validate_settings(changes jsonb) RETURNS void
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   d jsonb := storetopics.default_settings();
   k text;
@@ -2512,6 +2914,11 @@ BEGIN
     IF k = 'route_threshold' AND jsonb_typeof(v) = 'number' AND (v #>> '{}')::numeric > 1 THEN
       RAISE EXCEPTION 'storetopics: setting route_threshold cannot be %: route() scores are at most 1', v
         USING ERRCODE = 'invalid_parameter_value', HINT = 'A cosine similarity: 0 searches (almost) always, 1 never.';
+    END IF;
+    IF k = ANY (storetopics._operator_settings()) AND NOT storetopics._is_admin() THEN
+      RAISE EXCEPTION 'storetopics: setting % is the operator''s', k USING ERRCODE = 'insufficient_privilege',
+        DETAIL = 'Which labeller runs, its model and the prices the ledger counts decide what the operator pays for.',
+        HINT = 'Ask an administrator of storetopics to set it: SELECT storetopics.configure(table, ...).';
     END IF;
     IF k = 'labeller' AND v #>> '{}' NOT IN ('offline', 'anthropic', 'openai') THEN
       RAISE EXCEPTION 'storetopics: unknown labeller %', v USING ERRCODE = 'invalid_parameter_value',
@@ -2543,8 +2950,8 @@ BEGIN
   END IF;
   IF v_new -> 'catalog' IS DISTINCT FROM v_old -> 'catalog' THEN
     -- the source's stores leave one catalog's background and join the other's
-    PERFORM storetopics._catalog_move(src.id, coalesce(v_old ->> 'catalog', 'source:' || src.id),
-                                      coalesce(v_new ->> 'catalog', 'source:' || src.id));
+    PERFORM storetopics._catalog_move(src.id, storetopics._catalog_key(src.id, src.owner, v_old ->> 'catalog'),
+                                      storetopics._catalog_key(src.id, src.owner, v_new ->> 'catalog'));
   END IF;
   RETURN v_new;
 END $$;
@@ -2561,10 +2968,19 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp
 RETURN storetopics.configure(chunks, '{"paused": null}');
 COMMENT ON FUNCTION storetopics.resume(regclass) IS 'Let the worker refresh this table''s stores again.';
 
--- The catalog of a source: settings.catalog, else the source itself ('source:<id>').
+-- The catalog a source's stores are contrasted with, as catalog_terms keys it: the source itself ('source:<id>'), or
+-- settings.catalog among the sources of the same owner ('owner:<role oid>:<name>').  Per owner: a tenant that names
+-- another's catalog joins a catalog of its own by that name, so it neither reads the other's word counts back from
+-- its own scores nor changes the other's summaries by flooding their background.
+CREATE OR REPLACE FUNCTION storetopics._catalog_key(p_source int, p_owner regrole, p_name text) RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN p_name IS NULL THEN 'source:' || p_source ELSE 'owner:' || p_owner::oid || ':' || p_name END;
+
 CREATE OR REPLACE FUNCTION storetopics._catalog(p_source int) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN coalesce(storetopics._settings(p_source) ->> 'catalog', 'source:' || p_source);
+RETURN coalesce((SELECT storetopics._catalog_key(s.id, s.owner, storetopics._settings(s.id) ->> 'catalog')
+                   FROM storetopics.sources s WHERE s.id = p_source),
+                'source:' || p_source);
 
 -- Adds the rows of pg_temp.storetopics_catalog_delta (term_id, total, files, stores) to a catalog's background, in
 -- term order (folds of two sources of one catalog lock its rows in the same order), and drops terms no store holds.
@@ -3951,7 +4367,7 @@ BEGIN
                     ORDER BY i);
   v_topics := jsonb_build_object('version', 2, 'files', st.files, 'chunks', st.chunks, 'words', st.words,
                                  'skipped', st.skipped, 'clusters', v_clusters, 'topics', to_jsonb(v_topic_list),
-                                 'catalog', storetopics._catalog(src.id),
+                                 'catalog', coalesce(v_cfg ->> 'catalog', 'source:' || src.id),
                                  'fit', CASE WHEN st.fit_at IS NOT NULL THEN jsonb_build_object(
                                    'generation', st.fit_generation, 'at', st.fit_at, 'k', st.fit_k,
                                    'silhouette', round(st.fit_silhouette::numeric, 4),
@@ -4801,8 +5217,16 @@ SELECT s.id AS source_id, s.chunks AS source, s.ts_config,
          AS other_dimension_chunks,     -- vectors no cluster can take: another dimension than the store's fit
        (SELECT count(*) FROM storetopics.pending p WHERE p.source_id = s.id) AS pending_events,
        (SELECT min(p.logged_at) FROM storetopics.pending p WHERE p.source_id = s.id) AS oldest_pending,
-       s.folded_at, s.attached_at
+       s.folded_at, s.attached_at,
+       -- the last error a key met, and when: the capture could not key a statement's rows (logged, not folded
+       -- yet; or folded), or a key expression raised for a row (its rows are read one by one since)
+       coalesce(e.error, s.key_error) AS key_error, coalesce(e.logged_at, s.key_error_at) AS key_error_at,
+       CASE WHEN s.safe_keys THEN 'row by row' ELSE 'set-based' END AS reads
   FROM storetopics.sources s
+  LEFT JOIN LATERAL (SELECT 'the capture trigger could not key a statement''s rows: ' || p.error AS error, p.logged_at
+                       FROM storetopics.pending p
+                      WHERE p.source_id = s.id AND p.error IS NOT NULL
+                      ORDER BY p.logged_at DESC LIMIT 1) e ON true
  WHERE pg_has_role(current_user, s.owner, 'USAGE')
     OR EXISTS (SELECT 1 FROM storetopics.grants g
                 WHERE (g.source_id IS NULL OR g.source_id = s.id) AND pg_has_role(current_user, g.role, 'USAGE'));
@@ -5257,7 +5681,7 @@ BEGIN
     PERFORM storetopics._grant_routing(r.role::text);
   END LOOP;
   FOR r IN SELECT DISTINCT s.owner FROM storetopics.sources s LOOP
-    EXECUTE format('GRANT INSERT (source_id, store_key, file_key, resync, deletes), SELECT (source_id) '
+    EXECUTE format('GRANT INSERT (source_id, store_key, file_key, resync, deletes, error), SELECT (source_id) '
                    'ON storetopics.pending TO %s', r.owner);
     EXECUTE format('GRANT SELECT ON storetopics.file_means TO %s', r.owner);
     PERFORM storetopics._grant_routing(r.owner::text);
@@ -5275,10 +5699,14 @@ BEGIN
         EXECUTE FUNCTION storetopics._forget_dropped_tables();
     END IF;
     ALTER EVENT TRIGGER storetopics_forget_dropped_tables ENABLE;
-    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'storetopics_cover_partitions') THEN
-      CREATE EVENT TRIGGER storetopics_cover_partitions ON ddl_command_end
-        WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE') EXECUTE FUNCTION storetopics._cover_partitions();
-    END IF;
+    DROP EVENT TRIGGER IF EXISTS storetopics_cover_partitions;   -- (an earlier build of 0.2; _follow_ddl does it)
+    DROP FUNCTION IF EXISTS storetopics._cover_partitions();
+    DROP EVENT TRIGGER IF EXISTS storetopics_follow_ddl;         -- made again: its tags may have changed
+    CREATE EVENT TRIGGER storetopics_follow_ddl ON ddl_command_end
+      WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'ALTER FUNCTION', 'ALTER PROCEDURE', 'ALTER TYPE', 'ALTER DOMAIN',
+                   'ALTER SCHEMA', 'ALTER VIEW', 'ALTER MATERIALIZED VIEW', 'ALTER FOREIGN TABLE', 'ALTER OPERATOR',
+                   'ALTER AGGREGATE', 'ALTER COLLATION', 'ALTER TEXT SEARCH CONFIGURATION')
+      EXECUTE FUNCTION storetopics._follow_ddl();
   END IF;
   -- Clustering inside the database, where plpython3u is installed: the module plpy/storetopics_clustering.py,
   -- installed by `make install` beside this script, does the work (the worker imports the same file).

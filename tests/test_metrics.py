@@ -131,6 +131,7 @@ def tenants(make_db):
 
     with helpers.tenants(make_db(), ("worker", "router", "monitor", "nobody"), worker, table) as (
             roles, conns, admin, _):
+        admin.execute(f"GRANT {roles['router']} TO {roles['b']}")   # b chooses for its own router
         conns["b"].execute(f"SELECT storetopics.grant_read('{roles['router']}', 'b.docs')")
         admin.execute(f"SELECT storetopics.grant_read('{roles['monitor']}')")
         yield roles, conns, admin

@@ -399,6 +399,7 @@ def tenants(make_db):
         for i, t in enumerate(("a", "b")):
             add_clusters(admin, sources[t], f"{t}-store", [unit(i)], [10])
             add_clusters(admin, sources[t], "shared", [unit(i) + unit(5)], [10])
+        admin.execute(f"GRANT {roles['router']} TO {roles['b']}")   # b chooses for its own router
         conns["b"].execute(f"SELECT storetopics.grant_read('{roles['router']}', 'b.docs')")
         yield roles, conns, admin, sources
 

@@ -532,9 +532,81 @@ def test_a_tenant_reads_only_its_own_stores(cast):
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             a.execute(f"SELECT * FROM storetopics.{table}")
     # a router role granted one source sees that one only
+    cast.admin.execute(f"GRANT {cast.router} TO {cast.b}")   # b chooses what its own router reads
     cast.as_(cast.b).execute(f"SELECT storetopics.grant_read('{cast.router}', 'b.docs')")
     r = cast.as_(cast.router)
     assert r.execute("SELECT source_id, store_key FROM storetopics.stores").fetchall() == [(src_b, "bees")]
+
+
+def test_a_tenant_cannot_push_its_stores_into_another_roles_catalog(cast):
+    cast.table(cast.a, "a", A_ROWS)
+    cast.table(cast.b, "b", B_ROWS)
+    src_a, src_b = cast.attach(cast.a, "a"), cast.attach(cast.b, "b")
+    cast.admin.execute("SELECT * FROM storetopics.backfill()")
+    # A offers its store to B's catalog() and route(): refused, B's catalog stays B's
+    with pytest.raises(psycopg.errors.InsufficientPrivilege) as e:
+        cast.as_(cast.a).execute(f"SELECT storetopics.grant_read('{cast.b}', 'a.docs')")
+    assert "may not choose what" in str(e.value) and "GRANT" in (e.value.diag.message_hint or "")
+    b = cast.as_(cast.b)
+    assert [r[0] for r in b.execute("SELECT source_id FROM storetopics.catalog()")] == [src_b]
+    assert [r[0] for r in b.execute("SELECT source_id FROM storetopics.route_text('kitchen renovation tiles', 3)")
+            ] == [src_b]
+    # ... or to a router it does not control; an administrator may, and so may A for a router of its own
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        cast.as_(cast.a).execute(f"SELECT storetopics.grant_read('{cast.router}', 'a.docs')")
+    cast.admin.execute(f"SELECT storetopics.grant_read('{cast.router}', 'a.docs')")
+    assert [r[0] for r in cast.as_(cast.router).execute("SELECT source_id FROM storetopics.catalog()")] == [src_a]
+    cast.admin.execute(f"GRANT {cast.router} TO {cast.b}")
+    cast.as_(cast.b).execute(f"SELECT storetopics.grant_read('{cast.router}', 'b.docs')")
+    assert sorted(r[0] for r in cast.as_(cast.router).execute("SELECT source_id FROM storetopics.catalog()")
+                  ) == sorted([src_a, src_b])
+
+
+def test_a_tenant_that_names_anothers_catalog_joins_a_catalog_of_its_own(cast):
+    """Catalogs are per owner: A neither reads B's file counts back from its own contrast scores, nor changes B's
+    summary by flooding the background with B's words."""
+    secret = [("finance", i, f"confidential quarterly revenue report {w}") for i, w in
+              enumerate(["north", "south", "east", "west", "plans"], start=1)]
+    cast.table(cast.b, "b", secret + [("garden", 9, "roses and tulips in the garden")])
+    cast.attach(cast.b, "b")
+    cast.as_(cast.b).execute("""SELECT storetopics.configure('b.docs', '{"catalog": "shared"}')""")
+    cast.admin.execute("SELECT * FROM storetopics.backfill()")
+    before = cast.admin.execute("SELECT store_key, store_topics FROM storetopics.store_state ORDER BY 1").fetchall()
+    background = cast.admin.execute("SELECT catalog, term_id, total, stores, files FROM storetopics.catalog_terms "
+                                    "ORDER BY 1, 2").fetchall()
+    # A floods a catalog of the same name with B's words
+    flood = [("flood", i, "confidential quarterly revenue report confidential quarterly revenue")
+             for i in range(100, 160)]
+    cast.table(cast.a, "a", flood)
+    src_a = cast.attach(cast.a, "a")
+    cast.as_(cast.a).execute("""SELECT storetopics.configure('a.docs', '{"catalog": "shared"}')""")
+    cast.admin.execute("SELECT * FROM storetopics.backfill()")
+    cast.admin.execute("UPDATE storetopics.store_state SET rendered_version = -1")   # render B again too
+    cast.admin.execute("SELECT * FROM storetopics.backfill()")
+    after = cast.admin.execute("SELECT store_key, store_topics FROM storetopics.store_state "
+                               "WHERE store_key <> 'flood' ORDER BY 1").fetchall()
+    assert after == before
+    # B's background is B's alone: A's stores went to a catalog of A's, which A's contrast is computed against
+    assert cast.admin.execute("SELECT catalog, term_id, total, stores, files FROM storetopics.catalog_terms "
+                              "WHERE catalog = ANY (%s) ORDER BY 1, 2",
+                              (sorted({r[0] for r in background}),)).fetchall() == background
+
+
+@pytest.mark.parametrize("changes", ['{"model": "claude-opus-4"}', '{"prices": {"claude-haiku-4-5": [0, 0]}}',
+                                     '{"labeller": "anthropic"}', '{"labeller": null}'])
+def test_what_the_operator_pays_for_is_the_operators_setting(cast, changes):
+    cast.table(cast.a, "a", A_ROWS)
+    cast.attach(cast.a, "a")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege) as e:
+        cast.as_(cast.a).execute("SELECT storetopics.configure('a.docs', %s)", (changes,))
+    assert "operator" in str(e.value)
+    cast.as_(cast.a).execute("SELECT storetopics.detach('a.docs')")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        cast.as_(cast.a).execute("SELECT storetopics.attach('a.docs', 'store', 'file', settings => %s)", (changes,))
+    cast.attach(cast.a, "a")
+    # the tenant's own settings stay the tenant's; the administrator sets the operator's
+    cast.as_(cast.a).execute("""SELECT storetopics.configure('a.docs', '{"k_max": 12}')""")
+    cast.admin.execute("SELECT storetopics.configure('a.docs', %s)", (changes,))
 
 
 def test_a_tenant_cannot_forge_change_events_for_another_source(cast):

@@ -70,11 +70,27 @@ BEGIN
   RETURN t;
 END $$;
 
+-- A type, or the base type of a domain (of a domain ...).
+CREATE OR REPLACE FUNCTION storetopics._base_type(p_type regtype) RETURNS regtype
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  WITH RECURSIVE d(t, base, kind) AS (
+    SELECT y.oid, y.typbasetype, y.typtype FROM pg_type y WHERE y.oid = p_type
+    UNION ALL
+    SELECT y.oid, y.typbasetype, y.typtype FROM d JOIN pg_type y ON y.oid = d.base WHERE d.kind = 'd')
+  SELECT d.t::regtype FROM d WHERE d.kind <> 'd';
+END;
+
 -- pgvector's schema, to name its operators in dynamic SQL (functions here run with search_path = pg_catalog).
 CREATE OR REPLACE FUNCTION storetopics._vector_schema() RETURNS name
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN (SELECT t.typnamespace::regnamespace::name FROM pg_type t WHERE t.typname = 'vector'
          ORDER BY t.typnamespace = 'public'::regnamespace DESC LIMIT 1);
+
+-- A table and, when it is partitioned, every table of its partition tree.
+CREATE OR REPLACE FUNCTION storetopics._tree(p_table regclass) RETURNS regclass[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN ARRAY(SELECT p_table UNION SELECT x.relid FROM pg_partition_tree(p_table) x ORDER BY 1);
 
 -- How to name one chunk: its single-column primary key, else its ctid (good within one fit).
 CREATE OR REPLACE FUNCTION storetopics._chunk_ref_sql(tbl regclass) RETURNS text

@@ -383,7 +383,13 @@ BEGIN ATOMIC
       '\s+((the|your)\s+)?(words|text|prompt|instructions|everything)\s+(above|before|verbatim)\M', NULL),
     ('instruction', 'reveal|print|show|output|leak|display|repeat',
       '\s+(me\s+)?(your|the)\s+(system\s+|initial\s+)?(prompt|instructions)\M',
-      'prompt|instructions')
+      'prompt|instructions'),
+    -- imperatives made of ordinary words: the assistant told what it must do, secrets sent somewhere
+    ('instruction', 'assistant|ai|model|llm|router|agent|chatbot|bot|claude|chatgpt|gpt',
+      '\s*,?\s*(must|shall|should|needs\s+to|has\s+to|is\s+required\s+to|is\s+to|will\s+now)\M', NULL),
+    ('instruction', 'forward|send|transmit|upload|exfiltrate|leak|relay|post',
+      '\M[^.;!?]{0,40}\m(passwords|credentials|secrets|api\s+keys|private\s+keys|session\s+cookies)\M',
+      'passwords|credentials|secrets|api\s+keys|private\s+keys|session\s+cookies')
   ) p(kind, starts, follows, gate);
 END;
 

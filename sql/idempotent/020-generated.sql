@@ -65,35 +65,10 @@ RETURN format('c.%I::%I.vector', src.embedding, storetopics._vector_schema());
 --     path, or at worst logs a key twice; a key is never left out.
 CREATE OR REPLACE FUNCTION storetopics._capture_body(src storetopics.sources) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  relevant text := format('%s AS s, %s AS f, %s AS t%s', src.store_sql, src.file_sql, src.content_sql,
-                          CASE WHEN src.embedding IS NULL THEN ''
-                               ELSE format(', c.%I::pg_catalog.text AS e', src.embedding) END);
-  on_files text := CASE WHEN src.files_table IS NULL THEN '' ELSE format($b$
-  IF TG_NARGS OPERATOR(pg_catalog.>) 0 THEN
-    IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
-      INSERT INTO storetopics.pending (source_id, file_key)
-      SELECT DISTINCT %1$s, r.%2$I::pg_catalog.text FROM old_rows AS r;
-    ELSIF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
-      INSERT INTO storetopics.pending (source_id, file_key)
-      SELECT DISTINCT %1$s, r.%2$I::pg_catalog.text FROM new_rows AS r;
-    ELSE
-      INSERT INTO storetopics.pending (source_id, file_key)
-      SELECT DISTINCT %1$s, d.k FROM (
-        (SELECT r.%2$I::pg_catalog.text AS k, r::pg_catalog.text AS v FROM old_rows AS r
-         EXCEPT SELECT r.%2$I::pg_catalog.text, r::pg_catalog.text FROM new_rows AS r)
-        UNION ALL
-        (SELECT r.%2$I::pg_catalog.text, r::pg_catalog.text FROM new_rows AS r
-         EXCEPT SELECT r.%2$I::pg_catalog.text, r::pg_catalog.text FROM old_rows AS r)) AS d;
-    END IF;
-    IF FOUND AND was_clean THEN
-      PERFORM pg_catalog.pg_notify('storetopics_dirty', '%1$s');
-    END IF;
-    RETURN NULL;
-  END IF;$b$, src.id, src.files_key) END;
 BEGIN
-  -- Every name below is schema-qualified, operators included: without SET search_path (storetopics._capture_bound)
-  -- the body runs as the table's owner under the writer's search_path.
+  IF storetopics._capture_net(src) THEN
+    RETURN storetopics._capture_net_body(src);
+  END IF;
   RETURN format($f$
 DECLARE
   -- NOTIFY only when the source becomes dirty: a NOTIFY serialises commits on a global lock, so a burst of
@@ -122,10 +97,7 @@ BEGIN
     INSERT INTO storetopics.pending (source_id, deletes) VALUES (%2$s, true);
   ELSIF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
     INSERT INTO storetopics.pending (source_id, store_key, file_key)
-    SELECT DISTINCT %2$s, d.s::pg_catalog.text, d.f::pg_catalog.text FROM (
-      (SELECT %5$s FROM old_rows AS c EXCEPT ALL SELECT %5$s FROM new_rows AS c)
-      UNION ALL
-      (SELECT %5$s FROM new_rows AS c EXCEPT ALL SELECT %5$s FROM old_rows AS c)) AS d;
+    SELECT DISTINCT %2$s, d.s::pg_catalog.text, d.f::pg_catalog.text FROM (%5$s) AS d;
     IF NOT FOUND THEN
       RETURN NULL;
     END IF;
@@ -140,8 +112,138 @@ BEGIN
     PERFORM pg_catalog.pg_notify('storetopics_dirty', '%2$s');
   END IF;
   RETURN NULL;
-END$f$, storetopics._owner_check_sql(src, 'RETURN NULL;'), src.id, src.store_sql, src.file_sql, relevant, on_files);
+END$f$, storetopics._owner_check_sql(src, 'RETURN NULL;'), src.id, src.store_sql, src.file_sql,
+    storetopics._changed_rows_sql(src), storetopics._capture_files_sql(src, false));
 END $$;
+
+-- The rows of an UPDATE whose (store, file, content, embedding) changed, old and new (multiset difference).
+CREATE OR REPLACE FUNCTION storetopics._changed_rows_sql(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format($q$
+      (SELECT %1$s FROM old_rows AS c EXCEPT ALL SELECT %1$s FROM new_rows AS c)
+      UNION ALL
+      (SELECT %1$s FROM new_rows AS c EXCEPT ALL SELECT %1$s FROM old_rows AS c)$q$,
+  format('%s AS s, %s AS f, %s AS t%s', src.store_sql, src.file_sql, src.content_sql,
+         CASE WHEN src.embedding IS NULL THEN '' ELSE format(', c.%I::pg_catalog.text AS e', src.embedding) END));
+
+-- The capture's part for the files_table's triggers (they pass an argument): a files row inserted, updated or deleted
+-- logs its file key with no store key (fold recounts the file wherever it is now).  With the net, the keys are
+-- computed in a subtransaction that writes nothing; an error logs a resync instead (a file moved between stores
+-- keeps its chunk count: only a recount finds it).
+CREATE OR REPLACE FUNCTION storetopics._capture_files_sql(src storetopics.sources, net boolean) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN src.files_table IS NULL THEN '' ELSE format($b$
+  IF TG_NARGS OPERATOR(pg_catalog.>) 0 THEN
+    %3$s
+    IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
+      %4$s SELECT DISTINCT r.%2$I::pg_catalog.text FROM old_rows AS r%5$s;
+    ELSIF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
+      %4$s SELECT DISTINCT r.%2$I::pg_catalog.text FROM new_rows AS r%5$s;
+    ELSE
+      %4$s SELECT DISTINCT d.k FROM (
+        (SELECT r.%2$I::pg_catalog.text AS k, r::pg_catalog.text AS v FROM old_rows AS r
+         EXCEPT SELECT r.%2$I::pg_catalog.text, r::pg_catalog.text FROM new_rows AS r)
+        UNION ALL
+        (SELECT r.%2$I::pg_catalog.text, r::pg_catalog.text FROM new_rows AS r
+         EXCEPT SELECT r.%2$I::pg_catalog.text, r::pg_catalog.text FROM old_rows AS r)) AS d%5$s;
+    END IF;
+    %6$s
+    IF was_clean THEN
+      PERFORM pg_catalog.pg_notify('storetopics_dirty', '%1$s');
+    END IF;
+    RETURN NULL;
+  END IF;$b$, src.id, src.files_key,
+  CASE WHEN net THEN 'BEGIN' ELSE '' END,
+  CASE WHEN net THEN 'v_f := ARRAY(' ELSE format('INSERT INTO storetopics.pending (source_id, file_key) SELECT %s, x.k FROM (', src.id) END,
+  CASE WHEN net THEN ')' ELSE ') AS x(k)' END,
+  CASE WHEN net THEN format($n$
+    EXCEPTION WHEN OTHERS THEN
+      v_error := SQLERRM;
+    END;
+    IF v_error IS NOT NULL THEN
+      INSERT INTO storetopics.pending (source_id, resync, error) VALUES (%1$s, true, v_error);
+    ELSIF pg_catalog.cardinality(v_f) OPERATOR(pg_catalog.>) 0 THEN
+      INSERT INTO storetopics.pending (source_id, file_key) SELECT %1$s, x.k FROM pg_catalog.unnest(v_f) AS x(k);
+    ELSE
+      RETURN NULL;
+    END IF;$n$, src.id)
+  ELSE 'IF NOT FOUND THEN RETURN NULL; END IF;' END) END;
+
+-- The capture with a net: when a key is an expression (it may raise for a row: a division by zero, text that is no
+-- JSON, a subquery that finds two rows) or when no event trigger keeps the keys in step with the table's DDL (a key
+-- column renamed or dropped would make the capture fail).  The keys are computed inside a subtransaction that
+-- writes nothing, so none of the transaction's 64 cached subtransaction ids is used up; what it computed is logged
+-- after it.  Any error (not a cancel) logs a count check instead, with the error: fold finds the files by their
+-- counts and records the error for the status view.  The application's statement goes through.
+CREATE OR REPLACE FUNCTION storetopics._capture_net_body(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format($f$
+DECLARE
+  was_clean pg_catalog.bool := false;
+  logged pg_catalog.text := pg_catalog.current_setting('storetopics.logged_%2$s', true);
+  v_s pg_catalog.text[];
+  v_f pg_catalog.text[];
+  v_error pg_catalog.text;
+BEGIN
+  %1$s
+  IF logged IS NULL OR logged OPERATOR(pg_catalog.=) '' THEN
+    was_clean := NOT EXISTS (SELECT 1 FROM storetopics.pending WHERE source_id OPERATOR(pg_catalog.=) %2$s);
+  END IF;%6$s
+  IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
+    INSERT INTO storetopics.pending (source_id, deletes) VALUES (%2$s, true);
+  ELSIF TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE' THEN
+    INSERT INTO storetopics.pending (source_id, resync) VALUES (%2$s, true);
+  ELSE
+    BEGIN
+      IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
+        SELECT pg_catalog.array_agg(k.s), pg_catalog.array_agg(k.f) INTO v_s, v_f
+          FROM (SELECT DISTINCT d.s::pg_catalog.text AS s, d.f::pg_catalog.text AS f FROM (%5$s) AS d) AS k;
+      ELSIF logged OPERATOR(pg_catalog.=)
+            (pg_catalog.pg_stat_get_xact_tuples_inserted(TG_RELID)
+             OPERATOR(pg_catalog.-) pg_catalog.pg_stat_get_xact_tuples_inserted('storetopics.pending'::pg_catalog.regclass)
+             OPERATOR(pg_catalog.-) 1)::pg_catalog.text THEN
+        -- one row: one key
+        SELECT ARRAY[(%3$s)::pg_catalog.text], ARRAY[(%4$s)::pg_catalog.text] INTO v_s, v_f FROM new_rows AS c;
+      ELSE
+        SELECT pg_catalog.array_agg(k.s), pg_catalog.array_agg(k.f) INTO v_s, v_f
+          FROM (SELECT DISTINCT (%3$s)::pg_catalog.text AS s, (%4$s)::pg_catalog.text AS f FROM new_rows AS c) AS k;
+      END IF;
+    EXCEPTION WHEN OTHERS THEN
+      v_error := SQLERRM;
+    END;
+    IF v_error IS NOT NULL THEN
+      INSERT INTO storetopics.pending (source_id, deletes, error) VALUES (%2$s, true, v_error);
+    ELSIF v_f IS NULL THEN
+      RETURN NULL;   -- no row, or an UPDATE that changed nothing storetopics reads
+    ELSE
+      INSERT INTO storetopics.pending (source_id, store_key, file_key)
+      SELECT %2$s, k.s, k.f FROM ROWS FROM (pg_catalog.unnest(v_s), pg_catalog.unnest(v_f)) AS k(s, f);
+    END IF;
+  END IF;
+  PERFORM pg_catalog.set_config('storetopics.logged_%2$s',
+    (pg_catalog.pg_stat_get_xact_tuples_inserted(TG_RELID)
+     OPERATOR(pg_catalog.-) pg_catalog.pg_stat_get_xact_tuples_inserted('storetopics.pending'::pg_catalog.regclass)
+    )::pg_catalog.text, true);
+  IF was_clean THEN
+    PERFORM pg_catalog.pg_notify('storetopics_dirty', '%2$s');
+  END IF;
+  RETURN NULL;
+END$f$, storetopics._owner_check_sql(src, 'RETURN NULL;'), src.id, src.store_sql, src.file_sql,
+  storetopics._changed_rows_sql(src), storetopics._capture_files_sql(src, true));
+
+-- Whether a key of the source is an SQL expression (not a column).
+CREATE OR REPLACE FUNCTION storetopics._has_expression_key(src storetopics.sources) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN src.store_sql <> format('c.%I', src.store_key) OR src.file_sql <> format('c.%I', src.file_key)
+       OR src.content_sql <> format('c.%I', src.content);
+
+-- Whether the capture needs its net (storetopics._capture_net_body): a key is an expression, or no enabled event
+-- trigger follows the DDL of attached tables (storetopics._follow_ddl).
+CREATE OR REPLACE FUNCTION storetopics._capture_net(src storetopics.sources) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN storetopics._has_expression_key(src)
+       OR NOT EXISTS (SELECT 1 FROM pg_event_trigger e
+                       WHERE e.evtname = 'storetopics_follow_ddl' AND e.evtenabled <> 'D');
 
 -- Whether the capture function may run without SET search_path, under the writer's (a SET clause costs every
 -- statement a save and restore of the setting and a recomputed search path: bench/README.md, "No SET search_path").
@@ -149,7 +251,7 @@ END $$;
 -- key is a plain column, and turning each such column into text can run nothing a non-superuser wrote: the column's
 -- type (its base type, for a domain: casts from domains are ignored) is built in or owned by a superuser, so only a
 -- superuser can have created a cast from it.  Checked when the function is generated; ALTER TABLE on the tree
--- generates it again when the answer changed (storetopics._cover_partitions).
+-- generates it again when the answer changed (storetopics._stamp).
 CREATE OR REPLACE FUNCTION storetopics._capture_bound(src storetopics.sources) RETURNS boolean
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
@@ -371,10 +473,46 @@ END$f$,
            storetopics._generated(src.id, 'mirror'), src.chunks), 'insufficient_privilege')),
   src.mirror, src.mirror_column, src.mirror_key, src.mirror_column);
 
--- (Re)creates a source's generated functions from its row, owned by the table's owner: at attach, and on every
--- install or upgrade (so they always follow the current templates).  The triggers that call capture_<id> keep
--- pointing at it (CREATE OR REPLACE keeps the function).  Only PUBLIC loses EXECUTE; the worker roles get it on the
--- reader and the mirror.
+-- The reader's view of a source that reads row by row (sources.safe_keys, after a key expression raised for some
+-- row): each expression key is evaluated by try_<id>, which gives NULL for a row it raises for (the row is then
+-- counted as skipped).  Slower (a subtransaction per row and key), so only after a fold met such a row.
+CREATE OR REPLACE FUNCTION storetopics._safe_reader_source(src storetopics.sources) RETURNS storetopics.sources
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  fn text := storetopics._generated(src.id, 'try');
+BEGIN
+  IF src.store_sql <> format('c.%I', src.store_key) THEN
+    src.store_sql := format('%s(c, 1)', fn);
+  END IF;
+  IF src.file_sql <> format('c.%I', src.file_key) THEN
+    src.file_sql := format('(%s(c, 2))::%s', fn, src.file_type);
+  END IF;
+  IF src.content_sql <> format('c.%I', src.content) THEN
+    src.content_sql := format('%s(c, 3)', fn);
+  END IF;
+  RETURN src;
+END $$;
+
+-- try_<id>(c, k): key k (1 store, 2 file, 3 content) of a row as text, NULL when its expression raises a data error
+-- (or finds two rows in a subquery) for that row.  Other errors (a right missing, a column gone) are the source's,
+-- and fail the read.
+CREATE OR REPLACE FUNCTION storetopics._try_body(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format($f$
+BEGIN
+  CASE k
+  WHEN 1 THEN RETURN (%s)::pg_catalog.text;
+  WHEN 2 THEN RETURN (%s)::pg_catalog.text;
+  ELSE RETURN (%s)::pg_catalog.text;
+  END CASE;
+EXCEPTION WHEN data_exception OR cardinality_violation THEN
+  RETURN NULL;
+END$f$, src.store_sql, src.file_sql, src.content_sql);
+
+-- (Re)creates a source's generated functions from its row, owned by the table's owner: at attach, and whenever what
+-- they were made from changed (storetopics._reader).  The triggers that call capture_<id> keep pointing at it
+-- (CREATE OR REPLACE keeps the function).  Only PUBLIC loses EXECUTE; the worker roles get it on the reader and the
+-- mirror.
 CREATE OR REPLACE FUNCTION storetopics._generate(src storetopics.sources) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -383,16 +521,22 @@ DECLARE
   fn text;
 BEGIN
   FOR g IN SELECT * FROM (VALUES
-      ('capture', '', '', 'trigger', storetopics._capture_body(src)),
+      ('capture', '', '', 'trigger', storetopics._capture_body(src), true),
       ('read', 'op text, files text[], store text, args jsonb', 'text, text[], text, jsonb', 'SETOF record',
-       storetopics._reader_body(src)),
+       storetopics._reader_body(CASE WHEN src.safe_keys THEN storetopics._safe_reader_source(src) ELSE src END), true),
       ('mirror', 'store text, summary text', 'text, text', 'void',
-       CASE WHEN src.mirror IS NOT NULL THEN storetopics._mirror_body(src) END))
-      AS x(kind, params, types, returns, body)
-    WHERE x.kind <> 'mirror' OR src.mirror IS NOT NULL LOOP
+       CASE WHEN EXISTS (SELECT 1 FROM pg_class m WHERE m.oid = src.mirror) THEN storetopics._mirror_body(src) END,
+       true),
+      -- runs as its caller: the reader, as the owner
+      ('try', 'c record, k int', 'record, int', 'text', storetopics._try_body(src), false))
+      AS x(kind, params, types, returns, body, definer)
+    -- (a mirror table dropped since: no mirror function; render warns, as when a column of it went)
+    WHERE (x.kind <> 'mirror' OR EXISTS (SELECT 1 FROM pg_class m WHERE m.oid = src.mirror))
+      AND (x.kind <> 'try' OR storetopics._has_expression_key(src)) LOOP
     fn := format('%s(%s)', storetopics._generated(src.id, g.kind), g.types);
-    EXECUTE format('CREATE OR REPLACE FUNCTION %s(%s) RETURNS %s LANGUAGE plpgsql SECURITY DEFINER %s AS %L',
+    EXECUTE format('CREATE OR REPLACE FUNCTION %s(%s) RETURNS %s LANGUAGE plpgsql %s %s AS %L',
                    storetopics._generated(src.id, g.kind), g.params, g.returns,
+                   CASE WHEN g.definer THEN 'SECURITY DEFINER' ELSE '' END,
                    CASE WHEN g.kind = 'capture' AND storetopics._capture_bound(src) THEN ''
                         ELSE 'SET search_path = pg_catalog, pg_temp' END, g.body);
     EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', fn);
@@ -400,7 +544,7 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'storetopics') THEN
       EXECUTE format('ALTER FUNCTION %s DEPENDS ON EXTENSION storetopics', fn);
     END IF;
-    IF g.kind <> 'capture' THEN
+    IF g.kind IN ('read', 'mirror') THEN
       FOR w IN SELECT DISTINCT x.role FROM storetopics.grants x WHERE x.kind = 'worker' LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', fn, w.role);
       END LOOP;
@@ -409,39 +553,108 @@ BEGIN
   END LOOP;
   -- what the generated functions do as the owner
   EXECUTE format('GRANT USAGE ON SCHEMA storetopics TO %s', src.owner);
-  EXECUTE format('GRANT INSERT (source_id, store_key, file_key, resync, deletes), SELECT (source_id) '
+  EXECUTE format('GRANT INSERT (source_id, store_key, file_key, resync, deletes, error), SELECT (source_id) '
                  'ON storetopics.pending TO %s', src.owner);
   EXECUTE format('GRANT SELECT ON storetopics.file_means TO %s', src.owner);
   -- and what it may read as the owner: its stores, in catalog() and route()
   PERFORM storetopics._grant_routing(src.owner::text);
 END $$;
 
--- The name of a source's reader, made current first: generated functions are stamped with the version that made
--- them (sources.generated) and made again from the current templates when that is not the installed version (the
--- first use after an upgrade: an extension script may not replace functions that are not its members, and these
--- must not become members, or pg_dump would leave out what the application's triggers call).
+-- What a source's generated functions are made from, besides its row: the installed version, the tables' names,
+-- columns and types, the primary key, the partitions, whether the capture needs its net.  When this changes (a
+-- table renamed, a column's type changed, a partition added, an upgrade) they are made again at the next use, also
+-- where no event trigger saw the DDL.
+CREATE OR REPLACE FUNCTION storetopics._stamp(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN storetopics._version() || ' ' || md5(concat_ws('|', src.chunks::text, src.files_table::text, src.mirror::text,
+  src.safe_keys, storetopics._capture_net(src), storetopics._capture_bound(src),
+  storetopics._chunk_ref_sql(src.chunks), storetopics._tree(src.chunks)::text,
+  (SELECT string_agg(concat_ws(' ', a.attrelid, a.attnum, a.attname, a.atttypid), ',' ORDER BY a.attrelid, a.attnum)
+     FROM pg_attribute a
+    WHERE a.attrelid IN (src.chunks, src.files_table) AND a.attnum > 0 AND NOT a.attisdropped)));
+
+-- The name of a source's reader, made current first (storetopics._stamp).  Generated functions must not become
+-- members of the extension (pg_dump would leave out what the application's triggers call), so an upgrade cannot
+-- replace them: they are made again at their first use after it.
 CREATE OR REPLACE FUNCTION storetopics._reader(p_source int) RETURNS text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  src storetopics.sources;
 BEGIN
-  IF (SELECT s.generated FROM storetopics.sources s WHERE s.id = p_source) IS DISTINCT FROM storetopics._version() THEN
-    PERFORM storetopics._regenerate(p_source);
+  SELECT * INTO src FROM storetopics.sources s WHERE s.id = p_source;
+  IF FOUND AND src.generated IS DISTINCT FROM storetopics._stamp(src)
+     AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = src.chunks) THEN
+    PERFORM storetopics._regenerate(p_source, true);
   END IF;
   RETURN storetopics._generated(p_source, 'read');
 END $$;
 
--- Makes a source's generated functions and triggers again (SECURITY DEFINER: only the extension's owner may create
--- in the schema; workers may call it, tenants may not).
-CREATE OR REPLACE FUNCTION storetopics._regenerate(p_source int) RETURNS void
+-- The current name of each plain key's column (by its attnum: a renamed column is followed); a column that was
+-- dropped is an error.  The expressions are left as they are (storetopics._check_keys parses them again).
+CREATE OR REPLACE FUNCTION storetopics._follow_columns(src storetopics.sources) RETURNS storetopics.sources
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_names text[] := ARRAY[src.store_key, src.file_key, src.content, src.embedding, src.files_key];
+  v_what text[] := ARRAY['store_key', 'file_key', 'content', 'embedding', 'files_key'];
+  v_name name;
+BEGIN
+  FOR i IN 1 .. 5 LOOP
+    CONTINUE WHEN src.key_attnums[i] IS NULL;
+    SELECT a.attname INTO v_name FROM pg_attribute a
+     WHERE a.attrelid = CASE WHEN i = 5 THEN src.files_table ELSE src.chunks END AND a.attnum = src.key_attnums[i]
+       AND NOT a.attisdropped;
+    IF v_name IS NULL THEN
+      RAISE EXCEPTION 'storetopics: the column % of % (source %) was dropped', v_what[i],
+        CASE WHEN i = 5 THEN src.files_table ELSE src.chunks END, src.id
+        USING ERRCODE = 'undefined_column',
+              HINT = format('Detach it (SELECT storetopics.detach(%L)) and attach it again with another %s.',
+                            src.chunks, v_what[i]);
+    END IF;
+    v_names[i] := v_name;
+  END LOOP;
+  src.store_key := v_names[1];
+  src.file_key := v_names[2];
+  src.content := v_names[3];
+  src.embedding := v_names[4];
+  src.files_key := v_names[5];
+  IF src.key_attnums[1] IS NOT NULL THEN src.store_sql := format('c.%I', v_names[1]); END IF;
+  IF src.key_attnums[2] IS NOT NULL THEN src.file_sql := format('c.%I', v_names[2]); END IF;
+  IF src.key_attnums[3] IS NOT NULL THEN src.content_sql := format('c.%I', v_names[3]); END IF;
+  RETURN src;
+END $$;
+
+-- Makes a source's generated functions and triggers again, after following its columns and checking its keys: an
+-- error here (a key that no longer fits the table) refuses the DDL that caused it (storetopics._follow_ddl), or
+-- fails the fold with what to do.  recount: check every file's count at the next fold (rows no trigger saw: a
+-- partition attached with its rows; file keys whose text changed with their column's type).  SECURITY DEFINER: only
+-- the extension's owner creates in the schema; workers may call it, tenants may not.
+CREATE OR REPLACE FUNCTION storetopics._regenerate(p_source int, recount boolean DEFAULT false) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   src storetopics.sources;
+  v_was text := coalesce(current_setting('storetopics.in_ddl', true), '');
 BEGIN
   SELECT * INTO src FROM storetopics.sources s WHERE s.id = p_source FOR UPDATE;
-  IF FOUND AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = src.chunks) THEN
+  IF NOT FOUND OR NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = src.chunks) THEN
+    RETURN;
+  END IF;
+  PERFORM set_config('storetopics.in_ddl', 'on', true);
+  src := storetopics._follow_columns(src);
+  src.file_type := storetopics._check_keys(src.chunks, src.store_key, src.file_key, src.content, src.embedding,
+                                           src.files_table, src.files_key, format('source %s', src.id));
+  IF src.generated IS DISTINCT FROM storetopics._stamp(src) THEN
     PERFORM storetopics._generate(src);
     PERFORM storetopics._create_triggers(src);
-    UPDATE storetopics.sources s SET generated = storetopics._version() WHERE s.id = p_source;
+    UPDATE storetopics.sources s
+       SET store_key = src.store_key, file_key = src.file_key, content = src.content, embedding = src.embedding,
+           files_key = src.files_key, store_sql = src.store_sql, file_sql = src.file_sql,
+           content_sql = src.content_sql, file_type = src.file_type, generated = storetopics._stamp(src)
+     WHERE s.id = p_source;
+    IF recount THEN
+      INSERT INTO storetopics.pending (source_id, deletes, logged_by) VALUES (src.id, true, src.owner);
+    END IF;
   END IF;
+  PERFORM set_config('storetopics.in_ddl', v_was, true);
 END $$;
 
 -- Drops a source's generated functions (with the triggers that call them).
@@ -451,6 +664,7 @@ BEGIN
   EXECUTE format('DROP FUNCTION IF EXISTS %s() CASCADE', storetopics._generated(p_source, 'capture'));
   EXECUTE format('DROP FUNCTION IF EXISTS %s(text, text[], text, jsonb)', storetopics._generated(p_source, 'read'));
   EXECUTE format('DROP FUNCTION IF EXISTS %s(text, text)', storetopics._generated(p_source, 'mirror'));
+  EXECUTE format('DROP FUNCTION IF EXISTS %s(record, int)', storetopics._generated(p_source, 'try'));
 END $$;
 
 -- What \df+ shows a DBA.

@@ -18,6 +18,12 @@ CREATE OR REPLACE FUNCTION storetopics._may_act_as(p_role regrole) RETURNS boole
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN pg_has_role(storetopics._caller(), p_role, 'USAGE');
 
+-- Whether the caller is an administrator of storetopics: it may act as the owner of the schema (the role that
+-- installed it, or a superuser).
+CREATE OR REPLACE FUNCTION storetopics._is_admin() RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN storetopics._may_act_as((SELECT n.nspowner::regrole FROM pg_namespace n WHERE n.nspname = 'storetopics'));
+
 -- The source of an attached table, for a caller who may act as its owner (else insufficient_privilege).
 CREATE OR REPLACE FUNCTION storetopics._owned_source(p_chunks regclass) RETURNS storetopics.sources
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -49,11 +55,6 @@ BEGIN
   DELETE FROM storetopics.sources WHERE id = p_source;
 END $$;
 
--- A table and, when it is partitioned, every table of its partition tree.
-CREATE OR REPLACE FUNCTION storetopics._tree(p_table regclass) RETURNS regclass[]
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN ARRAY(SELECT p_table UNION SELECT x.relid FROM pg_partition_tree(p_table) x ORDER BY 1);
-
 -- The capture triggers on the attached table and on every partition of it (statement triggers of a partitioned
 -- table do not fire for statements that name a partition), dropped from tables that left the tree, and on
 -- files_table.  Idempotent: attach, resync() and the DDL event trigger (partitions created or attached later) call
@@ -67,10 +68,10 @@ DECLARE
   v_enabled "char" := CASE WHEN v_mode = 'ALWAYS' THEN 'A' ELSE 'O' END;   -- pg_trigger.tgenabled
   r record;
   v_new int := 0;
-  -- its own DDL fires the DDL event trigger (_cover_partitions), which must not call it again
-  v_was text := coalesce(current_setting('storetopics.creating_triggers', true), '');
+  -- its own DDL fires the DDL event trigger (_follow_ddl), which must not call it again
+  v_was text := coalesce(current_setting('storetopics.in_ddl', true), '');
 BEGIN
-  PERFORM set_config('storetopics.creating_triggers', 'on', true);
+  PERFORM set_config('storetopics.in_ddl', 'on', true);
   FOR r IN SELECT t.tgrelid, t.tgname FROM pg_trigger t
             WHERE t.tgfoid = fn AND t.tgrelid <> ALL (storetopics._tree(src.chunks))
               AND t.tgrelid IS DISTINCT FROM src.files_table LOOP
@@ -100,7 +101,7 @@ BEGIN
       EXECUTE format('ALTER TABLE %s ENABLE %s TRIGGER %I', r.rel::regclass, v_mode, r.name);
     END IF;
   END LOOP;
-  PERFORM set_config('storetopics.creating_triggers', v_was, true);
+  PERFORM set_config('storetopics.in_ddl', v_was, true);
   RETURN v_new;
 END $$;
 
@@ -140,17 +141,18 @@ BEGIN
   PERFORM storetopics._validate_settings(settings);
   INSERT INTO storetopics.sources (chunks, owner, store_key, file_key, content, embedding, store_sql, file_sql,
                                    content_sql, file_type, ts_config, settings, files_table, files_key, mirror,
-                                   mirror_key, mirror_column)
+                                   mirror_key, mirror_column, key_attnums)
   VALUES (chunks, v_owner, store_key, file_key, content, embedding, storetopics._key_sql(chunks, store_key),
           storetopics._key_sql(chunks, file_key), storetopics._key_sql(chunks, content), v_file_type, ts_config,
           coalesce(settings, '{}'), files_table, CASE WHEN files_table IS NOT NULL THEN files_key END,
-          mirror, CASE WHEN mirror IS NOT NULL THEN mirror_key END, CASE WHEN mirror IS NOT NULL THEN mirror_column END)
+          mirror, CASE WHEN mirror IS NOT NULL THEN mirror_key END, CASE WHEN mirror IS NOT NULL THEN mirror_column END,
+          ARRAY[storetopics._attnum(chunks, store_key), storetopics._attnum(chunks, file_key),
+                storetopics._attnum(chunks, content), storetopics._attnum(chunks, embedding),
+                storetopics._attnum(files_table, files_key)])
   RETURNING * INTO src;
   -- The first fold counts every row that is already there.
   INSERT INTO storetopics.pending (source_id, resync, logged_by) VALUES (src.id, true, v_owner);
-  PERFORM storetopics._generate(src);
-  PERFORM storetopics._create_triggers(src);
-  UPDATE storetopics.sources s SET generated = storetopics._version() WHERE s.id = src.id;
+  PERFORM storetopics._regenerate(src.id);
   PERFORM storetopics._warn_unindexed_file_key(chunks, file_key);
   PERFORM pg_notify('storetopics_dirty', src.id::text);
   RETURN src.id;
@@ -169,7 +171,6 @@ CREATE OR REPLACE FUNCTION storetopics._attach_check(
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_owner regrole := (SELECT c.relowner::regrole FROM pg_class c WHERE c.oid = p_chunks);
-  v_type regtype;
   v_file_type regtype;
 BEGIN
   IF (SELECT relkind FROM pg_class WHERE oid = p_chunks) NOT IN ('r', 'p') THEN
@@ -186,24 +187,45 @@ BEGIN
     RAISE EXCEPTION 'storetopics: % is already attached', p_chunks USING ERRCODE = 'duplicate_object',
       HINT = 'Detach it first with storetopics.detach(...).';
   END IF;
+  v_file_type := storetopics._check_keys(p_chunks, p_store_key, p_file_key, p_content, p_embedding, p_files_table,
+                                         p_files_key, NULL);
+  IF p_mirror IS NOT NULL THEN
+    PERFORM storetopics._mirror_check(v_owner, p_mirror, p_mirror_key, p_mirror_column);
+  END IF;
+  RETURN v_file_type;
+END $$;
+
+-- The keys of a source checked against its tables as they are now (at attach, and after DDL): store_key, file_key
+-- and content are columns or one expression each (storetopics._expr_type), content is text, the embedding a
+-- pgvector column, files_key a column of files_table.  Returns the file key's type.  source: how errors name the
+-- source (NULL at attach).
+CREATE OR REPLACE FUNCTION storetopics._check_keys(
+  p_chunks regclass, p_store_key text, p_file_key text, p_content text, p_embedding text, p_files_table regclass,
+  p_files_key text, source text) RETURNS regtype
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_type regtype;
+  v_file_type regtype;
+  v_of text := CASE WHEN source IS NULL THEN '' ELSE format(' (%s)', source) END;
+BEGIN
   IF coalesce(trim(p_store_key), '') = '' OR coalesce(trim(p_file_key), '') = '' OR coalesce(trim(p_content), '') = '' THEN
     RAISE EXCEPTION 'storetopics: store_key, file_key and content are required' USING ERRCODE = 'null_value_not_allowed';
   END IF;
-  PERFORM storetopics._expr_type(p_chunks, p_store_key, format('store_key %L', p_store_key));
-  v_file_type := storetopics._expr_type(p_chunks, p_file_key, format('file_key %L', p_file_key));
-  v_type := storetopics._expr_type(p_chunks, p_content, format('content %L', p_content));
-  IF v_type NOT IN ('text'::regtype, 'character varying'::regtype, 'character'::regtype) THEN
-    RAISE EXCEPTION 'storetopics: content % of % is %, not text', p_content, p_chunks, v_type
+  PERFORM storetopics._expr_type(p_chunks, p_store_key, format('store_key %L%s', p_store_key, v_of));
+  v_file_type := storetopics._expr_type(p_chunks, p_file_key, format('file_key %L%s', p_file_key, v_of));
+  v_type := storetopics._expr_type(p_chunks, p_content, format('content %L%s', p_content, v_of));
+  IF storetopics._base_type(v_type) NOT IN ('text'::regtype, 'character varying'::regtype, 'character'::regtype) THEN
+    RAISE EXCEPTION 'storetopics: content % of % is %, not text', p_content, p_chunks::text || v_of, v_type
       USING ERRCODE = 'datatype_mismatch';
   END IF;
   IF p_embedding IS NOT NULL THEN
     SELECT a.atttypid::regtype INTO v_type FROM pg_attribute a
      WHERE a.attrelid = p_chunks AND a.attname = p_embedding AND a.attnum > 0 AND NOT a.attisdropped;
     IF v_type IS NULL THEN
-      RAISE EXCEPTION 'storetopics: % has no column %', p_chunks, p_embedding USING ERRCODE = 'undefined_column';
+      RAISE EXCEPTION 'storetopics: % has no column %', p_chunks, p_embedding || v_of USING ERRCODE = 'undefined_column';
     ELSIF (SELECT typname FROM pg_type WHERE oid = v_type) NOT IN ('vector', 'halfvec') THEN
-      RAISE EXCEPTION 'storetopics: embedding column % of % is %, not a pgvector vector', p_embedding, p_chunks,
-        v_type USING ERRCODE = 'datatype_mismatch';
+      RAISE EXCEPTION 'storetopics: embedding column % of % is %, not a pgvector vector', p_embedding,
+        p_chunks::text || v_of, v_type USING ERRCODE = 'datatype_mismatch';
     END IF;
   END IF;
   IF p_files_table IS NOT NULL THEN
@@ -212,15 +234,18 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = p_files_table AND a.attname = p_files_key
                     AND a.attnum > 0 AND NOT a.attisdropped) THEN
-      RAISE EXCEPTION 'storetopics: files_table % has no column %', p_files_table, p_files_key
+      RAISE EXCEPTION 'storetopics: files_table % has no column %', p_files_table, p_files_key || v_of
         USING ERRCODE = 'undefined_column', HINT = 'files_key names its column that holds the chunks'' file key.';
     END IF;
   END IF;
-  IF p_mirror IS NOT NULL THEN
-    PERFORM storetopics._mirror_check(v_owner, p_mirror, p_mirror_key, p_mirror_column);
-  END IF;
   RETURN v_file_type;
 END $$;
+
+-- The attnum of a table's column (NULL: no such column, or an expression).
+CREATE OR REPLACE FUNCTION storetopics._attnum(p_table regclass, p_column text) RETURNS int2
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN (SELECT a.attnum FROM pg_attribute a
+         WHERE a.attrelid = p_table AND a.attname = p_column AND a.attnum > 0 AND NOT a.attisdropped);
 
 -- fold() recounts every file a write touched (an insert, an update, a delete) by reading that file's chunks through
 -- the file key: without an index whose first column is that key, each recount reads the whole table, so attach()
@@ -335,18 +360,22 @@ RETURN coalesce((SELECT storetopics.detach_source(s.id) FROM storetopics.sources
 COMMENT ON FUNCTION storetopics.detach(regclass) IS
   'Detach a table: its triggers, generated functions and summaries go; the table is left as it is.';
 
--- Forget a source's state and recount everything on the next fold; also covers partitions added since.
+-- Forget a source's state and recount everything on the next fold, after making its functions and triggers again
+-- from its tables as they are now (renamed columns followed, partitions added since covered): what recovers a
+-- source after DDL no event trigger saw.  Rows read row by row since a key raised for one are read set-based again
+-- (the next fold finds out anew).
 CREATE OR REPLACE FUNCTION storetopics.resync(chunks regclass) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   src storetopics.sources := storetopics._owned_source(chunks);
 BEGIN
-  PERFORM storetopics._create_triggers(src);
+  UPDATE storetopics.sources s SET safe_keys = false, key_error = NULL, key_error_at = NULL WHERE s.id = src.id;
+  PERFORM storetopics._regenerate(src.id);
   INSERT INTO storetopics.pending (source_id, resync, logged_by) VALUES (src.id, true, src.owner);
 END $$;
 COMMENT ON FUNCTION storetopics.resync(regclass) IS
-  'Recount every row of an attached table at the next fold (after changes storetopics cannot see, e.g. a rename '
-  'in a table a key expression reads).';
+  'Recount every row of an attached table at the next fold, after making its capture again from the table as it is '
+  '(after DDL storetopics could not see, e.g. a rename in a table a key expression reads).';
 
 -- Compare every file's live chunk count with the folded one at the next fold, and recount those that differ: finds
 -- rows written while the capture triggers did not fire (session_replication_role = replica, ALTER TABLE ... DISABLE
@@ -370,9 +399,12 @@ COMMENT ON FUNCTION storetopics.verify(regclass) IS
   'Check at the next fold that every file''s live chunk count matches what was folded, and recount those that '
   'differ (rows written while the capture triggers did not fire).  NULL: every source the caller owns.';
 
--- DROP TABLE of an attached table also forgets its source (the table's triggers go with it).  SECURITY DEFINER:
--- it runs for whoever drops a table, and tenants may not touch storetopics' tables.  Installed where the installing
--- role may create event triggers (superuser); elsewhere fold() and backfill() skip such sources.
+-- After DROP: an attached table dropped forgets its source (its triggers go with it); anything else dropped that a
+-- remaining source's keys need (a key column, a table or function an expression names) is refused, with the error
+-- and what to do instead.  A partitioned source may have lost a partition's rows: its counts are checked at the next
+-- fold.  SECURITY DEFINER: it runs for whoever drops, and tenants may not touch storetopics' tables.  Installed
+-- where the installing role may create event triggers (superuser); elsewhere the capture's net keeps the
+-- application's writes going and fold fails with the error (storetopics._regenerate).
 CREATE OR REPLACE FUNCTION storetopics._forget_dropped_tables() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -384,37 +416,67 @@ BEGIN
     PERFORM storetopics._drop_generated(r.id);
     PERFORM storetopics._forget_source(r.id);
   END LOOP;
+  IF current_setting('storetopics.in_ddl', true) = 'on' THEN
+    RETURN;   -- storetopics' own DROPs (a probe, a generated function made again)
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() d WHERE NOT d.is_temporary) THEN
+    RETURN;
+  END IF;
+  FOR r IN SELECT s.id, s.chunks, (c.relkind = 'p') AS partitioned,
+                  EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() d
+                           WHERE d.classid = 'pg_class'::regclass AND d.objsubid > 0
+                             AND d.objid IN (s.chunks, s.files_table)) AS own_column
+             FROM storetopics.sources s JOIN pg_class c ON c.oid = s.chunks
+            ORDER BY s.id LOOP
+    IF r.own_column OR storetopics._has_expression_key((SELECT x FROM storetopics.sources x WHERE x.id = r.id)) THEN
+      BEGIN
+        PERFORM storetopics._regenerate(r.id, true);
+      EXCEPTION WHEN OTHERS THEN
+        RAISE EXCEPTION 'storetopics: % would break the attachment of % (source %): %', tg_tag, r.chunks, r.id,
+          SQLERRM USING ERRCODE = 'dependent_objects_still_exist',
+          HINT = format('Detach it first (SELECT storetopics.detach(%L)), or keep what its keys use.', r.chunks);
+      END;
+    ELSIF r.partitioned AND EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() d
+                                     WHERE d.classid = 'pg_class'::regclass AND d.object_type = 'table') THEN
+      INSERT INTO storetopics.pending (source_id, deletes, logged_by)
+      SELECT s.id, true, s.owner FROM storetopics.sources s WHERE s.id = r.id;
+    END IF;
+  END LOOP;
 END $$;
 
--- A partition created or attached later, or one detached: after CREATE TABLE / ALTER TABLE on a table of an
--- attached tree, cover the tree with triggers again and check the counts at the next fold (an attached partition
--- brings rows no trigger saw); a column's new type may change how the capture function must be generated.  Never
--- fails the DDL: a problem is a WARNING.
-CREATE OR REPLACE FUNCTION storetopics._cover_partitions() RETURNS event_trigger
+-- After CREATE TABLE or ALTER (ddl_command_end): every source whose table, partitions or files_table the command
+-- touched, and every source with a key expression when the command altered anything (the expression may name it: a
+-- function renamed, a column of another table), is made again from its tables as they are now
+-- (storetopics._regenerate): plain keys follow renamed columns, the functions follow a renamed table or a key's new
+-- type, new partitions get the triggers, and the counts are checked at the next fold (a partition attached with its
+-- rows).  A change its keys do not survive is refused: the error names the source and what to do instead, and the
+-- application's writes never meet a capture that no longer fits its table.
+CREATE OR REPLACE FUNCTION storetopics._follow_ddl() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   src storetopics.sources;
 BEGIN
-  IF current_setting('storetopics.creating_triggers', true) = 'on' THEN
-    RETURN;
+  IF current_setting('storetopics.in_ddl', true) = 'on' THEN
+    RETURN;   -- storetopics' own DDL (generated functions, triggers, probes)
   END IF;
-  FOR src IN SELECT DISTINCT ON (s.id) s.* FROM storetopics.sources s, pg_event_trigger_ddl_commands() d
-              WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0
-                AND (d.objid = s.chunks OR s.chunks IN (SELECT a.relid FROM pg_partition_ancestors(d.objid) a))
+  FOR src IN SELECT s.* FROM storetopics.sources s
+              WHERE EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands() d
+                             WHERE d.classid = 'pg_class'::regclass
+                               AND (d.objid = s.chunks OR d.objid = s.files_table
+                                    OR s.chunks IN (SELECT a.relid FROM pg_partition_ancestors(d.objid) a)
+                                    OR EXISTS (SELECT 1 FROM pg_trigger t
+                                                WHERE t.tgrelid = d.objid AND t.tgname = 'storetopics_ins'
+                                                  AND t.tgfoid = (storetopics._generated(s.id, 'capture')
+                                                                  || '()')::regprocedure)))
+                 OR (tg_tag <> 'CREATE TABLE' AND storetopics._has_expression_key(s))
               ORDER BY s.id LOOP
     BEGIN
-      -- a key column's type changed: the capture function may need its SET search_path again (or no longer)
-      IF storetopics._capture_bound(src) IS DISTINCT FROM
-         (SELECT p.proconfig IS NULL FROM pg_proc p
-           WHERE p.oid = (storetopics._generated(src.id, 'capture') || '()')::regprocedure) THEN
-        PERFORM storetopics._regenerate(src.id);
-      ELSE
-        PERFORM storetopics._create_triggers(src);
-      END IF;
-      INSERT INTO storetopics.pending (source_id, deletes, logged_by) VALUES (src.id, true, src.owner);
+      PERFORM storetopics._regenerate(src.id, true);
     EXCEPTION WHEN OTHERS THEN
-      RAISE WARNING 'storetopics: could not cover the partitions of % with its triggers: %', src.chunks, SQLERRM
-        USING HINT = format('Run SELECT storetopics.resync(%L) as its owner.', src.chunks);
+      RAISE EXCEPTION 'storetopics: % would break the attachment of % (source %): %', tg_tag, src.chunks, src.id,
+        SQLERRM USING ERRCODE = 'dependent_objects_still_exist',
+        HINT = format('Detach it first (SELECT storetopics.detach(%L)) and attach it again with keys that fit the '
+                      'new table, or leave the key''s columns as they are.', src.chunks);
     END;
   END LOOP;
 END $$;
@@ -456,7 +518,7 @@ COMMENT ON FUNCTION storetopics.grant_worker(name) IS
   'Let a role run the worker (fold, fit, label, render) on every source, without superuser.';
 
 -- Lets a role (a router) read the summaries of one source, or of every source (chunks NULL: administrators only).
--- The caller must be able to act as the source's owner.
+-- The caller must be able to act as the source's owner, and as the reader (or be an administrator).
 CREATE OR REPLACE FUNCTION storetopics.grant_read(role_name regrole, chunks regclass DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -464,9 +526,18 @@ DECLARE
 BEGIN
   IF chunks IS NOT NULL THEN
     v_source := (storetopics._owned_source(chunks)).id;
-  ELSIF NOT storetopics._may_act_as((SELECT n.nspowner::regrole FROM pg_namespace n WHERE n.nspname = 'storetopics')) THEN
+  ELSIF NOT storetopics._is_admin() THEN
     RAISE EXCEPTION 'storetopics: only an administrator may grant reading every source'
       USING ERRCODE = 'insufficient_privilege', HINT = 'Name the table: grant_read(role, chunks).';
+  END IF;
+  -- What a reader's catalog() and route() offer is the reader's choice (or an administrator's): an owner may add its
+  -- stores to the catalog of a role it may act as (its own router), not push them into another tenant's.
+  IF NOT storetopics._may_act_as(role_name) AND NOT storetopics._is_admin() THEN
+    RAISE EXCEPTION 'storetopics: % may not choose what % reads', storetopics._caller(), role_name
+      USING ERRCODE = 'insufficient_privilege',
+            DETAIL = 'Stores granted to a role appear in its catalog() and route().',
+            HINT = format('An administrator may grant it, or make %s a member of %s first (GRANT %s TO %s).',
+                          storetopics._caller(), role_name, role_name, storetopics._caller());
   END IF;
   INSERT INTO storetopics.grants (role, kind, source_id) VALUES (role_name, 'read', v_source) ON CONFLICT DO NOTHING;
   EXECUTE format('GRANT USAGE ON SCHEMA storetopics TO %s', role_name);
@@ -478,4 +549,5 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION storetopics.grant_read(regrole, regclass) IS
   'Let a role (a router, a monitoring role) read the summaries of one attached table, or of all (NULL; '
-  'administrators only): the views stores and status, catalog(), route(), route_text() and metrics().';
+  'administrators only): the views stores and status, catalog(), route(), route_text() and metrics().  The caller '
+  'must own the table and may act as the role, or be an administrator.';

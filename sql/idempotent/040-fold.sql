@@ -13,6 +13,20 @@
 CREATE OR REPLACE FUNCTION storetopics.fold(p_source int, max_files int DEFAULT 5000) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET jit = off
   SET plan_cache_mode = force_custom_plan AS $$
+BEGIN
+  BEGIN
+    RETURN storetopics._fold(p_source, max_files);
+  EXCEPTION WHEN data_exception OR cardinality_violation THEN
+    -- a key expression raised for some row: the source is read row by row from now on, and the fold runs again
+    IF NOT storetopics._read_row_by_row(p_source, SQLERRM) THEN
+      RAISE;
+    END IF;
+  END;
+  RETURN storetopics._fold(p_source, max_files);
+END $$;
+
+CREATE OR REPLACE FUNCTION storetopics._fold(p_source int, max_files int) RETURNS int
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   src storetopics.sources := storetopics._fold_source(p_source);
   v_files text[];
@@ -32,6 +46,27 @@ BEGIN
   PERFORM storetopics._analyze_if_stale(coalesce(v_n, 0));
   RETURN cardinality(v_files);
 END $$;
+
+-- A key expression raised a data error (a division by zero, text that is no JSON, a subquery that found two rows)
+-- for some row: from now on the source's reader evaluates its expression keys row by row, catching such errors
+-- (the rows count as skipped), and status shows the error.  false when it already does, or has no expression key
+-- (then the error is not a row's).
+CREATE OR REPLACE FUNCTION storetopics._read_row_by_row(p_source int, p_error text) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  UPDATE storetopics.sources s SET safe_keys = true, key_error = 'a key raised for a row: ' || p_error,
+         key_error_at = now()
+   WHERE s.id = p_source AND NOT s.safe_keys AND storetopics._has_expression_key(s);
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  RAISE WARNING 'storetopics: source %: a key expression raised "%" for a row; its rows are read one by one from '
+    'now on, and rows it raises for are counted as skipped', p_source, p_error
+    USING HINT = 'Fix the expression or the rows, then run storetopics.resync() to read them set-based again.';
+  PERFORM storetopics._regenerate(p_source);
+  RETURN true;
+END $$;
+
 COMMENT ON FUNCTION storetopics.fold(int, int) IS
   'Recount up to max_files files of a source whose rows changed and apply the difference to its stores; returns '
   'the number of files recounted (0: nothing pending).  Exact and idempotent; safe from any number of sessions.';
@@ -69,11 +104,30 @@ BEGIN
   RETURN src;
 END $$;
 
+-- The capture could not key a statement's rows (it logged a count check or a resync instead, with the error, and the
+-- statement went through): recorded for the status view, and said.
+CREATE OR REPLACE FUNCTION storetopics._note_capture_error(p_source int, p_error text, p_at timestamptz) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF p_error IS NULL THEN
+    RETURN;
+  END IF;
+  UPDATE storetopics.sources SET key_error = 'the capture trigger could not key a statement''s rows: ' || p_error,
+         key_error_at = p_at
+   WHERE id = p_source;
+  RAISE WARNING 'storetopics: source %: the capture trigger could not key a statement''s rows at %: %', p_source, p_at,
+    p_error USING HINT = 'The statement went through; its files are found by their counts.  status shows the error.';
+END $$;
+
 -- Fold step 1 (attach, TRUNCATE, resync()): forget the source's state and log every live file, folded in batches.
 CREATE OR REPLACE FUNCTION storetopics._fold_resync(src storetopics.sources) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  r record;
 BEGIN
-  DELETE FROM storetopics.pending WHERE source_id = src.id AND (resync OR deletes);
+  WITH d AS (DELETE FROM storetopics.pending WHERE source_id = src.id AND (resync OR deletes) RETURNING logged_at, error)
+  SELECT d.error, d.logged_at INTO r FROM d WHERE d.error IS NOT NULL ORDER BY d.logged_at DESC LIMIT 1;
+  PERFORM storetopics._note_capture_error(src.id, r.error, r.logged_at);
   PERFORM storetopics._catalog_move(src.id, storetopics._catalog(src.id), NULL);
   DELETE FROM storetopics.file_terms WHERE source_id = src.id;
   DELETE FROM storetopics.store_terms WHERE source_id = src.id;
@@ -97,12 +151,17 @@ CREATE OR REPLACE FUNCTION storetopics._fold_check_counts(src storetopics.source
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_at timestamptz;
+  v_error text;
+  v_error_at timestamptz;
 BEGIN
-  WITH d AS (DELETE FROM storetopics.pending WHERE source_id = src.id AND deletes RETURNING logged_at)
-  SELECT max(d.logged_at) INTO v_at FROM d;
+  WITH d AS (DELETE FROM storetopics.pending WHERE source_id = src.id AND deletes RETURNING logged_at, error)
+  SELECT max(d.logged_at), (array_agg(d.error ORDER BY d.logged_at DESC) FILTER (WHERE d.error IS NOT NULL))[1],
+         max(d.logged_at) FILTER (WHERE d.error IS NOT NULL)
+    INTO v_at, v_error, v_error_at FROM d;
   IF v_at IS NULL THEN
     RETURN;
   END IF;
+  PERFORM storetopics._note_capture_error(src.id, v_error, v_error_at);
   EXECUTE format('CREATE TEMP TABLE storetopics_live ON COMMIT DROP AS '
                  'SELECT * FROM %s(''file_counts'', NULL, NULL, NULL) AS r(file_key text, chunks bigint)',
                  storetopics._generated(src.id, 'read'));

@@ -36,6 +36,12 @@ RETURN jsonb_build_object(
   'route_text_threshold', 0.22); -- route_text(): the same for a query text (the mean log ratio of its words'
                                  -- probability in the store to the background); chosen likewise
 
+-- The settings only an administrator may change (storetopics._is_admin): what the operator pays for.  The labeller's
+-- endpoint and key come from the worker's environment, never from a setting.
+CREATE OR REPLACE FUNCTION storetopics._operator_settings() RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN ARRAY['labeller', 'model', 'prices'];
+
 CREATE OR REPLACE FUNCTION storetopics._settings(p_source int) RETURNS jsonb
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN storetopics.default_settings() || coalesce((SELECT s.settings FROM storetopics.sources s WHERE s.id = p_source),
@@ -49,7 +55,7 @@ COMMENT ON FUNCTION storetopics.settings(regclass) IS 'The effective settings of
 
 -- Settings changes as configure() and attach() take them: known keys, values of the default's type (null resets).
 CREATE OR REPLACE FUNCTION storetopics._validate_settings(changes jsonb) RETURNS void
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   d jsonb := storetopics.default_settings();
   k text;
@@ -78,6 +84,11 @@ BEGIN
     IF k = 'route_threshold' AND jsonb_typeof(v) = 'number' AND (v #>> '{}')::numeric > 1 THEN
       RAISE EXCEPTION 'storetopics: setting route_threshold cannot be %: route() scores are at most 1', v
         USING ERRCODE = 'invalid_parameter_value', HINT = 'A cosine similarity: 0 searches (almost) always, 1 never.';
+    END IF;
+    IF k = ANY (storetopics._operator_settings()) AND NOT storetopics._is_admin() THEN
+      RAISE EXCEPTION 'storetopics: setting % is the operator''s', k USING ERRCODE = 'insufficient_privilege',
+        DETAIL = 'Which labeller runs, its model and the prices the ledger counts decide what the operator pays for.',
+        HINT = 'Ask an administrator of storetopics to set it: SELECT storetopics.configure(table, ...).';
     END IF;
     IF k = 'labeller' AND v #>> '{}' NOT IN ('offline', 'anthropic', 'openai') THEN
       RAISE EXCEPTION 'storetopics: unknown labeller %', v USING ERRCODE = 'invalid_parameter_value',
@@ -109,8 +120,8 @@ BEGIN
   END IF;
   IF v_new -> 'catalog' IS DISTINCT FROM v_old -> 'catalog' THEN
     -- the source's stores leave one catalog's background and join the other's
-    PERFORM storetopics._catalog_move(src.id, coalesce(v_old ->> 'catalog', 'source:' || src.id),
-                                      coalesce(v_new ->> 'catalog', 'source:' || src.id));
+    PERFORM storetopics._catalog_move(src.id, storetopics._catalog_key(src.id, src.owner, v_old ->> 'catalog'),
+                                      storetopics._catalog_key(src.id, src.owner, v_new ->> 'catalog'));
   END IF;
   RETURN v_new;
 END $$;
@@ -127,10 +138,19 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp
 RETURN storetopics.configure(chunks, '{"paused": null}');
 COMMENT ON FUNCTION storetopics.resume(regclass) IS 'Let the worker refresh this table''s stores again.';
 
--- The catalog of a source: settings.catalog, else the source itself ('source:<id>').
+-- The catalog a source's stores are contrasted with, as catalog_terms keys it: the source itself ('source:<id>'), or
+-- settings.catalog among the sources of the same owner ('owner:<role oid>:<name>').  Per owner: a tenant that names
+-- another's catalog joins a catalog of its own by that name, so it neither reads the other's word counts back from
+-- its own scores nor changes the other's summaries by flooding their background.
+CREATE OR REPLACE FUNCTION storetopics._catalog_key(p_source int, p_owner regrole, p_name text) RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN p_name IS NULL THEN 'source:' || p_source ELSE 'owner:' || p_owner::oid || ':' || p_name END;
+
 CREATE OR REPLACE FUNCTION storetopics._catalog(p_source int) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN coalesce(storetopics._settings(p_source) ->> 'catalog', 'source:' || p_source);
+RETURN coalesce((SELECT storetopics._catalog_key(s.id, s.owner, storetopics._settings(s.id) ->> 'catalog')
+                   FROM storetopics.sources s WHERE s.id = p_source),
+                'source:' || p_source);
 
 -- Adds the rows of pg_temp.storetopics_catalog_delta (term_id, total, files, stores) to a catalog's background, in
 -- term order (folds of two sources of one catalog lock its rows in the same order), and drops terms no store holds.

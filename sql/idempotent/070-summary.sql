@@ -476,7 +476,7 @@ BEGIN
                     ORDER BY i);
   v_topics := jsonb_build_object('version', 2, 'files', st.files, 'chunks', st.chunks, 'words', st.words,
                                  'skipped', st.skipped, 'clusters', v_clusters, 'topics', to_jsonb(v_topic_list),
-                                 'catalog', storetopics._catalog(src.id),
+                                 'catalog', coalesce(v_cfg ->> 'catalog', 'source:' || src.id),
                                  'fit', CASE WHEN st.fit_at IS NOT NULL THEN jsonb_build_object(
                                    'generation', st.fit_generation, 'at', st.fit_at, 'k', st.fit_k,
                                    'silhouette', round(st.fit_silhouette::numeric, 4),

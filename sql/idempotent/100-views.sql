@@ -41,8 +41,16 @@ SELECT s.id AS source_id, s.chunks AS source, s.ts_config,
          AS other_dimension_chunks,     -- vectors no cluster can take: another dimension than the store's fit
        (SELECT count(*) FROM storetopics.pending p WHERE p.source_id = s.id) AS pending_events,
        (SELECT min(p.logged_at) FROM storetopics.pending p WHERE p.source_id = s.id) AS oldest_pending,
-       s.folded_at, s.attached_at
+       s.folded_at, s.attached_at,
+       -- the last error a key met, and when: the capture could not key a statement's rows (logged, not folded
+       -- yet; or folded), or a key expression raised for a row (its rows are read one by one since)
+       coalesce(e.error, s.key_error) AS key_error, coalesce(e.logged_at, s.key_error_at) AS key_error_at,
+       CASE WHEN s.safe_keys THEN 'row by row' ELSE 'set-based' END AS reads
   FROM storetopics.sources s
+  LEFT JOIN LATERAL (SELECT 'the capture trigger could not key a statement''s rows: ' || p.error AS error, p.logged_at
+                       FROM storetopics.pending p
+                      WHERE p.source_id = s.id AND p.error IS NOT NULL
+                      ORDER BY p.logged_at DESC LIMIT 1) e ON true
  WHERE pg_has_role(current_user, s.owner, 'USAGE')
     OR EXISTS (SELECT 1 FROM storetopics.grants g
                 WHERE (g.source_id IS NULL OR g.source_id = s.id) AND pg_has_role(current_user, g.role, 'USAGE'));

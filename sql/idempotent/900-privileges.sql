@@ -41,7 +41,7 @@ BEGIN
     PERFORM storetopics._grant_routing(r.role::text);
   END LOOP;
   FOR r IN SELECT DISTINCT s.owner FROM storetopics.sources s LOOP
-    EXECUTE format('GRANT INSERT (source_id, store_key, file_key, resync, deletes), SELECT (source_id) '
+    EXECUTE format('GRANT INSERT (source_id, store_key, file_key, resync, deletes, error), SELECT (source_id) '
                    'ON storetopics.pending TO %s', r.owner);
     EXECUTE format('GRANT SELECT ON storetopics.file_means TO %s', r.owner);
     PERFORM storetopics._grant_routing(r.owner::text);
@@ -59,10 +59,14 @@ BEGIN
         EXECUTE FUNCTION storetopics._forget_dropped_tables();
     END IF;
     ALTER EVENT TRIGGER storetopics_forget_dropped_tables ENABLE;
-    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'storetopics_cover_partitions') THEN
-      CREATE EVENT TRIGGER storetopics_cover_partitions ON ddl_command_end
-        WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE') EXECUTE FUNCTION storetopics._cover_partitions();
-    END IF;
+    DROP EVENT TRIGGER IF EXISTS storetopics_cover_partitions;   -- (an earlier build of 0.2; _follow_ddl does it)
+    DROP FUNCTION IF EXISTS storetopics._cover_partitions();
+    DROP EVENT TRIGGER IF EXISTS storetopics_follow_ddl;         -- made again: its tags may have changed
+    CREATE EVENT TRIGGER storetopics_follow_ddl ON ddl_command_end
+      WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'ALTER FUNCTION', 'ALTER PROCEDURE', 'ALTER TYPE', 'ALTER DOMAIN',
+                   'ALTER SCHEMA', 'ALTER VIEW', 'ALTER MATERIALIZED VIEW', 'ALTER FOREIGN TABLE', 'ALTER OPERATOR',
+                   'ALTER AGGREGATE', 'ALTER COLLATION', 'ALTER TEXT SEARCH CONFIGURATION')
+      EXECUTE FUNCTION storetopics._follow_ddl();
   END IF;
   -- Clustering inside the database, where plpython3u is installed: the module plpy/storetopics_clustering.py,
   -- installed by `make install` beside this script, does the work (the worker imports the same file).
