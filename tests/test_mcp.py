@@ -725,10 +725,9 @@ def test_a_resource_the_role_may_not_read_cannot_be_subscribed_to(dsn, conn):
             cur.executemany(f"INSERT INTO {tenant}.docs (store, file, content) VALUES ('shelf', %s, %s)",
                             GAMES if tenant == "a" else KITCHEN)
         c.execute(f"SELECT storetopics.configure('{tenant}.docs', '{{\"debounce\": 0}}')")
-        if tenant == "a":
-            c.execute("SELECT storetopics.grant_read(%s, 'a.docs')", (roles["router"],))
 
     with helpers.tenants(dsn, ("router",), each=each) as (roles, conns, admin, sources):
+        admin.execute("SELECT storetopics.grant_read(%s, 'a.docs')", (roles["router"],))
         helpers.backfill(admin)
         a_uri, b_uri = (f"storetopics://{sources[t]}/shelf" for t in ("a", "b"))
 
@@ -788,5 +787,50 @@ def test_a_hostile_store_key_is_data_in_every_title_name_and_description(dsn, co
             assert summary in res.description
             for text in (tool.title, tool.description, res.name, res.title, res.description):
                 assert len(text) <= 1024 and "end filler" in text and text.count("filler") < 10   # bounded
+
+    anyio.run(main)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Concurrency: a slow call does not hold up the others
+# ------------------------------------------------------------------------------------------------------------
+def test_a_slow_search_does_not_hold_up_another(dsn, conn):
+    """Two searches at once, one slow (its table's content expression sleeps while a flag is set, a test-only
+    device): the fast one answers while the slow one is still running (each call has a connection of its own)."""
+    _setup(conn)
+    conn.execute("CREATE TABLE slow_on (x int)")
+    conn.execute("CREATE FUNCTION public.slow_text(t text) RETURNS text LANGUAGE plpgsql AS $$ BEGIN "
+                 "IF EXISTS (SELECT 1 FROM public.slow_on) THEN PERFORM pg_sleep(1); END IF; RETURN t; END $$")
+    conn.execute("CREATE TABLE slow_docs (id serial PRIMARY KEY, store text, file int, body text)")
+    conn.execute("INSERT INTO slow_docs (store, file, body) VALUES ('slow', 1, 'a tortoise crossing the road'), "
+                 "('slow', 2, 'the tortoise and the hare')")
+    conn.execute("SELECT storetopics.attach('slow_docs', store_key => 'store', file_key => 'file', "
+                 "content => 'public.slow_text(c.body)')")
+    helpers.backfill(conn)
+
+    async def main():
+        async with client(dsn, wait_listening=False) as (session, _, _):
+            assert {"search_slow", "search_games"} <= set(_tools(await session.list_tools()))
+            conn.execute("INSERT INTO slow_on VALUES (1)")
+            done: dict[str, float] = {}
+
+            async def slow():
+                hits = _json(await session.call_tool("search_slow", {"query": "tortoise"}))
+                assert hits["results"]
+                done["slow"] = time.monotonic()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(slow)
+                with anyio.fail_after(TIMEOUT):   # the slow search is sleeping in Postgres
+                    while not conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+                                           "AND datname = current_database()").fetchone()[0]:
+                        await anyio.sleep(0.05)
+                started = time.monotonic()
+                hits = _json(await session.call_tool("search_games", {"query": "backgammon"}))
+                done["fast"] = time.monotonic()
+                assert {r["file_key"] for r in hits["results"]} == {"3", "4"}
+                assert "slow" not in done, "the fast search waited for the slow one"
+                assert done["fast"] - started < 1.5
+            assert done["slow"] > done["fast"]
 
     anyio.run(main)

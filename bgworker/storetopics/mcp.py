@@ -66,7 +66,8 @@ RESOURCE_LEAD = "One data store's summary and structured topics (JSON)."
 K_DEFAULT, K_MAX = 5, 50              # storetopics.search() refuses k outside 1..50
 ROUTE_K_DEFAULT, ROUTE_K_MAX = 3, 20
 QUERY_MAX = 10000                     # characters; storetopics.search() refuses longer queries
-STATEMENT_TIMEOUT = "30s"             # a search the model waits for; the connection is shared by every call
+STATEMENT_TIMEOUT = "30s"             # a search the model waits for, holding one of the pool's connections
+POOL_SIZE = 4                         # connections for the calls (calls past it wait); LISTEN has one of its own
 COALESCE_SECONDS = 0.2                # a burst of NOTIFYs (50 uploads rendered in one pass) becomes one refresh
 KEEPALIVE_SECONDS = 60.0              # the LISTEN connection checks it is alive this often when nothing arrives
 RECONNECT_MAX = 30.0
@@ -376,16 +377,21 @@ def _log_notice(diag: psycopg.errors.Diagnostic) -> None:
 
 
 class Database:
-    """One autocommit connection for every query, opened on first use and again after it was lost; calls take turns
-    on it.  A statement that fails because the connection broke is retried once on a new connection (every query
-    here reads, and search's one write, a reader made again, is idempotent)."""
+    """A small pool of autocommit connections, at most POOL_SIZE, opened on demand and kept while they work: calls run
+    at once, each on a connection of its own, so that one slow search does not hold up the others (a call past the
+    bound waits for a connection to come free).  A statement that fails because its connection broke is retried
+    once on a new connection, the idle ones dropped first (they are likely broken too: a restart, a terminate); every
+    query here reads, and search's one write, a reader made again, is idempotent.  A connection whose call was
+    cancelled mid-statement is closed, never reused.  The LISTEN loop has a connection of its own (App.listen)."""
 
-    def __init__(self, dsn: str):
+    def __init__(self, dsn: str, size: int = POOL_SIZE):
         import anyio
         self.dsn = dsn
         self.features = Features()
-        self._conn: psycopg.AsyncConnection | None = None
-        self._lock = anyio.Lock()
+        self._idle: list[psycopg.AsyncConnection] = []
+        self._slots = anyio.Semaphore(size)
+        self._busy = 0
+        self._closed = False
 
     async def _connect(self) -> psycopg.AsyncConnection:
         try:
@@ -401,54 +407,89 @@ class Database:
         except psycopg.Error as e:
             await conn.close()
             raise Unavailable(f"the database is unavailable: {pg_message(e)}") from None
+        first = not self._idle and not self._busy
         self.features = Features(**row)
-        if not self.features.catalog:
+        if not self.features.catalog and first:
             log.warning("storetopics 0.2 is not installed in database %r, or role %s may read none of its stores (an "
                         "administrator or a table's owner runs storetopics.grant_read): no stores to serve",
                         conn.info.dbname, conn.info.user)
-        log.info("connected to database %s as %s (search: %s, catalog and route: %s)",
-                 conn.info.dbname, conn.info.user, self.features.search, self.features.catalog)
+        log.log(logging.INFO if first else logging.DEBUG,
+                "connected to database %s as %s (search: %s, catalog and route: %s)",
+                conn.info.dbname, conn.info.user, self.features.search, self.features.catalog)
         return conn
 
-    async def fetch(self, query: Any, params: Sequence[Any] | dict | None = None) -> list[dict]:
+    @staticmethod
+    def _reusable(conn: psycopg.AsyncConnection) -> bool:
+        return (not conn.closed and not conn.broken
+                and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
+
+    @staticmethod
+    async def _close(conn: psycopg.AsyncConnection) -> None:
         import anyio
-        async with self._lock:
-            for attempt in (1, 2):
-                if self._conn is None or self._conn.closed:
-                    self._conn = await self._connect()
-                conn = self._conn
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            await conn.close()
+
+    @contextlib.asynccontextmanager
+    async def connection(self):
+        """A connection of the pool for one call (a new one when none is idle), given back afterwards if it is
+        still sound."""
+        import anyio
+        async with self._slots:
+            conn = None
+            while self._idle and conn is None:
+                c = self._idle.pop()
+                if self._reusable(c):
+                    conn = c
+                else:
+                    await self._close(c)
+            if conn is None:
+                conn = await self._connect()
+            self._busy += 1
+            cancelled = False
+            try:
+                yield conn
+            except anyio.get_cancelled_exc_class():
+                cancelled = True   # mid-statement: the connection is in no known state
+                raise
+            finally:
+                self._busy -= 1
+                if not cancelled and not self._closed and self._reusable(conn):
+                    self._idle.append(conn)
+                else:
+                    await self._close(conn)
+
+    async def _drop_idle(self) -> None:
+        idle, self._idle = self._idle, []
+        for c in idle:
+            await self._close(c)
+
+    async def fetch(self, query: Any, params: Sequence[Any] | dict | None = None) -> list[dict]:
+        for attempt in (1, 2):
+            async with self.connection() as conn:
                 try:
                     cur = await conn.execute(query, params)
                     return await cur.fetchall() if cur.description else []
-                except anyio.get_cancelled_exc_class():
-                    # a call cancelled mid-statement leaves the connection in no known state: start afresh
-                    self._conn = None
-                    with anyio.CancelScope(shield=True):
-                        await conn.close()
-                    raise
                 except psycopg.Error as e:
                     if not conn.broken and not conn.closed:
                         raise
-                    self._conn = None
-                    with contextlib.suppress(Exception):
-                        await conn.close()
-                    if attempt == 2:
-                        raise Unavailable(f"the database is unavailable: {pg_message(e)}") from None
-                    log.warning("lost the database connection (%s); reconnecting", pg_message(e))
+                    lost = e
+            await self._drop_idle()
+            if attempt == 2:
+                raise Unavailable(f"the database is unavailable: {pg_message(lost)}") from None
+            log.warning("lost the database connection (%s); reconnecting", pg_message(lost))
         raise AssertionError("unreachable")
 
     async def ensure(self) -> Features:
         """Connected (else Unavailable), with the features known (a connection lost since is found, and replaced,
         by the next query)."""
-        async with self._lock:
-            if self._conn is None or self._conn.closed:
-                self._conn = await self._connect()
+        if not self._idle and not self._busy:
+            async with self.connection():
+                pass
         return self.features
 
     async def close(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
+        self._closed = True
+        await self._drop_idle()
 
 
 CATALOG_SQL = """SELECT c.source_id, c.source::text AS source, c.store_key, c.tool_name, c.description AS summary,
