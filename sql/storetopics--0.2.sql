@@ -497,6 +497,13 @@ ALTER TABLE storetopics.sources ALTER COLUMN safe_keys SET NOT NULL;
 -- _expr_type takes the key as given now (and proves it one expression itself).
 DROP FUNCTION IF EXISTS storetopics._expr_type(regclass, text, text);
 
+-- incremental/0.2/007-tool-names.sql
+-- storetopics 0.2: a store's tool name is decided once, when the store first appears, and never changes: a client
+-- that saved a tool name, or a prompt that mentions it, keeps working when other tables are attached or detached.
+-- Unique over every store (a newcomer whose name is taken gets a suffix; storetopics._name_stores).
+ALTER TABLE storetopics.store_state ADD COLUMN tool_name text;
+CREATE UNIQUE INDEX store_state_tool_name ON storetopics.store_state (tool_name);
+
 -- idempotent/010-helpers.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Helpers
@@ -3037,6 +3044,9 @@ BEGIN
      SET files = st.files + excluded.files, chunks = st.chunks + excluded.chunks,
          words = st.words + excluded.words, skipped = st.skipped + excluded.skipped,
          other_dim = st.other_dim + excluded.other_dim, folded_at = now(), version = st.version + 1;
+  IF EXISTS (SELECT 1 FROM storetopics.store_state st WHERE st.source_id = src.id AND st.tool_name IS NULL) THEN
+    PERFORM storetopics._name_stores(src.id);   -- new stores
+  END IF;
 
   DELETE FROM storetopics.file_terms f
    WHERE f.source_id = src.id AND md5(f.file_key)::uuid = ANY (v_digests) AND f.file_key = ANY (p_files);
@@ -5430,7 +5440,8 @@ SELECT s.chunks AS source, st.source_id, st.store_key, st.files, st.chunks, st.w
                                                            WHERE f.source_id = p.source_id
                                                              AND md5(f.file_key)::uuid = md5(p.file_key)::uuid
                                                              AND f.file_key = p.file_key
-                                                             AND f.store_key = st.store_key)))) AS dirty
+                                                             AND f.store_key = st.store_key)))) AS dirty,
+       st.tool_name
   FROM storetopics.store_state st
   JOIN storetopics.sources s ON s.id = st.source_id
  WHERE pg_has_role(current_user, s.owner, 'USAGE')
@@ -5491,11 +5502,35 @@ RETURN left('search_' || regexp_replace(lower(store_key), '[^abcdefghijklmnopqrs
 COMMENT ON FUNCTION storetopics.tool_name(text, text) IS
   'The tool name of a store key (search_<key>, [a-z0-9_-], at most 64 characters with the suffix).';
 
--- The stores the caller may read that have a summary, of one catalog (NULL: of every catalog), each with its tool
--- name, tool_name(store key).  Two stores whose names would be the same get '_<source id>' appended (cut first, so
--- that it fits); two stores of one source that still collide (keys that differ only in case or punctuation) get
--- '_<source id>_<8 hex digits of md5(store key)>'.  The names are unique within the set this returns and a function
--- of it: the same stores give the same names, whatever the order of rows on disk.
+-- Names the stores of a source that have no tool name yet, once and for good: tool_name(store key) when no store has
+-- it, else with '_<source id>', else with '_<source id>_<8 hex digits of md5(store key)>' (keys that differ only in
+-- case or punctuation).  First come, first named: a store's name never changes when others come or go, and a
+-- newcomer whose name is taken gets the suffix.  Stores are named in the order of their keys (bytewise), so one
+-- fold names the same stores the same way whatever the order its rows arrived in.
+CREATE OR REPLACE FUNCTION storetopics._name_stores(p_source int) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  r record;
+  v_name text;
+BEGIN
+  FOR r IN SELECT st.store_key FROM storetopics.store_state st
+            WHERE st.source_id = p_source AND st.tool_name IS NULL ORDER BY st.store_key COLLATE "C" LOOP
+    FOREACH v_name IN ARRAY ARRAY[storetopics.tool_name(r.store_key),
+                                  storetopics.tool_name(r.store_key, '_' || p_source),
+                                  storetopics.tool_name(r.store_key, '_' || p_source || '_' || left(md5(r.store_key), 8))]
+    LOOP
+      BEGIN
+        UPDATE storetopics.store_state SET tool_name = v_name WHERE source_id = p_source AND store_key = r.store_key;
+        EXIT;
+      EXCEPTION WHEN unique_violation THEN
+        NULL;   -- taken (by an incumbent, or by a fold of another source just now): the next form
+      END;
+    END LOOP;
+  END LOOP;
+END $$;
+
+-- The stores the caller may read that have a summary, of one catalog (NULL: of every catalog), with their tool
+-- names (storetopics._name_stores).
 CREATE OR REPLACE FUNCTION storetopics._readable_stores(p_catalog text)
 RETURNS TABLE (catalog text, source_id int, store_key text, tool_name text)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
@@ -5503,39 +5538,20 @@ BEGIN ATOMIC
 WITH me AS MATERIALIZED (
   SELECT storetopics._caller() AS r
 ), src AS MATERIALIZED (
-  -- (_may_act_as and _catalog, written out: called per source they cost more than the rest of a route())
+  -- (_may_act_as and the catalog's name, written out: called per source they cost more than the rest of a route())
   SELECT s.id, coalesce((storetopics.default_settings() || s.settings) ->> 'catalog', 'source:' || s.id) AS catalog
     FROM storetopics.sources s CROSS JOIN me
    WHERE pg_has_role(me.r, s.owner, 'USAGE')
       OR EXISTS (SELECT 1 FROM storetopics.grants g
                   WHERE (g.source_id IS NULL OR g.source_id = s.id) AND pg_has_role(me.r, g.role, 'USAGE'))
-), v AS (
-  SELECT src.catalog, st.source_id, st.store_key, storetopics.tool_name(st.store_key) AS base
-    FROM src JOIN storetopics.store_state st ON st.source_id = src.id
-   WHERE st.store_topics IS NOT NULL AND (p_catalog IS NULL OR src.catalog = p_catalog)
-), n AS (
-  SELECT v.*, count(*) OVER (PARTITION BY v.base) AS same,
-         count(*) OVER (PARTITION BY v.base, v.source_id) AS same_source
-    FROM v
-), named AS (
-  SELECT n.*,
-         CASE WHEN n.same = 1 THEN n.base
-              WHEN n.same_source = 1 THEN storetopics.tool_name(n.store_key, '_' || n.source_id)
-              ELSE storetopics.tool_name(n.store_key, '_' || n.source_id || '_' || left(md5(n.store_key), 8))
-         END AS name1
-    FROM n
 )
--- a name made with '_<source id>' can be another store's plain name (keys 'docs' twice and 'docs_2'): those that
--- still collide take the long form
-SELECT x.catalog, x.source_id, x.store_key,
-       CASE WHEN count(*) OVER (PARTITION BY x.name1) = 1 THEN x.name1
-            ELSE storetopics.tool_name(x.store_key, '_' || x.source_id || '_' || left(md5(x.store_key), 8))
-       END
-  FROM named x;
+SELECT src.catalog, st.source_id, st.store_key, st.tool_name
+  FROM src JOIN storetopics.store_state st ON st.source_id = src.id
+ WHERE st.store_topics IS NOT NULL AND (p_catalog IS NULL OR src.catalog = p_catalog);
 END;
 
 -- One row per store the caller may read that has a summary, for a router to offer as a tool: its catalog, source,
--- store key, a tool name (see _readable_stores), the summary (store_topics, ready for a prompt), its cl100k tokens
+-- store key, its tool name (decided when the store first appeared; storetopics._name_stores), the summary (store_topics, ready for a prompt), its cl100k tokens
 -- as render counted them (the sum over its space-separated chunks of their counts in storetopics.token_counts, the
 -- first chunk counted with a leading space like the others; NULL while some chunk has not been counted with the
 -- real tokenizer), when it last changed, and md5 of the text (changes only when the text does: a prompt cache
@@ -5562,7 +5578,8 @@ SELECT r.catalog, s.chunks, r.source_id, r.store_key, r.tool_name, st.store_topi
  ORDER BY r.catalog, r.tool_name;
 END;
 COMMENT ON FUNCTION storetopics.catalog(text) IS
-  'One row per store the caller may read (of one catalog, or all): a unique tool name (search_<store key>), the '
+  'One row per store the caller may read (of one catalog, or all): its tool name (search_<store key>, unique, never '
+  'changed once given), the '
   'summary as a tool description, its cl100k tokens when counted, when it changed, and md5 of the text.';
 
 -- ------------------------------------------------------------------------------------------------------------
@@ -5924,6 +5941,11 @@ BEGIN
     PERFORM storetopics._grant_routing(r.owner::text);
   END LOOP;
 END $$;
+
+-- Stores folded before tool names were kept get theirs (sources in attach order).
+SELECT storetopics._name_stores(s.id) FROM storetopics.sources s
+ WHERE EXISTS (SELECT 1 FROM storetopics.store_state st WHERE st.source_id = s.id AND st.tool_name IS NULL)
+ ORDER BY s.id;
 
 DO $$
 DECLARE

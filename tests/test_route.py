@@ -83,18 +83,16 @@ def test_catalog_rows_and_tool_names_valid_unique_deterministic(conn):
     names = [r["tool_name"] for r in rows]
     assert all(TOOL.match(n) and n.startswith("search_") for n in names), names
     assert len(set(names)) == len(names), names
-    # a store whose name is its own keeps the plain form; a collision across sources appends the source id; two
-    # stores of one source that still collide take the source id and a digest of the key
-    assert by[(s1, "Home Repair")]["tool_name"] == "search_home_repair"
-    assert by[(s2, "garage")]["tool_name"] == f"search_garage_{s2}"
-    for k in ("garage", "GARAGE"):
-        assert by[(s1, k)]["tool_name"] == f"search_garage_{s1}_{hashlib.md5(k.encode()).hexdigest()[:8]}"
-    # 'docs' twice across sources -> search_docs_<source id> ...
-    assert by[(s1, "docs")]["tool_name"] == f"search_docs_{s1}"
-    # ... and here source 2's 'docs' would be search_docs_2, the plain name of source 1's 'docs_2': both take the
-    # long form
+    # first come, first named (one fold names its new stores in bytewise key order): a free name is taken as it is;
+    # a taken one gets the source id; still taken, the source id and a digest of the key
     assert (s1, s2) == (1, 2)
-    assert by[(s1, "docs_2")]["tool_name"] == f"search_docs_2_{s1}_{hashlib.md5(b'docs_2').hexdigest()[:8]}"
+    assert by[(s1, "Home Repair")]["tool_name"] == "search_home_repair"
+    assert by[(s1, "GARAGE")]["tool_name"] == "search_garage"
+    assert by[(s1, "garage")]["tool_name"] == f"search_garage_{s1}"
+    assert by[(s1, "docs")]["tool_name"] == "search_docs"
+    assert by[(s1, "docs_2")]["tool_name"] == "search_docs_2"
+    assert by[(s2, "garage")]["tool_name"] == f"search_garage_{s2}"
+    # source 2's 'docs': search_docs and search_docs_2 are taken: the long form
     assert by[(s2, "docs")]["tool_name"] == f"search_docs_{s2}_{hashlib.md5(b'docs').hexdigest()[:8]}"
     long = by[(s1, LONG_KEY)]["tool_name"]
     assert long == expected_name(LONG_KEY) and len(long) == 64 and long.startswith("search___very_long_store_key")
@@ -112,10 +110,37 @@ def test_catalog_rows_and_tool_names_valid_unique_deterministic(conn):
     conn.execute("INSERT INTO storetopics.store_state SELECT * FROM shuffled")
     assert [(r["source_id"], r["store_key"], r["tool_name"]) for r in catalog(conn)] == \
         [(r["source_id"], r["store_key"], r["tool_name"]) for r in rows]
-    # one catalog only: names are unique within what is returned (s2's garage alone keeps the plain name)
+    # one catalog only: the same names (a store's name does not depend on what else is listed)
     only2 = {r["store_key"]: r["tool_name"] for r in catalog(conn, f"source:{s2}")}
-    assert only2 == {"garage": "search_garage", "docs": "search_docs"}
+    assert only2 == {"garage": by[(s2, "garage")]["tool_name"], "docs": by[(s2, "docs")]["tool_name"]}
     assert catalog(conn, "no such catalog") == []
+
+
+def test_a_stores_tool_name_never_changes_when_other_tables_come_and_go(conn):
+    helpers.create_chunks(conn, "kitchen_docs")
+    s1 = helpers.attach_chunks(conn, "kitchen_docs", embedding=False)
+    insert(conn, keyword_rows({"kitchen": "tiles grout sink", "games": "chess boards"}), "kitchen_docs")
+    helpers.backfill(conn)
+    first = {r["store_key"]: r["tool_name"] for r in catalog(conn)}
+    assert first == {"kitchen": "search_kitchen", "games": "search_games"}
+    # another table with stores of the same names: the newcomers are suffixed, the incumbents keep theirs
+    helpers.create_chunks(conn, "more_docs")
+    s2 = helpers.attach_chunks(conn, "more_docs", embedding=False)
+    insert(conn, keyword_rows({"kitchen": "ovens stoves", "games": "cards dice"}), "more_docs")
+    helpers.backfill(conn)
+    names = {(r["source_id"], r["store_key"]): r["tool_name"] for r in catalog(conn)}
+    assert names == {(s1, "kitchen"): "search_kitchen", (s1, "games"): "search_games",
+                     (s2, "kitchen"): f"search_kitchen_{s2}", (s2, "games"): f"search_games_{s2}"}
+    # the incumbent goes: the newcomers keep the names they were given
+    conn.execute("SELECT storetopics.detach('kitchen_docs')")
+    helpers.backfill(conn)
+    assert {r["store_key"]: r["tool_name"] for r in catalog(conn)} == \
+        {"kitchen": f"search_kitchen_{s2}", "games": f"search_games_{s2}"}
+    # the name is there before the first summary too (the stores view), for a client that names tools early
+    insert(conn, keyword_rows({"garden": "roses"}), "more_docs")
+    conn.execute("SELECT storetopics.fold(%s)", (s2,))
+    assert conn.execute("SELECT tool_name, store_topics FROM storetopics.stores WHERE store_key = 'garden'"
+                        ).fetchone() == ("search_garden", None)
 
 
 def test_catalog_tokens_are_the_real_tokenizers_count_once_counted(conn):
@@ -411,10 +436,10 @@ def test_a_read_role_sees_and_routes_to_the_stores_of_its_sources_only(tenants):
     router = conns["router"]
     assert {(r["source_id"], r["store_key"]) for r in catalog(router)} == {(sources["b"], "b-store"),
                                                                            (sources["b"], "shared")}
-    # names are unique within what the router sees: b's 'shared' alone needs no source id
-    assert {r["tool_name"] for r in catalog(router)} == {"search_b-store", "search_shared"}
+    # names are the stores' own, the same for every reader: a's 'shared' came first and took the plain name
+    assert {r["tool_name"] for r in catalog(router)} == {"search_b-store", f"search_shared_{sources['b']}"}
     assert {r["tool_name"] for r in catalog(admin) if r["store_key"] == "shared"} == \
-        {f"search_shared_{sources['a']}", f"search_shared_{sources['b']}"}
+        {"search_shared", f"search_shared_{sources['b']}"}
     # a's store holds this query, but the router never hears of it
     rows = route(router, vec(unit(0)), k=10)
     assert {r["source_id"] for r in rows} == {sources["b"]} and len(rows) == 2

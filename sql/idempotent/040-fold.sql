@@ -340,6 +340,9 @@ BEGIN
      SET files = st.files + excluded.files, chunks = st.chunks + excluded.chunks,
          words = st.words + excluded.words, skipped = st.skipped + excluded.skipped,
          other_dim = st.other_dim + excluded.other_dim, folded_at = now(), version = st.version + 1;
+  IF EXISTS (SELECT 1 FROM storetopics.store_state st WHERE st.source_id = src.id AND st.tool_name IS NULL) THEN
+    PERFORM storetopics._name_stores(src.id);   -- new stores
+  END IF;
 
   DELETE FROM storetopics.file_terms f
    WHERE f.source_id = src.id AND md5(f.file_key)::uuid = ANY (v_digests) AND f.file_key = ANY (p_files);

@@ -17,7 +17,8 @@ SELECT s.chunks AS source, st.source_id, st.store_key, st.files, st.chunks, st.w
                                                            WHERE f.source_id = p.source_id
                                                              AND md5(f.file_key)::uuid = md5(p.file_key)::uuid
                                                              AND f.file_key = p.file_key
-                                                             AND f.store_key = st.store_key)))) AS dirty
+                                                             AND f.store_key = st.store_key)))) AS dirty,
+       st.tool_name
   FROM storetopics.store_state st
   JOIN storetopics.sources s ON s.id = st.source_id
  WHERE pg_has_role(current_user, s.owner, 'USAGE')

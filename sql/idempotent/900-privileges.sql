@@ -48,6 +48,11 @@ BEGIN
   END LOOP;
 END $$;
 
+-- Stores folded before tool names were kept get theirs (sources in attach order).
+SELECT storetopics._name_stores(s.id) FROM storetopics.sources s
+ WHERE EXISTS (SELECT 1 FROM storetopics.store_state st WHERE st.source_id = s.id AND st.tool_name IS NULL)
+ ORDER BY s.id;
+
 DO $$
 DECLARE
   v_dir text;
