@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 import zlib
 from pathlib import Path
 
@@ -643,3 +644,309 @@ def test_worker_runs_as_a_role_that_is_no_superuser_and_a_failing_pass_recovers(
             for r in (role, owner):
                 admin.execute(f"DROP OWNED BY {r}")
                 admin.execute(f"DROP ROLE {r}")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# One tenant must not stall the shared worker (issue 28): a time limit per statement, fairness, a prompt SIGTERM
+# ------------------------------------------------------------------------------------------------------------
+# How tenant A's key expression stalls once A switches it on (a.stall).  Never inside A's own writes' capture trigger
+# (pg_trigger_depth): A's inserts stay fast, the worker's reads of A's table stall.
+STALLS = {
+    # the audit's expression: a sleep in the key
+    "sleep": "PERFORM pg_catalog.pg_sleep(60);",
+    # a tenant that fights the limit: it catches every cancel and sleeps again, and turns the session's timeout off
+    "stubborn": """PERFORM pg_catalog.set_config('statement_timeout', '0', false);
+    FOR i IN 1..100 LOOP
+      BEGIN
+        PERFORM pg_catalog.pg_sleep(60);
+      EXCEPTION WHEN query_canceled THEN
+        NULL;
+      END;
+    END LOOP;""",
+    # a tenant that swallows the cancel: its statement goes on and comes back without an error
+    "absorb": """IF coalesce(pg_catalog.current_setting('a.absorbed', true), '') <> pg_catalog.statement_timestamp()::text
+    THEN
+      BEGIN
+        PERFORM pg_catalog.pg_sleep(60);
+      EXCEPTION WHEN query_canceled THEN
+        PERFORM pg_catalog.set_config('a.absorbed', pg_catalog.statement_timestamp()::text, true);
+      END;
+    END IF;""",
+    # the first statement that reads A's table turns the timeout off for the rest of the worker's session (and
+    # returns: its transaction commits, so the setting stays); every later statement sleeps
+    "lift": """IF coalesce(pg_catalog.current_setting('a.lifted', true), '') = '' THEN
+      PERFORM pg_catalog.set_config('statement_timeout', '0', false),
+              pg_catalog.set_config('a.lifted', pg_catalog.statement_timestamp()::text, false);
+    ELSIF pg_catalog.current_setting('a.lifted') <> pg_catalog.statement_timestamp()::text THEN
+      PERFORM pg_catalog.pg_sleep(60);
+    END IF;""",
+    # the first statement that reads A's table makes the rest of the worker's session read-only
+    "read-only": """PERFORM pg_catalog.set_config('default_transaction_read_only', 'on', false);""",
+}
+
+
+class Tenants:
+    """The cast of tests/test_security.py, for the worker: tenant roles A and B (storetopics.grant_attach), each
+    owning a schema (a, b) with an attached table, and a worker role (storetopics.grant_worker), none a superuser.
+    A's store key is its own function a.key(store), which stalls as STALLS[how] says once A sets a.stall."""
+
+    def __init__(self, dsn: str, how: str, a_stores: int):
+        from psycopg import conninfo
+        self.dsn, self.conninfo = dsn, conninfo
+        tag = uuid.uuid4().hex[:6]
+        self.a, self.b, self.worker = f"stall_a_{tag}", f"stall_b_{tag}", f"stall_w_{tag}"
+        self.admin = connect(dsn)
+        for r in (self.a, self.b, self.worker):
+            self.admin.execute(f"CREATE ROLE {r} LOGIN")
+        for r, schema in ((self.a, "a"), (self.b, "b")):
+            self.admin.execute(f"CREATE SCHEMA {schema} AUTHORIZATION {r}")
+            self.admin.execute("SELECT storetopics.grant_attach(%s)", (r,))
+        self.admin.execute("SELECT storetopics.grant_worker(%s)", (self.worker,))
+        self.ca, self.cb = connect(self.as_(self.a)), connect(self.as_(self.b))
+        self.ca.execute("CREATE TABLE a.stall (active boolean NOT NULL)")
+        self.ca.execute("INSERT INTO a.stall VALUES (false)")
+        self.ca.execute(f"""CREATE FUNCTION a.key(s text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+  IF pg_catalog.pg_trigger_depth() = 0 AND (SELECT x.active FROM a.stall x) THEN
+    {STALLS[how]}
+  END IF;
+  RETURN s;
+END $$""")
+        for c, schema in ((self.ca, "a"), (self.cb, "b")):
+            c.execute(f"CREATE TABLE {schema}.docs (id serial PRIMARY KEY, store text, file text, content text)")
+            c.execute(f"CREATE INDEX ON {schema}.docs (file)")
+        topics = list(WORDS)
+        self.a_stores = [f"a{i}" for i in range(a_stores)]
+        self.insert("a", [(s, f"{s}-f0", WORDS[topics[i % len(topics)]]) for i, s in enumerate(self.a_stores)])
+        self.insert("b", [("bees", "bees-f0", WORDS["garden"])])
+        self.a_source = self.ca.execute("SELECT storetopics.attach('a.docs', store_key => 'a.key(c.store)', "
+                                        "file_key => 'file', content => 'content')").fetchone()[0]
+        self.b_source = self.cb.execute("SELECT storetopics.attach('b.docs', store_key => 'store', file_key => 'file', "
+                                        "content => 'content')").fetchone()[0]
+        self.ca.execute("""SELECT storetopics.configure('a.docs', '{"debounce": 0.5}')""")
+        self.cb.execute("""SELECT storetopics.configure('b.docs', '{"debounce": 0.5}')""")
+
+    def as_(self, role: str) -> str:
+        return self.conninfo.make_conninfo(self.dsn, user=role)
+
+    def insert(self, schema: str, rows) -> None:
+        with (self.ca if schema == "a" else self.cb).cursor() as cur:
+            cur.executemany(f"INSERT INTO {schema}.docs (store, file, content) VALUES (%s, %s, %s)", rows)
+
+    def stall(self, on: bool = True) -> None:
+        self.ca.execute("UPDATE a.stall SET active = %s", (on,))
+
+    def summary(self, source: int, store: str) -> str | None:
+        row = self.admin.execute("SELECT store_topics FROM storetopics.stores WHERE source_id = %s AND store_key = %s",
+                                 (source, store)).fetchone()
+        return row[0] if row else None
+
+    def work(self, source: int) -> list[tuple]:
+        return self.admin.execute(
+            "SELECT store_key, state, attempts, last_error, leased_by FROM storetopics.work_status() "
+            "WHERE source_id = %s ORDER BY store_key", (source,)).fetchall()
+
+    def close(self) -> None:
+        roles = [self.a, self.b, self.worker]
+        # a backend left sleeping in A's SQL (a worker that could not stop it) holds locks on A's table
+        self.admin.execute("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity WHERE usename = ANY (%s)",
+                           (roles,))
+        self.ca.close()
+        self.cb.close()
+        self.admin.execute("DROP SCHEMA IF EXISTS a, b CASCADE")
+        for r in roles:
+            self.admin.execute(f"DROP OWNED BY {r}")
+            self.admin.execute(f"DROP ROLE {r}")
+        self.admin.close()
+
+
+@pytest.fixture
+def tenants(dsn):
+    made: list[Tenants] = []
+
+    def make(how: str = "sleep", a_stores: int = 1) -> Tenants:
+        t = Tenants(dsn, how, a_stores)
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        t.close()
+
+
+def first_summaries(t: Tenants) -> dict[str, str]:
+    """Wait until every store of A and B has its summary; return A's."""
+    wait_for(lambda: quiescent(t.admin) and all(t.summary(t.a_source, s) for s in t.a_stores)
+             and t.summary(t.b_source, "bees"), 60, "the first summaries")
+    return {s: t.summary(t.a_source, s) for s in t.a_stores}
+
+
+@pytest.mark.parametrize("how", ["sleep", "stubborn", "absorb"])
+def test_a_tenant_whose_key_expression_stalls_does_not_stall_the_worker(tenants, workers, how):
+    """Tenant A's key expression sleeps (or catches every cancel, or swallows the cancel and returns).  One
+    worker with a 2 s statement timeout serves A's 8 stores and B's one: every pass over A fails at the limit (the
+    store keeps its summary, backs off, shows `failing` with an error that names the limit), and B's one-file change
+    is rendered within its debounce and a few seconds although all of A's stores are due before it (claim() serves
+    the sources without failing passes first)."""
+    t = tenants(how, a_stores=8)
+    w = workers(t.as_(t.worker), "--lease", "5", "--poll", "0.3", env={"STORETOPICS_STATEMENT_TIMEOUT": "2"})
+    before = first_summaries(t)
+    t.stall()
+    t.insert("a", [(s, f"{s}-f1", WORDS["chess"]) for s in t.a_stores])      # every store of A is dirty now
+    wait_for(lambda: any(r[2] for r in t.work(t.a_source)), 60, "a first failed pass over A")
+    failed = [r for r in t.work(t.a_source) if r[2]][0]
+    assert "time limit" in failed[3] and "statement-timeout" in failed[3], failed
+
+    # All of A's stores are due now (their backoff is moved on rather than waited for); then B changes one file.
+    t.admin.execute("UPDATE storetopics.work SET next_attempt_at = now() WHERE source_id = %s", (t.a_source,))
+    t0 = time.monotonic()
+    t.insert("b", [("bees", "bees-f1", WORDS["astronomy"])])
+    wait_for(lambda: "telescope" in (t.summary(t.b_source, "bees") or ""), 60, "B's change")
+    took = time.monotonic() - t0
+    print(f"\n{how}: B's change rendered after {took:.2f}s")
+    # debounce 0.5 s + at most the one pass over A in flight (2 s, or 4 s when the cancel is caught) + B's own pass
+    # (the 8 passes over A first would take 16 s or 32 s)
+    assert took < 10, f"B's one-file change took {took:.1f}s to be rendered"
+
+    if how == "absorb":
+        # its statements do get done, each one a limit's length late (and each one fails its pass): its stores come
+        # clean one statement at a time
+        assert w.term() == 0
+        return
+    # A's stores keep failing at the limit, with backoff, and show it; their summaries are the old ones.  (The
+    # clock is moved on for one store, the others' retries are put off.)
+    store = t.a_stores[0]
+
+    def attempts():
+        return t.admin.execute("SELECT attempts FROM storetopics.work WHERE source_id = %s AND store_key = %s",
+                               (t.a_source, store)).fetchone()[0]
+    while (n := attempts()) < 3:
+        t.admin.execute("UPDATE storetopics.work SET next_attempt_at = CASE WHEN store_key = %s THEN now() "
+                        "ELSE now() + interval '1 hour' END WHERE source_id = %s", (store, t.a_source))
+        wait_for(lambda: attempts() > n, 60, f"failure {n + 1} of {store}")
+    row = [r for r in t.work(t.a_source) if r[0] == store][0]
+    assert row[1] == "failing" and "time limit" in row[3] and "STORETOPICS_STATEMENT_TIMEOUT" in row[3], row
+    assert {s: t.summary(t.a_source, s) for s in t.a_stores} == before
+    assert w.proc.poll() is None
+    assert t.admin.execute("SELECT sum(failures) FROM storetopics.worker_status()").fetchone()[0] >= 4
+    t0 = time.monotonic()
+    assert w.term() == 0
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("how", ["sleep", "stubborn", "absorb"])
+def test_sigterm_while_a_tenants_statement_runs_stops_the_worker_at_once(tenants, workers, how):
+    """SIGTERM while the worker's statement sleeps in A's key expression (under the default time limit, 5 min):
+    the statement is cancelled (its session ended when the cancel is caught), the lease given back, exit 0, within
+    3 s."""
+    t = tenants(how)
+    w = workers(t.as_(t.worker), "--lease", "30", "--poll", "0.3")
+    first_summaries(t)
+    t.stall()
+    t.insert("a", [("a0", "a0-f1", WORDS["chess"])])
+    wait_for(lambda: t.admin.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND state = 'active' "
+                                     "AND wait_event = 'PgSleep'", (t.worker,)).fetchone()[0], 60,
+             "the worker's statement to sleep in A's key expression")
+    assert t.work(t.a_source)[0][4] == "w"          # leased
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    w.proc.send_signal(signal.SIGTERM)
+    try:
+        code = w.proc.wait(20)
+    except subprocess.TimeoutExpired:
+        code = None
+    took = time.monotonic() - t0
+    print(f"\nSIGTERM ({how}): exit {code} after {took:.2f}s")
+    assert code == 0 and took < 3, (code, f"{took:.1f}s", w.log()[-2000:])
+    store, state, attempts, _error, leased_by = t.work(t.a_source)[0]
+    assert leased_by is None and attempts == 0, t.work(t.a_source)   # given back, not counted as a failure
+    assert t.admin.execute("SELECT stopped_at IS NOT NULL FROM storetopics.worker_status()").fetchone()[0]
+    # nothing of the worker's is left running on the server
+    wait_for(lambda: not t.admin.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = %s",
+                                         (t.worker,)).fetchone()[0], 5, "the worker's sessions to end")
+
+
+def test_statement_timeout_flag_and_variable(monkeypatch):
+    """--statement-timeout S, else $STORETOPICS_STATEMENT_TIMEOUT, else the default; 0 means none; a negative value
+    or one that does not parse is an error that names the flag or the variable."""
+    import argparse
+
+    from storetopics import config
+    from storetopics import worker as st_worker
+
+    def parse(*argv):
+        p = argparse.ArgumentParser()
+        p.add_argument("--dsn", default="")
+        st_worker.add_arguments(p)
+        return st_worker.options(p.parse_args(argv))
+
+    monkeypatch.delenv("STORETOPICS_STATEMENT_TIMEOUT", raising=False)
+    assert parse().statement_timeout == config.STATEMENT_TIMEOUT > 0
+    monkeypatch.setenv("STORETOPICS_STATEMENT_TIMEOUT", "7.5")
+    assert parse().statement_timeout == 7.5
+    assert parse("--statement-timeout", "0").statement_timeout == 0
+    with pytest.raises(ValueError, match="--statement-timeout"):
+        parse("--statement-timeout", "-1")
+    monkeypatch.setenv("STORETOPICS_STATEMENT_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="STORETOPICS_STATEMENT_TIMEOUT"):
+        parse()
+
+
+def test_the_time_limit_is_the_operators_a_tenant_cannot_lift_it(tenants):
+    """The limit is a flag of the worker: configure() knows no such setting, and what a tenant owns (its reader,
+    the SQL its key runs) cannot lift it: not a SET on its generated reader, not a SET its SQL makes for the worker's
+    session (the worker's client cancels a statement that runs on past the limit)."""
+    t = tenants("lift", a_stores=2)
+    for key in ("statement_timeout", "lock_timeout", "time_limit"):
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match=f"unknown setting {key}"):
+            t.ca.execute("SELECT storetopics.configure('a.docs', %s)", (json.dumps({key: 0}),))
+    assert not any("timeout" in k for k in t.ca.execute("SELECT storetopics.settings('a.docs')").fetchone()[0])
+    reader = t.admin.execute("SELECT format('storetopics.read_%%s', %s::int)::regproc::regprocedure::text",
+                             (t.a_source,)).fetchone()[0]
+    t.ca.execute(f"ALTER FUNCTION {reader} SET statement_timeout = 0")   # the tenant owns its reader
+    t.admin.execute("""SELECT storetopics.configure(x, '{"debounce": 0}') FROM unnest('{a.docs,b.docs}'::regclass[]) x""")
+    once = lambda: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "storetopics.worker", "--once", "--dsn", t.as_(t.worker)],
+        env=dict(os.environ, STORETOPICS_STATEMENT_TIMEOUT="2"), capture_output=True, text=True, timeout=120)
+    r = once()
+    assert r.returncode == 0, r.stderr
+    assert all(t.summary(t.a_source, s) for s in t.a_stores) and t.summary(t.b_source, "bees")
+    t.stall()
+    t.insert("a", [("a0", "a0-f1", WORDS["chess"])])
+    t.insert("b", [("bees", "bees-f1", WORDS["astronomy"])])
+    t0 = time.monotonic()
+    try:
+        r = once()
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"the worker did not finish: {e.stderr[-3000:] if e.stderr else ''}") from None
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    print(f"\nlift: the --once run took {took:.2f}s")
+    # A's pass ran into the limit (each statement at most the limit and the client's grace), B's was done after it
+    assert took < 30, f"{took:.1f}s\n{r.stderr}"
+    a0 = t.work(t.a_source)[0]
+    assert a0[2] == 1 and "time limit" in a0[3], (a0, r.stderr)
+    assert "telescope" in t.summary(t.b_source, "bees")
+
+
+def test_a_tenants_session_settings_end_with_its_pass(tenants):
+    """A's key expression makes the worker's session read-only (a SET without LOCAL outlives the function that made
+    it): A's pass fails, but the worker's own bookkeeping and B's pass run in a session put back as the worker set
+    it."""
+    t = tenants("read-only")
+    once = lambda: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "storetopics.worker", "--once", "--dsn", t.as_(t.worker)],
+        capture_output=True, text=True, timeout=60)
+    t.admin.execute("""SELECT storetopics.configure(x, '{"debounce": 0}') FROM unnest('{a.docs,b.docs}'::regclass[]) x""")
+    r = once()
+    assert r.returncode == 0, r.stderr
+    t.stall()
+    t.insert("a", [("a0", "a0-f1", WORDS["chess"])])
+    t.insert("b", [("bees", "bees-f1", WORDS["astronomy"])])
+    try:
+        r = once()
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"the worker did not finish: {e.stderr[-3000:] if e.stderr else ''}") from None
+    assert r.returncode == 0, r.stderr
+    assert "telescope" in t.summary(t.b_source, "bees"), r.stderr
+    assert t.admin.execute("SELECT count(*) FROM storetopics.work WHERE leased_by IS NOT NULL").fetchone()[0] == 0

@@ -9,7 +9,7 @@
     storetopics backfill [--store KEY] [--source TABLE] [--batch N] [--quiet]
     storetopics status
     storetopics show [--store KEY] [--source TABLE]
-    storetopics worker [--once] [--lease S] [--poll S] [--batch N] [--id NAME]
+    storetopics worker [--once] [--lease S] [--poll S] [--batch N] [--statement-timeout S] [--id NAME]
     storetopics mcp [--prefix TEXT] [--http HOST:PORT [--auth-token T] [--allowed-host H]...] [--catalog NAME]
                     [--embeddings-url URL --embeddings-model NAME]
 
