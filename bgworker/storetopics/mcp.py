@@ -735,7 +735,7 @@ class App:
             self._seen = None
             tools_changed = resources_changed = True
             touched = set(before)
-            now = {}
+            listed = set(before)
         else:
             self._seen = now
             tools_changed = ({(s.tool_name, s.summary, s.store_key, s.source) for s in before.values()}
@@ -745,8 +745,8 @@ class App:
             touched = {k for k in now.keys() | before.keys()
                        if k not in before or k not in now or before[k].updated_at != now[k].updated_at
                        or before[k].summary != now[k].summary}
+            listed = set(now)
         # only stores the role may read now (or, when the catalog could not be read, could before) are announced
-        listed = set(now or before)
         touched &= listed
         ignored = 0
         for p in payloads or ():
