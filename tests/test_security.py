@@ -587,6 +587,11 @@ def test_a_tenant_that_names_anothers_catalog_joins_a_catalog_of_its_own(cast):
                                "WHERE store_key <> 'flood' ORDER BY 1").fetchall()
     assert after == before
     # B's background is B's alone: A's stores went to a catalog of A's, which A's contrast is computed against
+    keys = cast.admin.execute("SELECT storetopics._catalog(s.id) FROM storetopics.sources s ORDER BY s.id = %s",
+                              (src_a,)).fetchall()
+    assert len({k for (k,) in keys}) == 2, keys
+    assert cast.admin.execute("SELECT count(*) FROM storetopics.catalog_terms WHERE catalog = "
+                              "storetopics._catalog(%s)", (src_a,)).fetchone()[0] > 0
     assert cast.admin.execute("SELECT catalog, term_id, total, stores, files FROM storetopics.catalog_terms "
                               "WHERE catalog = ANY (%s) ORDER BY 1, 2",
                               (sorted({r[0] for r in background}),)).fetchall() == background
