@@ -28,3 +28,7 @@ for dir in $(ls -d incremental/*/ | sed 's:/$::' | sort -t/ -k2 -V); do
 done
 for f in $(ls idempotent/*.sql | sort); do printf '\n-- %s\n' "$f"; cat "$f"; done
 printf "\nUPDATE storetopics.meta SET value = '%s' WHERE key = 'version';\n" "$version"
+# The build: a digest of the idempotent sources.  Generated functions are stamped with it (storetopics._stamp), so a
+# build that changed their templates makes them again at their next use, at the same version too.
+build=$(cat idempotent/*.sql | cksum | cut -d' ' -f1)
+printf "INSERT INTO storetopics.meta VALUES ('build', '%s') ON CONFLICT (key) DO UPDATE SET value = excluded.value;\n" "$build"

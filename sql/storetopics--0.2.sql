@@ -633,6 +633,11 @@ CREATE OR REPLACE FUNCTION storetopics._version() RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN (SELECT m.value FROM storetopics.meta m WHERE m.key = 'version');
 
+-- The installed build (a digest of the SQL sources, written by the versioned script: sql/build.sh).
+CREATE OR REPLACE FUNCTION storetopics._build() RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN (SELECT m.value FROM storetopics.meta m WHERE m.key = 'build');
+
 -- What \df+ shows a DBA.
 COMMENT ON FUNCTION storetopics.usable_text(text) IS
   'Whether a text is worth tokenising: not NULL, has a letter or digit, no control characters, under 1 MB. Other rows are counted as skipped.';
@@ -2035,13 +2040,14 @@ BEGIN
   PERFORM storetopics._grant_routing(src.owner::text);
 END $$;
 
--- What a source's generated functions are made from, besides its row: the installed version, the tables' names,
+-- What a source's generated functions are made from, besides its row: the installed version and build, the tables' names,
 -- columns and types, the primary key, the partitions, whether the capture needs its net.  When this changes (a
 -- table renamed, a column's type changed, a partition added, an upgrade) they are made again at the next use, also
 -- where no event trigger saw the DDL.
 CREATE OR REPLACE FUNCTION storetopics._stamp(src storetopics.sources) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN storetopics._version() || ' ' || md5(concat_ws('|', src.chunks::text, src.files_table::text, src.mirror::text,
+RETURN storetopics._version() || ' ' || md5(concat_ws('|', storetopics._build(), src.chunks::text,
+  src.files_table::text, src.mirror::text,
   src.safe_keys, storetopics._capture_net(src), storetopics._capture_bound(src),
   storetopics._chunk_ref_sql(src.chunks), storetopics._tree(src.chunks)::text,
   (SELECT string_agg(concat_ws(' ', a.attrelid, a.attnum, a.attname, a.atttypid), ',' ORDER BY a.attrelid, a.attnum)
@@ -5875,13 +5881,6 @@ BEGIN
       USING ERRCODE = 'undefined_object', HINT = 'storetopics.stores lists the stores you may search.';
   END IF;
   v_reader := storetopics._reader(src.id);   -- made again from the current templates after an upgrade
-  -- A reader generated before its template knew 'search' (a database attached at the same version before search
-  -- existed: sources.generated alone cannot tell) is made again once, here.
-  IF NOT EXISTS (SELECT 1 FROM pg_proc p
-                  WHERE p.oid = to_regprocedure(v_reader || '(text, text[], text, jsonb)')
-                    AND p.prosrc LIKE '%WHEN ''search'' THEN%') THEN
-    PERFORM storetopics._regenerate(src.id);
-  END IF;
   RETURN QUERY EXECUTE format('SELECT * FROM %s(''search'', NULL, $1, $2) AS r(file_key text, chunk text, '
                               'content text, rank float8, text_rank float8, distance float8)', v_reader)
     USING p_store, jsonb_build_object('query', p_query, 'k', p_k, 'embedding', p_embedding::text);
@@ -5997,3 +5996,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
+INSERT INTO storetopics.meta VALUES ('build', '673137039') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

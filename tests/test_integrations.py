@@ -118,10 +118,9 @@ def test_descriptions_names_are_valid_unique_and_the_summary_is_delimited(conn):
     assert list(d)[-1] == (b, "garage")                   # in order of source, then store key
     names = {k: v.tool_name for k, v in d.items()}
     assert all(TOOL_NAME.match(n) for n in names.values()) and len(set(names.values())) == 4, names
-    assert names[(a, "garage")] == f"search_garage_{a}" and names[(b, "garage")] == f"search_garage_{b}"
-    # same source and the same base name: the source id does not tell them apart, a digest of the key does
-    assert re.fullmatch(rf"search_kitchen_sink_{a}_[0-9a-f]{{8}}", names["Kitchen Sink"]), names
-    assert re.fullmatch(rf"search_kitchen_sink_{a}_[0-9a-f]{{8}}", names["kitchen.sink"]), names
+    # first come, first named: a's stores (named in bytewise key order) before b's
+    assert names[(a, "garage")] == "search_garage" and names[(b, "garage")] == f"search_garage_{b}"
+    assert names["Kitchen Sink"] == "search_kitchen_sink" and names["kitchen.sink"] == f"search_kitchen_sink_{a}"
     for key, v in d.items():
         store = key if isinstance(key, str) else key[1]
         assert isinstance(v, StoreDescription) and v.updated_at is not None
@@ -135,7 +134,7 @@ def test_descriptions_names_are_valid_unique_and_the_summary_is_delimited(conn):
         assert list(only) == ["garage"] and only["garage"].tool_name == f"search_garage_{b}"
         assert_described(only["garage"].description, "garage", summary_of(conn, "garage", "chunks_b"), prefix=None)
     assert {k: v.tool_name for k, v in descriptions(conn, source="chunks_a").items()} == {
-        "Kitchen Sink": names["Kitchen Sink"], "kitchen.sink": names["kitchen.sink"], "garage": f"search_garage_{a}"}
+        "Kitchen Sink": names["Kitchen Sink"], "kitchen.sink": names["kitchen.sink"], "garage": "search_garage"}
 
 
 def test_tool_names_and_descriptions_resist_odd_keys_and_summaries(conn):
@@ -170,9 +169,9 @@ def test_descriptions_come_from_the_catalog_function(conn):
         assert got.tool_name == name
         assert_described(got.description, store, summary)
     only = descriptions(conn, catalog=f"source:{b}")
-    # one catalog: its stores, named within it (no other 'garage' there)
+    # one catalog: its stores, with their own names (a store's name does not depend on what else is listed)
     assert list(only) == ["garage"] and only["garage"] == d[(b, "garage")]._replace(
-        tool_name="search_garage", description=describe("garage", summary_of(conn, "garage", "chunks_b")))
+        description=describe("garage", summary_of(conn, "garage", "chunks_b")))
     assert descriptions(conn, catalog="no such catalog") == {}
     with conn.transaction(force_rollback=True):
         conn.execute("ALTER FUNCTION storetopics.catalog(text) RENAME TO catalog_hidden")
@@ -183,18 +182,18 @@ def test_descriptions_come_from_the_catalog_function(conn):
 
 
 def test_colliding_names(conn):
-    """Keys that collide after lowercasing, and a name made with '_<source id>' that is another store's plain
-    name."""
+    """Keys that collide after lowercasing, and a store whose plain name is the name another store got with
+    '_<source id>': every name is taken once, by the store that came first, and never changes."""
     a, b = two_sources(conn)
-    add_rows(conn, "chunks_b", [(f"garage_{a}", 9, "bicycle chain oil")])
+    before = {k: v.tool_name for k, v in descriptions(conn).items()}
+    add_rows(conn, "chunks_b", [(f"kitchen_sink_{a}", 9, "bicycle chain oil")])
     helpers.backfill(conn)
     names = {k: v.tool_name for k, v in descriptions(conn).items()}
-    md5 = {k: hashlib.md5(k.encode()).hexdigest()[:8] for k in ("garage", "Kitchen Sink", "kitchen.sink", f"garage_{a}")}
-    assert names == {"Kitchen Sink": f"search_kitchen_sink_{a}_{md5['Kitchen Sink']}",
-                     "kitchen.sink": f"search_kitchen_sink_{a}_{md5['kitchen.sink']}",
-                     (a, "garage"): f"search_garage_{a}_{md5['garage']}",     # 'search_garage_<a>' is taken
-                     (b, "garage"): f"search_garage_{b}",
-                     f"garage_{a}": f"search_garage_{a}_{b}_{md5[f'garage_{a}']}"}   # and so is its plain name
+    assert {k: names[k] for k in before} == before
+    assert before == {"Kitchen Sink": "search_kitchen_sink", "kitchen.sink": f"search_kitchen_sink_{a}",
+                      (a, "garage"): "search_garage", (b, "garage"): f"search_garage_{b}"}
+    # 'kitchen_sink_<a>' of b: its plain name is a's 'kitchen.sink''s, so it takes b's id
+    assert names[f"kitchen_sink_{a}"] == f"search_kitchen_sink_{a}_{b}"
 
 
 def test_descriptions_show_a_reader_only_its_stores(dsn, conn):
@@ -207,7 +206,7 @@ def test_descriptions_show_a_reader_only_its_stores(dsn, conn):
         with psycopg.connect(conninfo.make_conninfo(dsn, user=role), autocommit=True) as router:
             assert router.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0] is False
             d = descriptions(router)
-            assert list(d) == ["garage"] and d["garage"].tool_name == "search_garage"
+            assert list(d) == ["garage"] and d["garage"].tool_name == f"search_garage_{b}"
             assert_described(d["garage"].description, "garage", summary_of(conn, "garage", "chunks_b"), prefix=None)
             asked = []                                           # a factory is asked for the visible stores only
             assert st_langchain.retriever_tools(router, lambda key: asked.append(key)) == [] and asked == ["garage"]
@@ -310,7 +309,7 @@ def test_langchain_pgvector_tools_describe_search_and_refresh(dsn, conn):
 
 def test_langchain_pgvectorstore_tools_and_a_store_key_in_two_sources(dsn, conn):
     """PGVectorStore: a table per store.  A PGVector collection also named 'kitchen' makes the store key ambiguous:
-    keyed by (source_id, store key), tool names with the source id."""
+    keyed by (source_id, store key); the newcomer's tool name gets its source id, the first keeps its own."""
     pg = PGEngine.from_connection_string(sa_url(dsn, "psycopg"), poolclass=NullPool)
     engine = create_engine(sa_url(dsn, "psycopg"), poolclass=NullPool)
     emb = DeterministicFakeEmbedding(size=DIM)
@@ -343,7 +342,7 @@ def test_langchain_pgvectorstore_tools_and_a_store_key_in_two_sources(dsn, conn)
             st_langchain.retriever_tools(conn, {"kitchen": kitchen})
         both = st_langchain.retriever_tools(conn, {(src_k, "kitchen"): kitchen, (src_lc, "kitchen"): lc_kitchen,
                                                    "garage": garage}, k=10)
-        assert [t.name for t in both] == [f"search_kitchen_{src_k}", f"search_kitchen_{src_lc}", "search_garage"]
+        assert [t.name for t in both] == ["search_kitchen", f"search_kitchen_{src_lc}", "search_garage"]
         assert_described(both[0].description, "kitchen", summary_of(conn, "kitchen", "kitchen_docs"), prefix=None)
         assert_described(both[1].description, "kitchen", summary_of(conn, "kitchen", "langchain_pg_embedding"),
                          prefix=None)
@@ -351,7 +350,7 @@ def test_langchain_pgvectorstore_tools_and_a_store_key_in_two_sources(dsn, conn)
         assert tool_docs(both[0], "telescope") == texts(KITCHEN) and tool_docs(both[1], "pasta") == texts(STARS)
         # one source: the key is unique there again
         (one,) = st_langchain.retriever_tools(conn, {"kitchen": kitchen}, source="kitchen_docs")
-        assert one.name == f"search_kitchen_{src_k}" and one.description == both[0].description
+        assert one.name == "search_kitchen" and one.description == both[0].description
 
         # the first tools (made before the second 'kitchen' existed) still refresh their own store
         ids = [str(uuid.uuid4()) for _ in range(2)]
@@ -359,7 +358,7 @@ def test_langchain_pgvectorstore_tools_and_a_store_key_in_two_sources(dsn, conn)
                               ids=ids)
         helpers.backfill(conn)
         changed = st_langchain.refresh(tools + both, conn)
-        assert sorted(t.name for t in changed) == sorted(["search_kitchen", f"search_kitchen_{src_k}"])
+        assert [t.name for t in changed] == ["search_kitchen", "search_kitchen"]   # the same store, in both lists
         for t in changed:
             assert "wok" in t.description
             assert_described(t.description, "kitchen", summary_of(conn, "kitchen", "kitchen_docs"), prefix=None)

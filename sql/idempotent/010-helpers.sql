@@ -126,6 +126,11 @@ CREATE OR REPLACE FUNCTION storetopics._version() RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN (SELECT m.value FROM storetopics.meta m WHERE m.key = 'version');
 
+-- The installed build (a digest of the SQL sources, written by the versioned script: sql/build.sh).
+CREATE OR REPLACE FUNCTION storetopics._build() RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN (SELECT m.value FROM storetopics.meta m WHERE m.key = 'build');
+
 -- What \df+ shows a DBA.
 COMMENT ON FUNCTION storetopics.usable_text(text) IS
   'Whether a text is worth tokenising: not NULL, has a letter or digit, no control characters, under 1 MB. Other rows are counted as skipped.';

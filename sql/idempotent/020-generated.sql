@@ -560,13 +560,14 @@ BEGIN
   PERFORM storetopics._grant_routing(src.owner::text);
 END $$;
 
--- What a source's generated functions are made from, besides its row: the installed version, the tables' names,
+-- What a source's generated functions are made from, besides its row: the installed version and build, the tables' names,
 -- columns and types, the primary key, the partitions, whether the capture needs its net.  When this changes (a
 -- table renamed, a column's type changed, a partition added, an upgrade) they are made again at the next use, also
 -- where no event trigger saw the DDL.
 CREATE OR REPLACE FUNCTION storetopics._stamp(src storetopics.sources) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN storetopics._version() || ' ' || md5(concat_ws('|', src.chunks::text, src.files_table::text, src.mirror::text,
+RETURN storetopics._version() || ' ' || md5(concat_ws('|', storetopics._build(), src.chunks::text,
+  src.files_table::text, src.mirror::text,
   src.safe_keys, storetopics._capture_net(src), storetopics._capture_bound(src),
   storetopics._chunk_ref_sql(src.chunks), storetopics._tree(src.chunks)::text,
   (SELECT string_agg(concat_ws(' ', a.attrelid, a.attnum, a.attname, a.atttypid), ',' ORDER BY a.attrelid, a.attnum)

@@ -82,13 +82,6 @@ BEGIN
       USING ERRCODE = 'undefined_object', HINT = 'storetopics.stores lists the stores you may search.';
   END IF;
   v_reader := storetopics._reader(src.id);   -- made again from the current templates after an upgrade
-  -- A reader generated before its template knew 'search' (a database attached at the same version before search
-  -- existed: sources.generated alone cannot tell) is made again once, here.
-  IF NOT EXISTS (SELECT 1 FROM pg_proc p
-                  WHERE p.oid = to_regprocedure(v_reader || '(text, text[], text, jsonb)')
-                    AND p.prosrc LIKE '%WHEN ''search'' THEN%') THEN
-    PERFORM storetopics._regenerate(src.id);
-  END IF;
   RETURN QUERY EXECUTE format('SELECT * FROM %s(''search'', NULL, $1, $2) AS r(file_key text, chunk text, '
                               'content text, rank float8, text_rank float8, distance float8)', v_reader)
     USING p_store, jsonb_build_object('query', p_query, 'k', p_k, 'embedding', p_embedding::text);
