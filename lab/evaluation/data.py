@@ -24,6 +24,7 @@ class Package:
     short: str
     long: str
     chunks: list[str] = field(default_factory=list)
+    headings: list[str] = field(default_factory=list)   # section headings (the document family's pages)
 
     @property
     def text(self) -> str:

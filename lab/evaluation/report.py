@@ -8,14 +8,15 @@ from pathlib import Path
 
 from .routers import LABELS, ROUTERS
 
-ORDER = (*ROUTERS, "centroid", "route", "route_text")
+ORDER = (*ROUTERS, "centroid", "kmeans20", "nearest_chunk", "route", "route_text")
 # routers that see the stores' contents rather than a description: no description tokens, no BM25 column
-CONTENT_ROUTERS = ("centroid", "route", "route_text")
+CONTENT_ROUTERS = ("centroid", "kmeans20", "nearest_chunk", "route", "route_text")
 SHORT = {"names": "(a) name", "handwritten_short": "(b) hand-written\nshort", "handwritten": "(b) hand-written\nshort+long",
          "keywords": "(c) keywords", "clusters": "(d) clusters", "hybrid": "(e) hybrid\nstore_topics",
          "name_hybrid": "(e') name +\nstore_topics", "tfidf20": "TF-IDF\ntop 20", "tfidf60": "TF-IDF\ntop 60",
          "tfidf150": "TF-IDF\ntop 150", "centroid": "centroid\n(reference)", "route": "route()",
-         "route_text": "route_text()"}
+         "route_text": "route_text()", "name_topics": "name +\nTopics", "name_terms": "name +\nTerms",
+         "kmeans20": "nearest of\n20 clusters", "nearest_chunk": "nearest\nchunk"}
 
 
 def pct(x, digits: int = 1) -> str:
@@ -135,6 +136,181 @@ def _abst_row(label: str, where: str, a: dict | None) -> str:
     return (f"| {label} | {where} | {a['threshold']:g} | {ci(a['precision'])} | {ci(a['recall'])} | "
             f"{a['f1']['value']:.3f} [{a['f1']['ci95'][0]:.3f}–{a['f1']['ci95'][1]:.3f}] | "
             f"{a['abstained_in']}/{a['in']} |")
+
+
+# The families and their sets: (title, all, tuning half, reporting half) as keys of the results
+FAMILIES = (("Debian sections", "routing", "halves.tune", "halves.report"),
+            ("WordNet nouns", "family2", "family2_halves.tune", "family2_halves.report"),
+            ("Document stores", "docs", "docs_halves.tune", "docs_halves.report"))
+FAMILY_ROWS = ("names", "name_hybrid", "name_topics", "name_terms", "tfidf20", "tfidf60", "tfidf150")
+SET_NAMES = (("tune", "tuning half"), ("report", "reporting half"), ("all", "all"))
+
+
+def _style_node(r: dict | None, style: str) -> dict | None:
+    """One style's results of a set: {"before", "versus_baseline", "queries", ...}."""
+    if not r:
+        return None
+    if r.get("style", style) == style:
+        return {"before": r["before"], "versus_baseline": r.get("versus_baseline") or {}, "queries": r["queries"],
+                "out_queries": r.get("out_queries", 0), "examples": r.get("examples") or {}}
+    return (r.get("styles") or {}).get(style)
+
+
+def _family_sets(res: dict, fam: tuple) -> dict[str, dict]:
+    _, a, t, rp = fam
+    return {k: v for k, v in (("tune", _set(res, t)), ("report", _set(res, rp)), ("all", _set(res, a))) if v}
+
+
+def _styles_of(sets: dict[str, dict]) -> list[str]:
+    r = sets.get("all") or next(iter(sets.values()))
+    return [r.get("style") or "descriptions", *(r.get("styles") or {})]
+
+
+def _top1(e: dict | None, router: str = "embedding") -> str:
+    if not e or not e.get("available") or router not in e:
+        return "–"
+    return ci(e[router]["top1"])
+
+
+def families_section(res: dict) -> list[str]:
+    """Every family x query style x router: name alone, name + store_topics, name + its Topics section, name + its
+    Terms section and the TF-IDF baselines, on the tuning half, the reporting half and all the stores; then name +
+    store_topics against the best TF-IDF baseline no longer than it (paired bootstrap)."""
+    from .routing import STYLE_LABELS
+    L = ["## Every family, both query styles", "",
+         "Three corpus families, each in two query styles: Debian sections (the held-out package's whole description; "
+         "its synopsis line with the package's name removed), WordNet nouns (the held-out synset's lemmas and gloss; "
+         "its lemmas alone) and document stores (30-word passages of held-out pages; the held-out pages' titles with "
+         "the product's names removed). Each half is its own catalog (`store_topics` contrasts a store with its "
+         "siblings), so a half's summaries are not those of the whole set. Top-1 % [Wilson 95%] with the MiniLM "
+         "cosine router and with BM25 over the descriptions; tokens: mean description length.", ""]
+    vb_rows = []
+    for fam in FAMILIES:
+        sets = _family_sets(res, fam)
+        if not sets:
+            continue
+        for style in _styles_of(sets):
+            nodes = {k: _style_node(v, style) for k, v in sets.items()}
+            nodes = {k: v for k, v in nodes.items() if v}
+            if not nodes:
+                continue
+            counts = ", ".join(f"{name} {nodes[k]['queries']}" for k, name in SET_NAMES if k in nodes)
+            L += [f"**{fam[0]}, {style}** ({STYLE_LABELS.get(style, style)}; queries: {counts})", "",
+                  "| description | MiniLM tuning half | MiniLM reporting half | MiniLM all | BM25 tuning half | "
+                  "BM25 reporting half | BM25 all | tokens |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            for row in FAMILY_ROWS:
+                cells = [_top1((nodes.get(k) or {}).get("before", {}).get(row), rt) for rt in ("embedding", "bm25")
+                         for k, _ in SET_NAMES]
+                e = (nodes.get("all") or next(iter(nodes.values())))["before"].get(row) or {}
+                L.append(f"| {LABELS[row]} | " + " | ".join(cells) + f" | {e.get('tokens_mean', 0):.0f} |")
+            L += [""]
+            for k, name in SET_NAMES:
+                for router, v in ((nodes.get(k) or {}).get("versus_baseline") or {}).items():
+                    lo, hi = v["ci95"]
+                    vb_rows.append(f"| {fam[0]} | {style} | {name} | {'MiniLM' if router == 'embedding' else 'BM25'} "
+                                   f"| {ci(v['ours'])} | {LABELS[v['baseline']]} | {ci(v['best'])} | "
+                                   f"{pct(v['diff'])} [{pct(lo)}, {pct(hi)}] | {v['tokens']['ours']:.0f} / "
+                                   f"{v['tokens']['baseline']:.0f} |")
+    if vb_rows:
+        L += ["Name + `store_topics` against the best TF-IDF baseline no longer than it (mean tokens), per family, "
+              "style, set and router (paired bootstrap of the top-1 differences on the same queries):", "",
+              "| family | style | set | router | name + store_topics top-1 % | best baseline ≤ its length | "
+              "baseline top-1 % | difference, points [95% CI] | tokens (ours / baseline) |",
+              "|---|---|---|---|---:|---|---:|---:|---:|", *vb_rows, ""]
+    return L
+
+
+def content_section(res: dict) -> list[str]:
+    """route() and route_text() against the references that see the contents (nearest of 20 KMeans clusters per
+    store, the store centroid, the nearest chunk), per family and style; and what route()/route_text() decide at the
+    installed default thresholds on queries some store holds and on queries none holds."""
+    from .routing import KMEANS_K
+    L = ["## `route()` against the content references, and search or not at the default thresholds", "",
+         f"Routers that see the stores' contents: `storetopics.route()` (the stores' clusters, the query's MiniLM "
+         f"vector), `storetopics.route_text()` (the stores' term counts, the query text), and three references "
+         f"computed here from the stored chunk vectors: each store's chunks clustered with sklearn KMeans (K = "
+         f"{KMEANS_K}) and the query sent to the store of the nearest centroid of any store; the store's centroid; "
+         f"the store of the nearest chunk. Top-1 % [Wilson 95%] / recall@3 %.", ""]
+    ab_rows = []
+    for fam in FAMILIES:
+        sets = _family_sets(res, fam)
+        if not sets:
+            continue
+        for style in _styles_of(sets):
+            nodes = {k: _style_node(v, style) for k, v in sets.items()}
+            nodes = {k: v for k, v in nodes.items() if v}
+            L += [f"**{fam[0]}, {style}**", "",
+                  "| router | tuning half | reporting half | all |", "|---|---:|---:|---:|"]
+            for row in ("route", "route_text", "kmeans20", "centroid", "nearest_chunk"):
+                cells = []
+                for k, _ in SET_NAMES:
+                    e = (nodes.get(k) or {}).get("before", {}).get(row)
+                    cells.append(f"{ci(e['embedding']['top1'])} / {pct(e['embedding']['recall@3']['value'])}"
+                                 if e and e.get("available") and "embedding" in e else "–")
+                L.append(f"| {LABELS[row]} | " + " | ".join(cells) + " |")
+            L += [""]
+            for k, name in SET_NAMES:
+                node = nodes.get(k) or {}
+                for fn in ("route", "route_text"):
+                    e = node.get("before", {}).get(fn) or {}
+                    if not e.get("available") or not e.get("search_in") or not node.get("out_queries"):
+                        continue
+                    ab_rows.append(f"| {fam[0]} | {style} | {name} | `{fn}()` | {e['default_threshold']:g} | "
+                                   f"{ci(e['search_in'])} ({e['search_in']['hits']}/{e['search_in']['n']}) | "
+                                   f"{ci(e['no_search_out'])} ({e['no_search_out']['hits']}/"
+                                   f"{e['no_search_out']['n']}) |")
+    if ab_rows:
+        L += ["What the functions returned at the installed default thresholds: the share of queries some store "
+              "holds that they send to a search (a row with `search = true`), and of queries no store holds (held-out "
+              "packages of sections with no store; held-out pages of the products never in the catalog) that they "
+              "send nowhere. The reporting halves are the figures to read; the thresholds were not chosen on "
+              "them.", "",
+              "| family | style | set | function | default threshold | in-catalog: search = true % [95% CI] | "
+              "out-of-catalog: search = false % [95% CI] |", "|---|---|---|---|---:|---:|---:|", *ab_rows, ""]
+    dab = res.get("docs_abstention") or {}
+    if any(v.get("available") for v in dab.values()):
+        L += ["Document stores, passages: the abstention threshold with the best F1 on the documents' tuning half "
+              "(out-of-catalog products there: " + ", ".join((_set(res, "docs_halves.tune") or {}).get(
+                  "abstain_sections") or []) + "), on the reporting half (" + ", ".join(
+                  (_set(res, "docs_halves.report") or {}).get("abstain_sections") or []) + ") and on all stores:", "",
+              "| router | set | threshold | abstention precision % [95% CI] | recall % [95% CI] | F1 [95% CI] | "
+              "queries with a store abstained on |", "|---|---|---:|---:|---:|---:|---:|"]
+        for fn in ("route", "route_text"):
+            e = dab.get(fn) or {}
+            if not e.get("available"):
+                continue
+            for key, where in (("tune", "tuning half (chosen here)"), ("report", "reporting half"), ("all", "all")):
+                L.append(_abst_row(f"`{fn}()`", where, (e.get(key) or {}).get("chosen")))
+            for key, where in (("report", "reporting half"), ("all", "all")):
+                L.append(_abst_row(f"`{fn}()`, installed default", where, (e.get(key) or {}).get("default")))
+        L += [""]
+    return L
+
+
+def summaries_section(res: dict) -> list[str]:
+    """Every store's store_topics, of every family (the run over all its stores), and a few queries of each."""
+    L = ["## Every store's `store_topics`", "",
+         "As the extension rendered them for the run over all of a family's stores (what the routers above read), "
+         "with two queries of each store in each style.", ""]
+    for fam in FAMILIES:
+        r = _set(res, fam[1])
+        if not r:
+            continue
+        L += [f"### {fam[0]}", ""]
+        styles = _styles_of({"all": r})
+        ex = {st: (_style_node(r, st) or {}).get("examples") or {} for st in styles}
+        for s, v in r["stores"].items():
+            L.append(f"- **{s}** ({v['files']:,} files, {v['chunks']:,} chunks): "
+                     f"{v['descriptions'].get('hybrid') or '(no summary)'}")
+            for st in styles:
+                if ex[st].get(s):
+                    L.append(f"  - {st}: " + " · ".join(f"“{q}”" for q in ex[st][s]))
+        outs = [s for s in next(iter(ex.values()), {}) if s not in r["stores"]]
+        if outs:
+            L.append("- queries no store holds: " + "; ".join(
+                f"{s}: " + " · ".join(f"“{q}”" for st in styles for q in ex[st].get(s, [])[:1]) for s in outs))
+        L += [""]
+    return L
 
 
 def abstention_section(res: dict) -> list[str]:
@@ -408,6 +584,8 @@ def markdown(res: dict, images: list[str]) -> str:
           "",
           *baseline_table(res),
           ""]
+    L += families_section(res)
+    L += content_section(res)
     L += abstention_section(res)
     if "eval-abstention.png" in images:
         L += ["![abstention against the threshold](eval-abstention.png)", ""]
@@ -637,6 +815,7 @@ def markdown(res: dict, images: list[str]) -> str:
                       + f"), in {o['seconds']:.0f} s vs {b['seconds']:.0f} s "
                       f"({b['seconds'] / max(o['seconds'], 1e-9):.0f}x less time; target ≥ 10x)."]
         L += [""]
+    L += summaries_section(res)
     L += ["## Timings", ""]
     for part, t in res["timings"].items():
         L.append(f"- {part}: {t:.0f} s")

@@ -28,7 +28,8 @@ except ImportError:  # pragma: no cover
 
 BASELINE_WORDS = (20, 60, 150)
 BASELINES = tuple(f"tfidf{n}" for n in BASELINE_WORDS)
-ROUTERS = ("names", "handwritten_short", "handwritten", "keywords", "clusters", "hybrid", "name_hybrid", *BASELINES)
+ROUTERS = ("names", "handwritten_short", "handwritten", "keywords", "clusters", "hybrid", "name_hybrid", "name_topics",
+           "name_terms", *BASELINES)
 LABELS = {
     "names": "(a) store name",
     "handwritten_short": "(b) hand-written, short",
@@ -37,11 +38,34 @@ LABELS = {
     "clusters": "(d) cluster summary",
     "hybrid": "(e) hybrid store_topics",
     "name_hybrid": "(e') name + store_topics",
+    "name_topics": "name + the Topics section of store_topics",
+    "name_terms": "name + the Terms section of store_topics",
     **{f"tfidf{n}": f"baseline: name + top-{n} TF-IDF words" for n in BASELINE_WORDS},
     "centroid": "reference: store centroid (sees the contents)",
     "route": "storetopics.route(): the stores' clusters (sees the contents)",
     "route_text": "storetopics.route_text(): the stores' term counts (sees the contents)",
+    "kmeans20": "reference: nearest of 20 KMeans centroids per store (sees the contents)",
+    "nearest_chunk": "reference: store of the nearest chunk (sees the contents)",
 }
+
+
+_SECTION = re.compile(r"(?:^|(?<=\.\s))(Topics|Terms|Distinctive):\s")
+
+
+def section_of(store_topics: str | None, name: str) -> str | None:
+    """One section of a rendered store_topics ("Topics: a, b. Terms: c, d. Distinctive: e. N files."), with its
+    heading: "Terms: c, d."; None when the summary has no such section."""
+    if not store_topics:
+        return None
+    marks = list(_SECTION.finditer(store_topics))
+    for i, m in enumerate(marks):
+        if m.group(1) == name:
+            end = marks[i + 1].start() if i + 1 < len(marks) else len(store_topics)
+            body = store_topics[m.start():end].strip()
+            if i + 1 == len(marks):     # the last section runs into the "N files." tail
+                body = re.sub(r"\s+[\d.,]+[kKmM]?\s+files?\.$", "", body)
+            return body
+    return None
 
 
 def keyword_summary(topics: dict | None) -> str | None:
@@ -107,6 +131,9 @@ def describe(store: str, row: dict | None, handwritten: dict[str, tuple[str, str
         "hybrid": hybrid,
         "name_hybrid": f"{store}: {hybrid}" if hybrid else None,
     }
+    for key, sec in (("name_topics", "Topics"), ("name_terms", "Terms")):
+        part = section_of(hybrid, sec)
+        out[key] = f"{store}: {part}" if part else None
     for n in BASELINE_WORDS:
         out[f"tfidf{n}"] = f"{store}: " + " ".join(baseline[:n]) if baseline else None
     return out

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import data, metrics, pg, quality, routers, sqlroute
+from . import data, docs, metrics, pg, quality, routers, sqlroute
 
 # 16 sections, 7 look-alike pairs: admin/utils, net/web, math/science, gnome/kde, editors/text, haskell/ocaml,
 # python/perl; plus sound and games.
@@ -35,6 +35,66 @@ HALVES = {"tune": ("admin", "utils", "net", "web", "math", "science", "gnome", "
 ABSTAIN_SECTIONS = ("golang", "gnu-r", "graphics", "interpreters", "java", "javascript", "lisp", "mail", "php",
                     "ruby", "rust", "x11")
 ABSTAIN_HALVES = {"tune": ABSTAIN_SECTIONS[0::2], "report": ABSTAIN_SECTIONS[1::2]}
+
+
+# Query styles per family: the first is the family's main one (the routing table, drift, the abstention threshold),
+# the second a short natural query (Debian: the held-out package's synopsis without its name; WordNet: the synset's
+# lemmas; documents: the held-out page's title without the product's names).
+STYLES = {"debian": ("descriptions", "synopses"), "wordnet": ("glosses", "lemmas"), "docs": ("passages", "titles")}
+STYLE_LABELS = {"descriptions": "the held-out package's description", "synopses": "its synopsis line, name removed",
+                "glosses": "the held-out synset's lemmas and gloss", "lemmas": "its lemmas",
+                "passages": "30-word passages of held-out pages", "titles": "held-out pages' titles, product names "
+                                                                          "removed"}
+KMEANS_K = 20          # the nearest-cluster reference: KMeans clusters per store
+
+
+def default_query_styles(family: str):
+    """The query builder of the Debian and WordNet families: the held-out packages (sp.queries) as style one (their
+    whole text), their synopsis line (WordNet: lemmas) as style two."""
+    first, second = STYLES.get(family, STYLES["debian"])
+
+    def build(sp: data.Split, sections: list[str], n: int) -> dict[str, list[tuple[str, str, str]]]:
+        out: dict[str, list[tuple[str, str, str]]] = {first: [], second: []}
+        for s in sections:
+            for p in sp.queries[s]:
+                out[first].append((s, p.text, p.short))
+                q = p.short if family == "wordnet" else docs.strip_name(p.short, p.name)
+                if q:
+                    out[second].append((s, q, p.short))
+        return out
+    return build
+
+
+def content_references(stores: list[str], store_vecs: np.ndarray, store_of: list[str], k: int = KMEANS_K,
+                       seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """References that see the contents, as (vectors, store index per vector): each store's chunk vectors clustered
+    with KMeans (K = k, unit-length centroids; a query goes to the store of its nearest centroid), and the chunks
+    themselves (the store of the nearest chunk)."""
+    from sklearn.cluster import KMeans
+    sidx = {s: i for i, s in enumerate(stores)}
+    sid = np.array([sidx[s] for s in store_of])
+    cents, csid = [], []
+    for j in range(len(stores)):
+        v = store_vecs[sid == j]
+        if not len(v):
+            continue
+        km = KMeans(n_clusters=min(k, len(v)), n_init=3, random_state=seed).fit(v)
+        c = km.cluster_centers_
+        cents.append(c / np.maximum(np.linalg.norm(c, axis=1, keepdims=True), 1e-12))
+        csid += [j] * len(c)
+    return {"kmeans20": (np.vstack(cents).astype(np.float32), np.array(csid)), "nearest_chunk": (store_vecs, sid)}
+
+
+def max_by_store(q_vecs: np.ndarray, mat: np.ndarray, sid: np.ndarray, n_stores: int) -> np.ndarray:
+    """queries x stores: the best cosine of each query to any vector of the store (-inf for a store with none)."""
+    out = np.full((len(q_vecs), n_stores), -np.inf)
+    for lo in range(0, len(q_vecs), 256):
+        sim = q_vecs[lo:lo + 256] @ mat.T
+        for j in range(n_stores):
+            m = sid == j
+            if m.any():
+                out[lo:lo + 256, j] = sim[:, m].max(axis=1)
+    return out
 
 
 @dataclass
@@ -69,7 +129,7 @@ def _desc_matrix(embedder, texts: list[str | None]) -> np.ndarray:
 
 def evaluate(stores: list[str], descs: dict[str, dict[str, str | None]], q_texts: list[str], q_vecs: np.ndarray,
              truth: np.ndarray, embedder, *, k: int, bm25: bool, centroids: np.ndarray | None = None,
-             synopsis: tuple[list[str], np.ndarray] | None = None) -> dict:
+             synopsis: tuple[list[str], np.ndarray] | None = None, refs: dict | None = None) -> dict:
     """Per router: embedding and BM25 metrics (None when the router's descriptions are not available)."""
     out = {}
     for r in routers.ROUTERS:
@@ -95,6 +155,12 @@ def evaluate(stores: list[str], descs: dict[str, dict[str, str | None]], q_texts
         if synopsis is not None:
             out["centroid"]["embedding_synopsis"] = metrics.rank_metrics(
                 routers.embedding_scores(synopsis[1], centroids), truth, k)
+    for name, (mat, sid) in (refs or {}).items():
+        out[name] = {"available": True, "available_stores": len(set(sid.tolist())), "stores": len(stores),
+                     "embedding": metrics.rank_metrics(max_by_store(q_vecs, mat, sid, len(stores)), truth, k)}
+        if synopsis is not None:
+            out[name]["embedding_synopsis"] = metrics.rank_metrics(max_by_store(synopsis[1], mat, sid, len(stores)),
+                                                                   truth, k)
     return out
 
 
@@ -182,9 +248,11 @@ def label_verbatim(conn, table: str) -> dict:
 
 
 def run(dsn: str, cfg: RoutingConfig, embedder, log=print, corpus: dict | None = None,
-        handwritten: dict | None = None) -> dict:
+        handwritten: dict | None = None, query_styles=None, lookalike_pairs=LOOKALIKE_PAIRS) -> dict:
     """The routing benchmark on Debian sections (corpus None) or on another family's stores (corpus: store ->
-    [data.Package]; handwritten: store -> (short, long) descriptions if the family has any)."""
+    [data.Package]; handwritten: store -> (short, long) descriptions if the family has any).  query_styles(split,
+    stores, n) -> {style: [(store, query, its synopsis)]} gives the queries (default: default_query_styles); the
+    first style is the main one, every other is measured beside it (result["styles"])."""
     t_start = time.perf_counter()
     sections = list(cfg.sections)
     extra = [cfg.drift_from] if cfg.drift_store else []
@@ -207,14 +275,17 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print, corpus: dict | None =
         n_replace = int(round(len(sp.store[cfg.drift_store]) * cfg.drift_share))
         drift_pkgs = data.by_hash(sp.store[cfg.drift_from], "drift")[:n_replace]
     drift_rows = [(cfg.drift_store, p.name, c) for p in drift_pkgs for c in p.chunks]
-    queries = [p for s in stores for p in sp.queries[s]]
-    truth = np.array([sidx[p.section] for p in queries])
-    q_texts = [p.text for p in queries]
-    q_syn = [p.short for p in queries]
+    qs = (query_styles or default_query_styles(cfg.family))(sp, [*stores, *abstain], cfg.queries_per_section)
+    main_style, *other_styles = list(qs)
+    queries = [q for q in qs[main_style] if q[0] in sidx]
+    truth = np.array([sidx[q[0]] for q in queries], dtype=int)
+    q_texts = [q[1] for q in queries]
+    q_syn = [q[2] for q in queries]
     drift_queries = sp.queries[cfg.drift_from] if cfg.drift_store else []
-    out_queries = [p for s in abstain for p in sp.queries[s]]   # held out like the others; no store holds them
+    out_queries = [q for q in qs[main_style] if q[0] not in sidx]   # held out like the others; no store holds them
     log(f"routing: {len(stores)} stores, {sum(len(sp.store[s]) for s in stores):,} files, "
-        f"{len(store_rows):,} chunks; {len(queries)} queries (held out by hash, {cfg.held_share:.0%})")
+        f"{len(store_rows):,} chunks; {len(queries)} queries ({main_style}; held out by hash, "
+        f"{cfg.held_share:.0%})")
     t0 = time.perf_counter()
 
     def progress(done, total):
@@ -223,7 +294,7 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print, corpus: dict | None =
     all_texts = [c for _, _, c in store_rows] + [c for _, _, c in drift_rows] + q_texts + q_syn + \
         [p.text for p in drift_queries] + [p.short for p in drift_queries]
     vec_all = embedder(all_texts, progress=progress)
-    out_vecs = embedder([p.text for p in out_queries]) if out_queries else np.zeros((0, embedder.dim), np.float32)
+    out_vecs = embedder([q[1] for q in out_queries]) if out_queries else np.zeros((0, embedder.dim), np.float32)
     n1, n2, n3 = len(store_rows), len(store_rows) + len(drift_rows), len(store_rows) + len(drift_rows) + len(q_texts)
     store_vecs, drift_vecs = vec_all[:n1], vec_all[n1:n2]
     q_vecs, q_syn_vecs = vec_all[n2:n3], vec_all[n3:n3 + len(q_syn)]
@@ -260,16 +331,38 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print, corpus: dict | None =
         for s in stores:
             for r, t in routers.describe(s, rows[s], handwritten, baseline[s]).items():
                 descs[r][s] = t
+        t0 = time.perf_counter()
+        refs = content_references(stores, store_vecs, [s for s, _, _ in store_rows])
+        centroids = centroid_matrix(by_store)
+        timings["references_seconds"] = time.perf_counter() - t0
         before = evaluate(stores, descs, q_texts, q_vecs, truth, embedder, k=cfg.k, bm25=cfg.bm25,
-                          centroids=centroid_matrix(by_store), synopsis=(q_syn, q_syn_vecs))
+                          centroids=centroids, synopsis=(q_syn, q_syn_vecs), refs=refs)
         # the extension's own routers (they see the contents, as the centroid does), on the same queries, and on
         # the queries no store holds
         t0 = time.perf_counter()
         before.update(sqlroute.evaluate(conn, table, stores, q_texts=q_texts, q_vecs=q_vecs, truth=truth,
-                                        syn_texts=q_syn, syn_vecs=q_syn_vecs, out_texts=[p.text for p in out_queries],
-                                        out_vecs=out_vecs, out_sections=[p.section for p in out_queries], k=cfg.k,
+                                        syn_texts=q_syn, syn_vecs=q_syn_vecs, out_texts=[q[1] for q in out_queries],
+                                        out_vecs=out_vecs, out_sections=[q[0] for q in out_queries], k=cfg.k,
                                         log=log))
         timings["route_seconds"] = time.perf_counter() - t0
+        # -- the other query styles: every router again on the same stores and descriptions ------------------------
+        styles = {}
+        for st in other_styles:
+            t0 = time.perf_counter()
+            ins = [q for q in qs[st] if q[0] in sidx]
+            outs = [q for q in qs[st] if q[0] not in sidx]
+            tr = np.array([sidx[q[0]] for q in ins], dtype=int)
+            v_in = embedder([q[1] for q in ins])
+            v_out = embedder([q[1] for q in outs]) if outs else np.zeros((0, embedder.dim), np.float32)
+            log(f"  style '{st}': {len(ins)} queries, {len(outs)} no store holds")
+            ev = evaluate(stores, descs, [q[1] for q in ins], v_in, tr, embedder, k=cfg.k, bm25=cfg.bm25,
+                          centroids=centroids, refs=refs)
+            ev.update(sqlroute.evaluate(conn, table, stores, q_texts=[q[1] for q in ins], q_vecs=v_in, truth=tr,
+                                        syn_texts=None, syn_vecs=None, out_texts=[q[1] for q in outs],
+                                        out_vecs=v_out, out_sections=[q[0] for q in outs], k=cfg.k, log=log))
+            styles[st] = {"queries": len(ins), "out_queries": len(outs), "before": ev,
+                          "versus_baseline": versus_baseline(ev), "examples": examples(ins + outs)}
+            timings[f"style_{st}_seconds"] = time.perf_counter() - t0
         route_variants = sqlroute.variants(conn, table, stores, q_vecs, truth, out_vecs, cfg.k,
                                            sql_top_in=before["route"].get("top_in"))
         curve = length_curve(stores, descs, q_vecs, truth, embedder, cfg.lengths, cfg.k)
@@ -286,7 +379,7 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print, corpus: dict | None =
                 b = np.array(before[other]["embedding"]["ranks"]) == 1
                 paired[f"hybrid - {other}"] = metrics.paired_bootstrap(a, b)
         lookalike = {}
-        for a_, b_ in LOOKALIKE_PAIRS:
+        for a_, b_ in lookalike_pairs:
             if a_ in sidx and b_ in sidx:
                 mask = np.isin(truth, [sidx[a_], sidx[b_]])
                 lookalike[f"{a_}/{b_}"] = {
@@ -297,7 +390,7 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print, corpus: dict | None =
             "config": {**cfg.__dict__, "sections": stores},
             "server": server,
             "stores": {s: {"files": rows[s]["files"], "chunks": rows[s]["chunks"],
-                           "queries": len(sp.queries[s]), "held_out": len(sp.held[s]),
+                           "queries": sum(q[0] == s for q in queries), "held_out": len(sp.held[s]),
                            "descriptions": {r: descs[r][s] for r in routers.ROUTERS}} for s in stores},
             "queries": len(queries),
             "before": before, "length_curve": curve, "confusions": conf, "paired": paired,
@@ -305,6 +398,7 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print, corpus: dict | None =
             "lookalike_top1": lookalike,
             "abstain_sections": abstain, "out_queries": len(out_queries),
             "route_variants": route_variants,
+            "style": main_style, "examples": examples(queries + out_queries), "styles": styles,
         }
 
         # -- drift ------------------------------------------------------------------------------------------------
@@ -325,7 +419,7 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print, corpus: dict | None =
             texts2[x] = "\n".join([p.text for p in sp.store[x] if p.name not in set(victims)] +
                                   [p.text for p in drift_pkgs])
             baseline2 = routers.tfidf_words(texts2)
-            for r in ("keywords", "clusters", "hybrid", "name_hybrid", *routers.BASELINES):
+            for r in ("keywords", "clusters", "hybrid", "name_hybrid", "name_topics", "name_terms", *routers.BASELINES):
                 for s in stores:
                     descs2[r][s] = routers.describe(s, rows2[s], handwritten, baseline2[s])[r]
             # Queries after drift: all the old ones, plus the drifted-in section's held-out packages, now owned by x.
@@ -375,6 +469,15 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print, corpus: dict | None =
     result["embedder"] = {"name": embedder.name, **embedder.stats}
     pooled = ([c for _, _, c in store_rows], store_vecs, [s for s, _, _ in store_rows], [f for _, f, _ in store_rows])
     return result, pooled
+
+
+def examples(queries: list[tuple[str, str, str]], per_store: int = 2, chars: int = 160) -> dict[str, list[str]]:
+    """A few queries of each store, for the report."""
+    out: dict[str, list[str]] = {}
+    for s, q, _ in queries:
+        if len(out.setdefault(s, [])) < per_store:
+            out[s].append(q if len(q) <= chars else q[:chars].rsplit(" ", 1)[0] + " …")
+    return out
 
 
 def routers_unit(v: np.ndarray) -> np.ndarray:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from .. import embedding
-from . import cost, metrics, needle, pg, quality, report, routing, sqlroute, wordnet
+from . import cost, docs, metrics, needle, pg, quality, report, routing, sqlroute, wordnet
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
@@ -122,11 +122,16 @@ def configs(args) -> tuple[routing.RoutingConfig, needle.NeedleConfig, int]:
     return rc, nc, sample
 
 
-def abstention(res: dict, log=print) -> dict:
+# WordNet's stores in two halves, for the reporting half of every family (WordNet was not looked at while tuning)
+WORDNET_HALVES = {"tune": ("act", "communication", "animal", "plant", "body"),
+                  "report": ("artifact", "substance", "food", "location", "person")}
+
+
+def abstention(res: dict, log=print, halves_key: str = "halves", all_key: str = "routing") -> dict:
     """Retrieve or not, per extension router: the threshold with the best abstention F1 on the tuning half, and
     what it gives on the reporting half and on all the stores; beside the installed default's figures."""
     out = {}
-    tune = (res.get("halves") or {}).get("tune", {}).get("before", {})
+    tune = (res.get(halves_key) or {}).get("tune", {}).get("before", {})
     for fn in sqlroute.ROUTERS:
         t = tune.get(fn, {})
         if not t.get("top_out"):
@@ -134,8 +139,8 @@ def abstention(res: dict, log=print) -> dict:
             continue
         chosen = round(metrics.best_threshold(t["top_in"], t["top_out"]), 2)
         e = {"available": True, "chosen_on": "tune", "threshold": chosen, "default": t["default_threshold"]}
-        for key, node in (("tune", tune), ("report", (res["halves"].get("report") or {}).get("before", {})),
-                          ("all", res["routing"]["before"])):
+        for key, node in (("tune", tune), ("report", (res[halves_key].get("report") or {}).get("before", {})),
+                          ("all", res[all_key]["before"])):
             r = node.get(fn, {})
             if r.get("top_out"):
                 e[key] = {"chosen": sqlroute.at(r, chosen), "default": r["at_default"]}
@@ -145,6 +150,34 @@ def abstention(res: dict, log=print) -> dict:
             f"{e['tune']['chosen']['f1']['value']:.3f}); reporting half F1 "
             + (f"{rep['f1']['value']:.3f} [{rep['f1']['ci95'][0]:.3f}-{rep['f1']['ci95'][1]:.3f}]" if rep else "-")
             + f"; installed default {e['default']:g}")
+    return out
+
+
+def doc_family(dsn: str, rc: routing.RoutingConfig, emb, log=print, quick: bool = False) -> dict:
+    """The document stores (evaluation/docs.py): all of them, then each half as its own catalog; the abstention
+    threshold chosen on the tuning half as for Debian."""
+    stores, abstain, budget, n = docs.STORES, docs.ABSTAIN, docs.CHUNK_BUDGET, 30
+    if quick:
+        stores, abstain, budget, n = ("apache", "lighttpd", "postfix", "exim"), ("lilypond", "ffmpeg"), 60, 10
+    halves = {h: tuple(s for s in v if s in stores) for h, v in docs.HALVES.items()}
+    ab_halves = {h: tuple(s for s in v if s in abstain) for h, v in docs.ABSTAIN_HALVES.items()}
+    if quick:
+        ab_halves = {"tune": ("lilypond",), "report": ("ffmpeg",)}
+    corpus = docs.read((*stores, *abstain), held_share=rc.held_share, chunk_budget=budget)
+    dc = dataclasses.replace(rc, sections=stores, drift_store=None, table="eval_docs", lengths=(), family="docs",
+                             abstain_sections=abstain, store_cap=None, queries_per_section=n)
+    log(f"third family: document stores ({', '.join(stores)}; never in the catalog: {', '.join(abstain)})")
+    out = {"docs": routing.run(dsn, dc, emb, log, corpus=corpus, handwritten={}, query_styles=docs.query_styles,
+                               lookalike_pairs=docs.LOOKALIKE_PAIRS)[0], "docs_halves": {}}
+    for name, secs in halves.items():
+        if len(secs) < 2:
+            continue
+        log(f"documents half '{name}': {', '.join(secs)}")
+        hc = dataclasses.replace(dc, sections=secs, table=f"eval_docs_{name}", abstain_sections=ab_halves[name])
+        out["docs_halves"][name], _ = routing.run(
+            dsn, hc, emb, log, corpus={s: corpus[s] for s in (*secs, *ab_halves[name])}, handwritten={},
+            query_styles=docs.query_styles, lookalike_pairs=docs.LOOKALIKE_PAIRS)
+    out["docs_abstention"] = abstention(out, log, halves_key="docs_halves", all_key="docs")
     return out
 
 
@@ -204,11 +237,24 @@ def run(args: argparse.Namespace) -> int:
             wc = dataclasses.replace(rc, sections=wordnet.STORES, drift_store=None, table="eval_wordnet", lengths=(),
                                      family="wordnet", abstain_sections=())
             log("second family: WordNet noun synsets, one store per lexicographer file")
-            res["family2"], _ = routing.run(dsn, wc, emb, log, corpus=wordnet.read(), handwritten={})
+            corpus = wordnet.read()
+            res["family2"], _ = routing.run(dsn, wc, emb, log, corpus=corpus, handwritten={})
+            res["family2_halves"] = {}
+            for name, stores in WORDNET_HALVES.items():
+                log(f"WordNet half '{name}': {', '.join(stores)}")
+                res["family2_halves"][name], _ = routing.run(
+                    dsn, dataclasses.replace(wc, sections=stores, table=f"eval_wordnet_{name}"), emb, log,
+                    corpus={s: corpus[s] for s in stores}, handwritten={})
             timings["routing, WordNet"] = time.perf_counter() - t0
         else:
             log(f"second family skipped: {wordnet.DATA_NOUN} missing (Debian package wordnet-base)")
         res["abstention"] = abstention(res, log)
+        if docs.available():
+            t0 = time.perf_counter()
+            res.update(doc_family(dsn, rc, emb, log, quick=args.quick))
+            timings["routing, documents"] = time.perf_counter() - t0
+        else:
+            log(f"third family skipped: {docs.CORPUS} missing (build it with scripts/doc_corpus.py; make eval does)")
         b = res["routing"]["before"]
         for r in ("names", "handwritten", "keywords", "clusters", "hybrid", "centroid", *sqlroute.ROUTERS):
             e = b.get(r, {})

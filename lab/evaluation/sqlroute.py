@@ -66,15 +66,19 @@ def evaluate(conn: psycopg.Connection, table: str, stores: list[str], *, q_texts
         sa = syn_vecs if fn == "route" else syn_texts
         oa = out_vecs if fn == "route" else out_texts
         m_in, s_in = scores(conn, fn, qa, stores, cat)
-        m_syn, _ = scores(conn, fn, sa, stores, cat)
+        m_syn = scores(conn, fn, sa, stores, cat)[0] if sa is not None else None
         m_out, s_out = scores(conn, fn, oa, stores, cat) if len(oa) else (np.zeros((0, len(stores))), np.zeros(0))
         top_in, top_out = m_in.max(axis=1), m_out.max(axis=1) if len(m_out) else np.zeros(0)
         default = conn.execute(f"SELECT (storetopics.default_settings() ->> '{fn}_threshold')::float8").fetchone()[0]
         entry = {"available": True, "available_stores": int(np.sum(np.isfinite(m_in).any(axis=0))),
                  "stores": len(stores), "embedding": metrics.rank_metrics(m_in, truth, k),
-                 "embedding_synopsis": metrics.rank_metrics(m_syn, truth, k),
                  "top_in": top_in.tolist(), "top_out": top_out.tolist(), "out_sections": list(out_sections),
-                 "default_threshold": default}
+                 "default_threshold": default,
+                 # what the function itself returned at the installed default: queries some store holds that it
+                 # sends to a search (some row with search = true), queries no store holds that it does not
+                 "search_in": metrics.summarize(s_in), "no_search_out": metrics.summarize(~s_out.astype(bool))}
+        if m_syn is not None:
+            entry["embedding_synopsis"] = metrics.rank_metrics(m_syn, truth, k)
         if len(top_out):
             lo, hi = np.percentile(np.concatenate([top_in, top_out]), [1, 99])
             grid = np.round(np.linspace(lo, hi, 41), 4)
