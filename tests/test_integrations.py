@@ -14,7 +14,6 @@ No LLM and no network: the libraries' fake embedders, a fake LLM."""
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import re
 import subprocess
