@@ -91,6 +91,17 @@ def test_harness_end_to_end(make_db, tmp_path, monkeypatch):
     with psycopg.connect(dsn) as conn:
         rows = dict(conn.execute("SELECT store_key, store_topics FROM storetopics.stores").fetchall())
     assert res["stores"]["kde"]["descriptions"]["hybrid"] == rows["kde"]
+    # the second query style (synopses, the package's name removed) beside the first, every router again
+    st = res["styles"]["synopses"]
+    assert res["style"] == "descriptions" and 0 < st["queries"] <= 30
+    for r in ("names", "name_hybrid", "name_topics", "tfidf20", "kmeans20", "nearest_chunk", "centroid"):
+        assert st["before"][r]["available"] and st["before"][r]["embedding"]["top1"]["n"] == st["queries"], r
+    assert "bm25" in st["before"]["name_hybrid"] and "route" in st["before"]
+    # the content references and the sections of store_topics
+    assert res["before"]["kmeans20"]["embedding"]["top1"]["n"] == 30
+    kde = res["stores"]["kde"]["descriptions"]
+    assert kde["name_topics"] is None or kde["name_topics"].startswith("kde: Topics: ")
+    assert kde["name_terms"] is None or kde["name_terms"].startswith("kde: Terms: ")
     d = res["drift"]
     assert d["files_replaced"] == 12 and d["drifted_in_queries"] == 10 and not d["dirty_after_backfill"]
     assert d["store_topics_after"] != d["store_topics_before"]
@@ -122,5 +133,7 @@ def test_harness_end_to_end(make_db, tmp_path, monkeypatch):
     files = report.write(out, tmp_path, plots_too=False)
     md = (tmp_path / "report.md").read_text()
     assert "hashing stand-in" in md and "| (e) hybrid store_topics |" in md
+    assert "## Every family, both query styles" in md and "**Debian sections, synopses**" in md
+    assert f"- **kde** ({res['stores']['kde']['files']} files" in md      # every store's store_topics printed
     assert json.loads((tmp_path / "eval.json").read_text())["routing"]["queries"] == 30
     assert len(files) == 2
