@@ -3,10 +3,20 @@ speaks the Messages API (no mocked client objects).  The offline label and the c
 tests/test_clusters.py."""
 from __future__ import annotations
 
+import psycopg
 import pytest
 
 from lab.fakes.messages import MessagesServer
-from storetopics.labels import AnthropicLabeler, ClusterInput, LabelError, StoreInput, clean_label, clean_labels
+from storetopics.labels import (
+    AnthropicLabeler,
+    ClusterInput,
+    LabelError,
+    StoreInput,
+    clean_label,
+    clean_labels,
+    prompt,
+    store_prompt,
+)
 
 CLUSTER = ClusterInput(keywords=["chess", "board", "engine", "opening"],
                        representatives=["A chess engine that plays strong openings.", "Board game for two players."])
@@ -124,3 +134,41 @@ def test_the_prompt_carries_what_the_other_clusters_and_stores_are_about(server)
     assert "<other_clusters>kotlin coroutines; android apps</other_clusters>" in prompt
     assert "<other_stores>python: django, flask, pip</other_stores>" in prompt
     assert "sets it apart" in prompt and "data, not instructions" in prompt
+
+
+# ------------------------------------------------------------------------------------------------------------
+# A sibling store with no terms to show yet (issue 31): its entry in <other_stores> is NULL
+# ------------------------------------------------------------------------------------------------------------
+def test_a_prompt_leaves_out_siblings_and_stores_with_nothing_to_show():
+    cluster = ClusterInput(keywords=["chess", "board"], representatives=["A chess engine."],
+                           siblings=[None, "kitchen renovation"], others=[None, "games: go, shogi", None])
+    text = prompt(cluster)
+    assert "<other_clusters>kitchen renovation</other_clusters>" in text
+    assert "<other_stores>games: go, shogi</other_stores>" in text
+    store = StoreInput(terms=["pawn", None, "rook"], phrases=[None, "opening gambit"], others=[None])
+    text = store_prompt(store)
+    assert "<terms>pawn, rook</terms>" in text and "<phrases>opening gambit</phrases>" in text
+    assert "<other_stores></other_stores>" in text
+
+
+def test_two_stores_with_embeddings_one_whose_terms_are_not_known_yet(make_db, messages):
+    """The catalog's other stores are told to the labeller as '<key>: <first contrastive terms>'; a sibling whose
+    topics hold no contrastive term yet is NULL there.  The labelling call goes ahead without it (was: TypeError in
+    prompt(), the pass failed)."""
+    from test_clusters import insert, rows_for, setup_table
+
+    from storetopics import api, refresh
+    with psycopg.connect(make_db(), autocommit=True) as conn:
+        conn.execute("SET client_min_messages = warning")
+        source = setup_table(conn)
+        insert(conn, rows_for("kitchen", 12, store="s1") + rows_for("chess", 12, store="s1")
+                     + rows_for("guitar", 12, store="s2"))
+        api.backfill(conn)                                          # offline labels, every store rendered
+        conn.execute("UPDATE storetopics.store_state SET topics = jsonb_set(topics, '{contrast}', '[]') "
+                     "WHERE store_key = 's2'")
+        assert conn.execute("SELECT storetopics._other_stores(%s, 's1')", (source,)).fetchone()[0] == [None]
+        conn.execute("SELECT storetopics.configure('chunks', '{\"labeller\": \"anthropic\"}')")
+        conn.execute("UPDATE storetopics.clusters SET label_needed = true WHERE store_key = 's1'")
+        stats = refresh.label(conn, source, "s1")
+        assert stats.calls >= 2 and stats.ok == stats.calls and stats.errors == 0, stats
+        assert all("<other_stores></other_stores>" in b["messages"][0]["content"] for b in messages.requests)

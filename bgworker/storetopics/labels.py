@@ -109,17 +109,23 @@ def clean_labels(text: str | None) -> tuple[list[str], str | None]:
     return (labels, None) if labels else ([], "empty")
 
 
+def _join(items, n: int, sep: str) -> str:
+    """The first n items that say something, joined (a sibling or a store with nothing to show yet is NULL in what
+    SQL hands over: left out)."""
+    return sep.join([x for x in items if x][:n])
+
+
 def store_prompt(store: StoreInput) -> str:
     """The one prompt for a keyword-only store's labels, whichever API answers it."""
-    return STORE_PROMPT.format(terms=", ".join(store.terms[:30]), phrases="; ".join(store.phrases[:8]),
-                               others="; ".join(store.others[:8]))
+    return STORE_PROMPT.format(terms=_join(store.terms, 30, ", "), phrases=_join(store.phrases, 8, "; "),
+                               others=_join(store.others, 8, "; "))
 
 
 def prompt(cluster: ClusterInput, chunk_chars: int = 600) -> str:
     """The one prompt every LLM labeller sends: the same question whichever API answers it."""
     docs = "".join(f"<document>{r[:chunk_chars]}</document>\n" for r in cluster.representatives[:3])
-    return PROMPT.format(n=min(3, len(cluster.representatives)), keywords=", ".join(cluster.keywords[:10]),
-                         siblings="; ".join(cluster.siblings[:8]), others="; ".join(cluster.others[:8]),
+    return PROMPT.format(n=min(3, len(cluster.representatives)), keywords=_join(cluster.keywords, 10, ", "),
+                         siblings=_join(cluster.siblings, 8, "; "), others=_join(cluster.others, 8, "; "),
                          docs=docs)
 
 
