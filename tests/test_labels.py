@@ -172,3 +172,94 @@ def test_two_stores_with_embeddings_one_whose_terms_are_not_known_yet(make_db, m
         stats = refresh.label(conn, source, "s1")
         assert stats.calls >= 2 and stats.ok == stats.calls and stats.errors == 0, stats
         assert all("<other_stores></other_stores>" in b["messages"][0]["content"] for b in messages.requests)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# A labeller that cannot work (issue 31): no key, no SDK, a server that refuses or is not there
+# ------------------------------------------------------------------------------------------------------------
+def closed_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+LLM_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "OPENAI_API_KEY", "OPENAI_BASE_URL")
+
+
+def test_a_labeller_that_cannot_work_is_one_clear_error(make_db, monkeypatch, capsys):
+    """`storetopics backfill` with a labeller that cannot work: every store is still folded, fitted and rendered
+    (with the labels it had), no call is recorded, and the run ends with one error line saying what to do (which
+    variable, which extra) and exit status 1: not one failed call, warning and SDK error per cluster."""
+    import sys
+
+    from test_cli import assert_one_line_error, run
+    from test_clusters import insert, rows_for, setup_table
+
+    from lab.fakes.chat import ChatCompletionsServer
+    for name in LLM_ENV:
+        monkeypatch.delenv(name, raising=False)
+    dsn = make_db()
+    with MessagesServer() as messages, ChatCompletionsServer() as chat, \
+            psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET client_min_messages = warning")
+        setup_table(conn)
+        insert(conn, rows_for("kitchen", 12, store="s1") + rows_for("chess", 12, store="s1")
+               + rows_for("guitar", 12, store="s2") + rows_for("garden", 12, store="s2"))
+        conn.execute("SELECT storetopics.configure('chunks', '{\"labeller\": \"anthropic\", \"k_min\": 2}')")
+        with monkeypatch.context() as m:
+            m.setenv("ANTHROPIC_API_KEY", "test-key")
+            m.setenv("ANTHROPIC_BASE_URL", messages.base_url)
+            rc, out, err = run(capsys, "--dsn", dsn, "backfill", "-q")
+        assert rc == 0 and "labelling calls" in out, err
+
+        def labels():
+            return conn.execute("SELECT store_key, cluster_id, label, labeller FROM storetopics.clusters "
+                                "WHERE chunks > 0 ORDER BY 1, 2").fetchall()
+        before, texts = labels(), conn.execute("SELECT store_key, store_topics FROM storetopics.stores ORDER BY 1").fetchall()
+        assert len(before) >= 4 and all(r[3] == "anthropic" and r[2] for r in before), before
+        ledger = conn.execute("SELECT count(*) FROM storetopics.label_ledger").fetchone()[0]
+        refused = f"http://127.0.0.1:{closed_port()}"
+        cases = [   # labeller, environment, what goes wrong, what the error line says
+            ("anthropic", {"ANTHROPIC_BASE_URL": messages.base_url}, None, ["ANTHROPIC_API_KEY is not set"]),
+            ("anthropic", {"ANTHROPIC_API_KEY": "k"}, "hide", ["pip install 'storetopics[anthropic]'"]),
+            ("anthropic", {"ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": refused}, None,
+             ["cannot reach", refused, "ANTHROPIC_BASE_URL"]),
+            ("anthropic", {"ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": messages.base_url}, 401,
+             ["refused", "401", "ANTHROPIC_API_KEY"]),
+            ("openai", {}, None, ["OPENAI_API_KEY is not set", "OPENAI_BASE_URL"]),
+            ("openai", {"OPENAI_BASE_URL": chat.base_url}, "hide", ["pip install 'storetopics[openai]'"]),
+            ("openai", {"OPENAI_BASE_URL": refused + "/v1"}, None, ["cannot reach", refused, "OPENAI_BASE_URL"]),
+            ("openai", {"OPENAI_API_KEY": "k", "OPENAI_BASE_URL": chat.base_url}, 401,
+             ["refused", "401", "OPENAI_API_KEY"]),
+        ]
+        for labeller, env, trouble, needles in cases:
+            conn.execute("SELECT storetopics.configure('chunks', %s)", (f'{{"labeller": "{labeller}"}}',))
+            conn.execute("UPDATE storetopics.clusters SET label_needed = true, label_retry_at = NULL")
+            asked = len(messages.requests) + len(chat.requests)
+            with monkeypatch.context() as m:
+                for k, v in env.items():
+                    m.setenv(k, v)
+                if trouble == "hide":
+                    m.setitem(sys.modules, labeller, None)          # as if the extra were not installed
+                elif trouble == 401 and labeller == "anthropic":
+                    messages.plan(401, no_retry=True)
+                elif trouble == 401:
+                    chat.fail(401, no_retry=True)
+                rc, out, err = run(capsys, "--dsn", dsn, "backfill", "-q")
+            case = (labeller, env, trouble)
+            assert_one_line_error(rc, err, f"the {labeller} labeller", *needles)
+            assert "TypeError" not in err, (case, err)
+            assert "2 stores rendered" in out and "labelling call" not in out, (case, out)
+            assert len(messages.requests) + len(chat.requests) - asked <= 1, case    # asked once, not per cluster
+            assert labels() == before, case                                           # the old labels stay
+            assert conn.execute("SELECT store_key, store_topics FROM storetopics.stores ORDER BY 1").fetchall() == texts
+            assert conn.execute("SELECT count(*) FROM storetopics.label_ledger").fetchone()[0] == ledger, case
+        # the labeller back: the labels due are asked for at once (no backoff was recorded for a labeller that
+        # could not work)
+        conn.execute("SELECT storetopics.configure('chunks', '{\"labeller\": \"anthropic\"}')")
+        with monkeypatch.context() as m:
+            m.setenv("ANTHROPIC_API_KEY", "test-key")
+            m.setenv("ANTHROPIC_BASE_URL", messages.base_url)
+            rc, out, err = run(capsys, "--dsn", dsn, "backfill", "-q")
+        assert rc == 0 and f"{len(before)} labelling calls" in out, (out, err)

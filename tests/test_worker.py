@@ -549,6 +549,32 @@ def test_llm_outage_keeps_old_topics_shows_failing_then_recovers(dsn, workers):
         assert w.term() == 0
 
 
+def test_a_labeller_that_cannot_work_is_logged_once_per_pass(dsn):
+    """No ANTHROPIC_API_KEY: the pass still folds, fits and renders (offline labels), then says what is wrong in
+    one warning (not one per cluster, no SDK TypeError); the store shows the error and backs off like a failed pass
+    (issue 31)."""
+    with MessagesServer() as server, connect(dsn) as conn:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_"))}
+        env["ANTHROPIC_BASE_URL"] = server.base_url
+        docs_table(conn, embedding=True)
+        configure(conn, "docs", debounce=0, labeller="anthropic", k_min=2, k_max=4)
+        insert_emb(conn, emb_rows(["kitchen", "astronomy", "chess"]))
+        r = subprocess.run([sys.executable, "-m", "storetopics.worker", "--dsn", dsn, "--once"], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        said = [line for line in r.stderr.splitlines() if "ANTHROPIC_API_KEY" in line]
+        assert len(said) == 1 and "the anthropic labeller" in said[0] and "old labels kept" in said[0], r.stderr
+        assert "Traceback" not in r.stderr and "TypeError" not in r.stderr and "labelling call(s) failed" \
+            not in r.stderr, r.stderr
+        assert not server.requests
+        text = conn.execute("SELECT store_topics FROM storetopics.stores").fetchone()[0]
+        assert text and "Topics:" in text, text                    # rendered, with the offline labels
+        state, error, due = conn.execute("SELECT state, last_error, next_attempt_at > now() "
+                                         "FROM storetopics.work_status()").fetchone()
+        assert state == "dirty" and "ANTHROPIC_API_KEY" in error and due, (state, error)
+        assert conn.execute("SELECT count(*) FROM storetopics.label_ledger").fetchone()[0] == 0
+
+
 # ------------------------------------------------------------------------------------------------------------
 # SIGTERM gives the store back; --once; status
 # ------------------------------------------------------------------------------------------------------------

@@ -20,17 +20,10 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from . import config, refresh
+from .errors import StoretopicsError, Unavailable
 
+__all__ = ["StoretopicsError", "Unavailable"]   # (and the functions below)
 log = logging.getLogger("storetopics.api")
-
-
-class StoretopicsError(Exception):
-    """An error the user can act on: `message`, and a `hint` saying what to do."""
-
-    def __init__(self, message: str, hint: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -161,6 +154,9 @@ class BackfillResult:
     label_errors: int = 0
     changed: list[tuple[int, str]] = field(default_factory=list)
     skipped: list[tuple[int, str]] = field(default_factory=list)   # sources whose table was dropped, not detached
+    # what could not run here (a labeller without its key, SDK or server; clustering without the extra `cluster`),
+    # once each: the stores were rendered without it (old labels kept, keywords only)
+    unavailable: list[Unavailable] = field(default_factory=list)
     seconds: float = 0.0
     store: str | None = None  # the store filter, if any
 
@@ -177,7 +173,9 @@ def backfill(conn: psycopg.Connection, store: str | None = None, source: str | N
              batch: int = config.BATCH, progress: Progress | None = None) -> BackfillResult:
     """Bring the stores up to date: fold every pending change of the sources concerned (a batch of files per
     transaction; a file can move between stores, so a source is folded whole), then one refresh pass
-    (refresh.refresh_store) over each store with work due."""
+    (refresh.refresh_store) over each store with work due.  What cannot run here (a labeller without its key, SDK
+    or server; clustering without the extra `cluster`) is skipped, the stores rendered without it, and listed once
+    in result.unavailable (`storetopics backfill` then exits 1 with it)."""
     require_installed(conn)
     if batch < 1:
         raise StoretopicsError("--batch must be at least 1")
@@ -193,16 +191,19 @@ def backfill(conn: psycopg.Connection, store: str | None = None, source: str | N
         log.warning("skipping source %s: its table (oid %s) was dropped without being detached", source_id, name)
     rows = [r for r in rows if r[3]]
     result.sources, result.full = len(rows), bool(rows) and all(r[2] for r in rows)
+    labellers = refresh.Labellers()   # one that cannot work is asked once in the run, not once per store
     for source_id, name, resync, _ in rows:
         result.files += _fold_with_progress(conn, source_id, name, resync, batch, progress)
         due = refresh.stores_due(conn, source_id, store)
         if due:
             progress.start("refresh", name, len(due), "stores")
             for i, key in enumerate(due, 1):
-                p = refresh.refresh_store(conn, source_id, key)
+                p = refresh.refresh_store(conn, source_id, key, labellers=labellers)
                 result.fitted += p.fitted
                 result.label_calls += p.labels.calls
                 result.label_errors += p.labels.errors
+                result.unavailable += [e for e in p.unavailable
+                                       if str(e) not in {str(x) for x in result.unavailable}]
                 if p.changed:
                     result.changed.append((source_id, key))
                 progress.update(i)

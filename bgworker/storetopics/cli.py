@@ -267,7 +267,9 @@ def cmd_backfill(args) -> int:
         print(summary(res))
     elif not res.skipped:
         print("backfill: no attached tables (attach one with `storetopics attach`)", file=sys.stderr)
-    return 0
+    for e in res.unavailable:   # the stores were rendered without it; the exit status says something is missing
+        report_error(e.message + "; the summaries were rendered without it", e.hint)
+    return 1 if res.unavailable else 0
 
 
 def cmd_status(args) -> int:

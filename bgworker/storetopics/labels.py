@@ -18,6 +18,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from .errors import Unavailable, require
+
 DEFAULT_MODEL = os.environ.get("STORETOPICS_MODEL", "claude-haiku-4-5")
 DEFAULT_OPENAI_MODEL = os.environ.get("STORETOPICS_OPENAI_MODEL", "gpt-4o-mini")
 
@@ -69,6 +71,11 @@ class Label:
 
 class LabelError(RuntimeError):
     """The LLM could not give a label now (network, rate limit, server error): keep the old one, retry later."""
+
+
+class LabellerUnavailable(Unavailable, LabelError):
+    """The labeller cannot work at all (no key, no server, a key refused): asking about the next cluster would fail
+    the same way.  The pass keeps the old labels and says so once, with what to do (`hint`)."""
 
 
 PROMPT = """You name topic clusters of a document collection for a search router, which chooses among stores.
@@ -168,24 +175,32 @@ class AnthropicLabeler(_LLMLabeller):
 
     def __init__(self, model: str | None = None, *, api_key: str | None = None, base_url: str | None = None,
                  timeout: float = 30.0, max_retries: int = 2, chunk_chars: int = 600, max_tokens: int = 24):
-        import anthropic  # imported here so the offline path never needs it
-
+        # imported here so the offline path never needs it; without the extra: MissingExtra, which says how to get it
+        anthropic = require("anthropic", "anthropic", "the anthropic labeller")
+        self._sdk = anthropic
         self.model = model or DEFAULT_MODEL
         self.chunk_chars = chunk_chars
         self.max_tokens = max_tokens
+        api_key = api_key or os.environ.get("ANTHROPIC_API_KEY") or None
+        # no key: every call would fail the same way (the SDK's TypeError at request time); said once instead
+        self._error = None if api_key or os.environ.get("ANTHROPIC_AUTH_TOKEN") else LabellerUnavailable(
+            "the anthropic labeller cannot work: ANTHROPIC_API_KEY is not set",
+            "set ANTHROPIC_API_KEY (and ANTHROPIC_BASE_URL for a gateway), or set the source's labeller back to "
+            "'offline' with storetopics.configure()")
         self.client = anthropic.Anthropic(
-            api_key=api_key or os.environ.get("ANTHROPIC_API_KEY"),
-            base_url=base_url or os.environ.get("ANTHROPIC_BASE_URL") or None,
+            api_key=api_key, base_url=base_url or os.environ.get("ANTHROPIC_BASE_URL") or None,
             timeout=timeout, max_retries=max_retries)
 
     def _complete(self, text_prompt: str, max_tokens: int) -> tuple[str | None, int, int]:
+        if self._error is not None:
+            raise self._error
         try:
             msg = self.client.messages.create(
                 model=self.model, max_tokens=max_tokens, messages=[{"role": "user", "content": text_prompt}],
                 # this SDK release has no `temperature` argument; the API still takes the field
                 extra_body={"temperature": 0})
         except Exception as e:  # status errors, timeouts, connection errors, malformed bodies: all retried later
-            raise LabelError(f"{type(e).__name__}: {str(e)[:300]}") from e
+            raise _failure(self, e, self._sdk, "ANTHROPIC") from e
         text = "".join(getattr(b, "text", "") for b in (msg.content or []) if getattr(b, "type", "") == "text")
         usage = getattr(msg, "usage", None)
         return text, getattr(usage, "input_tokens", 0), getattr(usage, "output_tokens", 0)
@@ -199,11 +214,9 @@ class OpenAILabeler(_LLMLabeller):
 
     def __init__(self, model: str | None = None, *, api_key: str | None = None, base_url: str | None = None,
                  timeout: float = 30.0, max_retries: int = 0, chunk_chars: int = 600, max_tokens: int = 24):
-        try:
-            import openai  # imported here so the offline path never needs it
-        except ImportError as e:  # an optional dependency, unlike anthropic: say how to get it
-            raise ImportError("the openai labeller needs the openai package: pip install 'storetopics[openai]'") from e
-
+        # imported here so the offline path never needs it; without the extra: MissingExtra, which says how to get it
+        openai = require("openai", "openai", "the openai labeller")
+        self._sdk = openai
         self.model = model or DEFAULT_OPENAI_MODEL
         self.chunk_chars = chunk_chars
         self.max_tokens = max_tokens
@@ -211,19 +224,22 @@ class OpenAILabeler(_LLMLabeller):
         api_key = api_key or os.environ.get("OPENAI_API_KEY") or None
         if api_key is None and base_url is not None:
             api_key = "unused"  # local servers (Ollama, vLLM) want no key, but the SDK refuses to start without one
-        self._error: str | None = None
+        self._error: LabellerUnavailable | None = None
         try:
             # no retries in the SDK by default: a failed call is recorded and retried by SQL's backoff
             # (record_label), which outlives the process and does not hold a worker's lease while it waits
             self.client = openai.OpenAI(api_key=api_key, base_url=base_url, timeout=timeout,
                                         max_retries=max_retries)
-        except openai.OpenAIError as e:  # no key at all: every call fails, recorded, like a network error
+        except openai.OpenAIError as e:  # no key and no server: every call would fail the same way, said once
             self.client = None
-            self._error = f"{type(e).__name__}: {str(e)[:300]}"
+            self._error = LabellerUnavailable(
+                f"the openai labeller cannot work: OPENAI_API_KEY is not set ({type(e).__name__}: {str(e)[:120]})",
+                "set OPENAI_API_KEY, or OPENAI_BASE_URL for a local server (Ollama, vLLM: no key needed), or set the "
+                "source's labeller back to 'offline' with storetopics.configure()")
 
     def _complete(self, text_prompt: str, max_tokens: int) -> tuple[str | None, int, int]:
-        if self.client is None:
-            raise LabelError(self._error)
+        if self._error is not None:
+            raise self._error
         try:
             response = self.client.chat.completions.create(
                 model=self.model, max_tokens=max_tokens, temperature=0,
@@ -233,8 +249,35 @@ class OpenAILabeler(_LLMLabeller):
             text = choices[0].message.content if choices else None
             usage = response.usage
         except Exception as e:  # status errors, timeouts, connection errors, malformed bodies: all retried later
-            raise LabelError(f"{type(e).__name__}: {str(e)[:300]}") from e
+            raise _failure(self, e, self._sdk, "OPENAI") from e
         return text, getattr(usage, "prompt_tokens", 0), getattr(usage, "completion_tokens", 0)
+
+
+def _failure(labeller: _LLMLabeller, e: Exception, sdk, env: str) -> LabelError:
+    """What a failed call means.  A labeller that cannot work at all, whichever cluster it is asked about, is
+    LabellerUnavailable: the server cannot be reached (connection refused, no such host), it refuses the key
+    (401, 403), or it knows no such model or path (404), or the SDK found no credentials.  Anything else (a timeout,
+    a rate limit, a server error, a body that is no answer) is a LabelError: that call is retried with backoff."""
+    detail = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    url = str(getattr(getattr(labeller, "client", None), "base_url", "") or "")
+    name = labeller.name
+    if isinstance(e, sdk.APITimeoutError):
+        return LabelError(detail)
+    if isinstance(e, sdk.APIConnectionError):
+        return LabellerUnavailable(f"the {name} labeller cannot reach {url}: {detail}",
+                                   f"start that server, or set {env}_BASE_URL to one that answers (unset: the "
+                                   f"{name.capitalize()} API)")
+    status = getattr(e, "status_code", None)
+    if status in (401, 403):
+        return LabellerUnavailable(f"the {name} labeller was refused by {url} ({status}): {detail}",
+                                   f"check {env}_API_KEY (and {env}_BASE_URL)")
+    if status == 404:
+        return LabellerUnavailable(f"the {name} labeller got 404 from {url} for model {labeller.model!r}: {detail}",
+                                   f"check the source's model setting and {env}_BASE_URL")
+    if isinstance(e, TypeError) and "authentication" in str(e).lower():
+        return LabellerUnavailable(f"the {name} labeller cannot work: no credentials ({detail})",
+                                   f"set {env}_API_KEY")
+    return LabelError(detail)
 
 
 def make_labeler(name: str | None, model: str | None = None, **kw):

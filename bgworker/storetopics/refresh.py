@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
+from .errors import Unavailable, require
 from .labels import ClusterInput, LabelError, StoreInput, make_labeler
 
 log = logging.getLogger("storetopics.refresh")
@@ -29,6 +30,7 @@ class LabelStats:
     errors: int = 0
     last_error: str | None = None
     details: list = field(default_factory=list)
+    unavailable: Unavailable | None = None   # the labeller cannot work (no key, SDK or server): nothing was recorded
 
 
 def settings(conn: psycopg.Connection, source: int) -> dict:
@@ -44,8 +46,17 @@ def fit(conn: psycopg.Connection, source: int, store: str) -> dict:
     """Sample, fit, match and apply one store's clusters (storetopics.apply_fit writes it, compare-and-set)."""
     if not conn.autocommit:
         raise ValueError("refresh.fit needs an autocommit connection (no transaction open while fitting)")
-    from .plpy import storetopics_clustering as clustering  # numpy, scikit-learn: loaded when a fit runs
+    clustering = clustering_module()
     return json.loads(clustering.fit_store(clustering.PsycopgDatabase(conn), source, store))
+
+
+def clustering_module():
+    """plpy/storetopics_clustering.py, loaded when a fit runs: it needs numpy, scikit-learn and scipy (the extra
+    `cluster`); without them, errors.MissingExtra."""
+    for module in ("numpy", "sklearn", "scipy"):
+        require(module, "cluster", "clustering the embeddings outside the database")
+    from .plpy import storetopics_clustering
+    return storetopics_clustering
 
 
 def label(conn: psycopg.Connection, source: int, store: str, labeller=None) -> LabelStats:
@@ -64,7 +75,11 @@ def label(conn: psycopg.Connection, source: int, store: str, labeller=None) -> L
                              (source, store)).fetchone()
     if not due and not store_due:
         return stats
-    labeller = labeller or make_labeler(cfg["labeller"], cfg.get("model"))
+    try:
+        labeller = labeller or make_labeler(cfg["labeller"], cfg.get("model"))
+    except Unavailable as e:   # no SDK: nothing asked, nothing recorded, the old labels stay
+        stats.unavailable = e
+        return stats
     if store_due:
         store_input = StoreInput(terms=list(store_due[0] or []), phrases=list(store_due[1] or []),
                                  others=list(store_due[2] or []), files=int(store_due[3] or 0))
@@ -76,6 +91,8 @@ def label(conn: psycopg.Connection, source: int, store: str, labeller=None) -> L
             stats.rejected += not kept
             stats.details.append((None, "ok" if kept else "rejected", kept or asked[0].rejected, kept is not None))
     for cluster_id, keywords, reps, share, siblings, others in due:
+        if stats.unavailable:
+            break
         cluster = ClusterInput(keywords=list(keywords or []), representatives=[r.get("text") or "" for r in reps or []],
                                share=float(share or 0), siblings=list(siblings or []), others=list(others or []))
         asked = _ask(conn, stats, labeller, labeller.label, cluster, "record_label",
@@ -92,17 +109,23 @@ def label(conn: psycopg.Connection, source: int, store: str, labeller=None) -> L
 def _ask(conn: psycopg.Connection, stats: LabelStats, labeller, call, what, record: str, key: tuple, answer):
     """One labelling call (call(what)), written back whatever happened by storetopics.<record>(key..., outcome, answer,
     labeller, model, tokens in and out, detail), which judges the answer.  Returns (the Label, what record returned),
-    or None when the call failed (recorded as an error: retried with backoff)."""
+    or None when the call failed (recorded as an error: retried with backoff).  A labeller that cannot work at all
+    (labels.LabellerUnavailable: no key, no server, a key refused) is no call: nothing is recorded (the labels stay
+    due, so the next run asks again at once once it is fixed) and stats.unavailable says why; the caller stops."""
     model = getattr(labeller, "model", None)
     sql = f"SELECT storetopics.{record}({', '.join(['%s'] * (len(key) + 7))})"
-    stats.calls += 1
     try:
         result = call(what)
+    except Unavailable as e:
+        stats.unavailable = e
+        return None
     except LabelError as e:
+        stats.calls += 1
         stats.errors += 1
         stats.last_error = str(e)
         conn.execute(sql, (*key, "error", None, labeller.name, model, 0, 0, str(e)))
         return None
+    stats.calls += 1
     kept = conn.execute(sql, (*key, "rejected" if result.rejected else "ok",
                               None if result.rejected else answer(result), labeller.name, result.model or model,
                               result.input_tokens, result.output_tokens, result.rejected)).fetchone()[0]
@@ -163,31 +186,73 @@ class Pass:
     fit: dict | None = None            # the fit's report when one ran
     labels: LabelStats = field(default_factory=LabelStats)
     changed: bool | None = None        # whether the summary changed; None: not rendered (Hooks.render refused)
+    fit_unavailable: Unavailable | None = None   # a fit was due and cannot run here (the extra `cluster` missing)
 
     @property
     def fitted(self) -> bool:
         return bool(self.fit and self.fit.get("applied"))
 
+    @property
+    def unavailable(self) -> list[Unavailable]:
+        """What this pass could not do here, whatever the data (said once by the caller, with its hint)."""
+        return [e for e in (self.fit_unavailable, self.labels.unavailable) if e is not None]
+
+
+class Labellers:
+    """The LLM labellers of one run over many stores (`storetopics backfill`), made once per (labeller, model).  One
+    that cannot work (no key, no SDK, no server) is asked once in the run, not once per store."""
+
+    def __init__(self):
+        self._made: dict[tuple[str, str | None], object] = {}
+
+    def get(self, name: str, model: str | None):
+        key = (name.lower(), model)
+        if key not in self._made:
+            try:
+                self._made[key] = make_labeler(name, model)
+            except Unavailable as e:
+                self._made[key] = e
+        made = self._made[key]
+        if isinstance(made, Unavailable):
+            raise made
+        return made
+
+    def failed(self, name: str, model: str | None, e: Unavailable) -> None:
+        self._made[(name.lower(), model)] = e
+
 
 def refresh_store(conn: psycopg.Connection, source: int, store: str, hooks: Hooks | None = None,
-                  labeller=None) -> Pass:
+                  labeller=None, labellers: Labellers | None = None) -> Pass:
     """The pass over one store, after its source was folded: fit (when fit_due says so), the clusters' words and
     the keyword gate (refresh_words, gated in SQL on the store's version), the labels that are due (LLM labeller
-    only), render (counting unknown token counts with tiktoken first: one write, one NOTIFY)."""
+    only), render (counting unknown token counts with tiktoken first: one write, one NOTIFY).  What cannot run here
+    (a fit without the extra `cluster`, a labeller without its key, SDK or server) is skipped and reported in
+    Pass.unavailable: the store is rendered from what it has (its keywords, its old labels)."""
     hooks = hooks or Hooks()
     result = Pass()
     why = fit_due(conn, source, store)
     if why:
         log.debug("fit %s:%s (%s)", source, store, why, extra={"source": source, "store": store})
-        result.fit = fit(conn, source, store)
-        log.debug("fitted %s:%s: k=%s applied=%s in %ss", source, store, result.fit.get("k"), result.fitted,
-                  result.fit.get("seconds"), extra={"source": source, "store": store})
+        try:
+            result.fit = fit(conn, source, store)
+        except Unavailable as e:
+            result.fit_unavailable = e
+        else:
+            log.debug("fitted %s:%s: k=%s applied=%s in %ss", source, store, result.fit.get("k"), result.fitted,
+                      result.fit.get("seconds"), extra={"source": source, "store": store})
         hooks.check()
     conn.execute("SELECT storetopics.refresh_words(%s, %s)", (source, store))
     cfg = settings(conn, source)
     if cfg.get("labeller", "offline") != "offline" and stores_to_label(conn, source, store):
-        inner = labeller or make_labeler(cfg["labeller"], cfg.get("model"))
-        result.labels = label(conn, source, store, hooks.labeller(inner))
+        name, model = cfg["labeller"], cfg.get("model")
+        try:
+            inner = labeller or (labellers.get(name, model) if labellers else make_labeler(name, model))
+        except Unavailable as e:
+            result.labels = LabelStats(unavailable=e)
+        else:
+            result.labels = label(conn, source, store, hooks.labeller(inner))
+            if result.labels.unavailable and labellers is not None:
+                labellers.failed(name, model, result.labels.unavailable)
         if result.labels.errors:
             log.warning("%s labelling call(s) failed for %s:%s (old labels kept, retried later): %s",
                         result.labels.errors, source, store, result.labels.last_error,

@@ -423,16 +423,26 @@ class Worker:
             self.stats.label_calls += calls
             if p.changed is None:
                 raise LeaseLost()
+            # what cannot run here (a labeller without its key, SDK or server; clustering without its extra): the
+            # summary was rendered without it, and the pass counts as failed (status shows why, and it is tried
+            # again with backoff, not at every poll); said once per pass, not once per cluster
+            missing = "; ".join(" ".join(str(e).split()) for e in p.unavailable) or None
             self._releasing(source, store)
-            outcome = self.conn.execute("SELECT storetopics.work_done(%s, %s, %s, %s, %s, NULL, %s)",
-                                        (self.id, source, store, generation, p.changed, calls)).fetchone()[0]
+            outcome = self.conn.execute("SELECT storetopics.work_done(%s, %s, %s, %s, %s, %s, %s)",
+                                        (self.id, source, store, generation, p.changed, missing, calls)).fetchone()[0]
             self.stats.passes += 1
+            self.stats.failed += bool(missing)
             self.stats.regenerated += bool(p.changed)
             self.stats.outcomes[outcome] = self.stats.outcomes.get(outcome, 0) + 1
-            self.log(f"pass {source}:{store}: folded {folded} files{', fitted' if p.fitted else ''}, {calls} "
-                     f"labelling calls, {'summary changed' if p.changed else 'summary unchanged'}, {outcome} "
-                     f"({time.monotonic() - t0:.2f}s)", debug=not p.changed and not p.fitted and not calls,
-                     source=source, store=store, outcome=outcome)
+            line = (f"pass {source}:{store}: folded {folded} files{', fitted' if p.fitted else ''}, {calls} "
+                    f"labelling calls, {'summary changed' if p.changed else 'summary unchanged'}, {outcome} "
+                    f"({time.monotonic() - t0:.2f}s)")
+            if missing:
+                self.log(f"{line}: {missing}; rendered without it (old labels kept), tried again with backoff",
+                         level=logging.WARNING, source=source, store=store, outcome=outcome)
+            else:
+                self.log(line, debug=not p.changed and not p.fitted and not calls, source=source, store=store,
+                         outcome=outcome)
             return outcome
         except LeaseLost:
             self._releasing(source, store)
