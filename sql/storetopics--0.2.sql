@@ -5011,7 +5011,9 @@ RETURN EXISTS (SELECT 1 FROM storetopics.pending p
 -- Record what changed since the last look: stores with logged changes, stores folded but not rendered since, and
 -- stores whose labelling retry came due.  One session at a time (the others skip: the one syncing serves them).
 -- A new change bumps the store's generation; the first one sets dirty_since.  Changes that name no store (deletes,
--- TRUNCATE, attach) are found by fold(), which bumps the versions of the stores they touched.
+-- TRUNCATE, attach) are found by fold(), which bumps the versions of the stores they touched.  A fold is no change
+-- of its own: a store already dirty from the changes it folded keeps its last change time (its debounce counts from
+-- its writes, not from another store's pass that folded them).
 CREATE OR REPLACE FUNCTION storetopics._work_sync() RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -5052,7 +5054,9 @@ BEGIN
          generation = w.generation + 1
    WHERE (w.dirty_since IS NULL OR w.changed_at IS NULL OR excluded.changed_at > w.changed_at)
      -- a version bumped by the lease holder's own fold is no change underneath it
-     AND (excluded.generation = 1 OR w.leased_by IS NULL OR w.lease_expires < now());
+     AND (excluded.generation = 1 OR w.leased_by IS NULL OR w.lease_expires < now())
+     -- nor is a fold of changes already seen (excluded.generation 0: only folded, nothing logged)
+     AND (excluded.generation = 1 OR w.dirty_since IS NULL OR w.changed_at IS NULL);
 END $$;
 
 -- When a dirty store is due: quiet for `debounce` seconds since its last change, or dirty for `max_staleness`.
@@ -5063,9 +5067,22 @@ RETURN CASE WHEN w.dirty_since IS NOT NULL THEN
                  w.dirty_since + make_interval(secs => (cfg ->> 'max_staleness')::float8)),
            coalesce(w.next_attempt_at, '-infinity')) END;
 
+-- Why a dirty store is due when _work_due_at says: 'debounce' (quiet for `debounce` seconds after its last change),
+-- 'max_staleness' (dirty that long under a steady stream of changes) or 'backoff' (a failed pass is tried again).
+CREATE OR REPLACE FUNCTION storetopics._work_due_why(w storetopics.work, cfg jsonb) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN w.dirty_since IS NULL THEN NULL
+            WHEN w.next_attempt_at > least(
+                   coalesce(w.changed_at, w.dirty_since) + make_interval(secs => (cfg ->> 'debounce')::float8),
+                   w.dirty_since + make_interval(secs => (cfg ->> 'max_staleness')::float8)) THEN 'backoff'
+            WHEN coalesce(w.changed_at, w.dirty_since) + make_interval(secs => (cfg ->> 'debounce')::float8)
+                 <= w.dirty_since + make_interval(secs => (cfg ->> 'max_staleness')::float8) THEN 'debounce'
+            ELSE 'max_staleness' END;
+
 -- Sources whose logged changes name no store (deletes, TRUNCATE, attach, keys unknown when logged), debounced like
--- stores: the worker folds them, and the stores the fold touched become dirty.
-CREATE OR REPLACE FUNCTION storetopics.sources_to_fold() RETURNS SETOF int
+-- stores (p_now: at once, `worker --now`): the worker folds them, and the stores the fold touched become dirty.
+DROP FUNCTION IF EXISTS storetopics.sources_to_fold();   -- (0.1: no p_now)
+CREATE OR REPLACE FUNCTION storetopics.sources_to_fold(p_now boolean DEFAULT false) RETURNS SETOF int
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   SELECT p.source_id
@@ -5073,7 +5090,8 @@ BEGIN ATOMIC
     JOIN storetopics.sources s ON s.id = p.source_id
    WHERE p.store_key IS NULL AND NOT (storetopics._settings(s.id) ->> 'paused')::boolean
    GROUP BY p.source_id
-  HAVING least(max(p.logged_at) + make_interval(secs => (storetopics._settings(p.source_id) ->> 'debounce')::float8),
+  HAVING p_now
+      OR least(max(p.logged_at) + make_interval(secs => (storetopics._settings(p.source_id) ->> 'debounce')::float8),
                min(p.logged_at) + make_interval(secs => (storetopics._settings(p.source_id) ->> 'max_staleness')::float8))
          <= now()
    ORDER BY 1;
@@ -5108,8 +5126,11 @@ END $$;
 -- Stores of a source whose last pass over some store failed come after every other due store: a source whose
 -- passes keep failing (a tenant's key expression that runs into the worker's time limit, and a fold fails for every
 -- store of its source) is served when nothing else is waiting, so it holds the others up by the one pass in flight
--- at most, however many stores it has.
-CREATE OR REPLACE FUNCTION storetopics.claim(p_worker text, p_lease float8 DEFAULT 60, p_limit int DEFAULT 1)
+-- at most, however many stores it has.  p_now (`worker --now`): a dirty store is due at once, debounce and
+-- max_staleness aside (the backoff of a failed pass still holds).
+DROP FUNCTION IF EXISTS storetopics.claim(text, float8, int);   -- (0.1: no p_now)
+CREATE OR REPLACE FUNCTION storetopics.claim(p_worker text, p_lease float8 DEFAULT 60, p_limit int DEFAULT 1,
+                                             p_now boolean DEFAULT false)
 RETURNS TABLE (source_id int, store_key text, generation bigint, takeover boolean)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -5124,7 +5145,7 @@ BEGIN
      WHERE w.dirty_since IS NOT NULL
        AND (w.leased_by IS NULL OR w.lease_expires < now())
        AND NOT (cfg ->> 'paused')::boolean
-       AND storetopics._work_due_at(w, cfg) <= now()
+       AND (storetopics._work_due_at(w, cfg) <= now() OR p_now AND coalesce(w.next_attempt_at, now()) <= now())
      ORDER BY EXISTS (SELECT 1 FROM storetopics.work f WHERE f.source_id = w.source_id AND f.attempts > 0),
               storetopics._work_due_at(w, cfg), w.source_id, w.store_key
      LIMIT p_limit
@@ -5273,6 +5294,40 @@ SELECT s.chunks AS source, x.source_id, x.store_key,
  WHERE st.files > 0 OR w.dirty_since IS NOT NULL;
 END;
 
+-- What waits for a worker, and when it is due (`storetopics worker --once` and `status` say it): each dirty store not
+-- leased, its due time and why (_work_due_why; 'paused' with no due time for a paused source); logged changes of a
+-- store no worker has looked at yet, debounced the same way; and per source with changes that name no store
+-- (attach, DELETE, TRUNCATE), a row with store_key NULL: they are folded first, when quiet like a store.
+CREATE OR REPLACE FUNCTION storetopics.work_due()
+RETURNS TABLE (source regclass, source_id int, store_key text, due_at timestamptz, why text)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+SELECT s.chunks, x.source_id, x.store_key, CASE WHEN NOT (cfg ->> 'paused')::boolean THEN x.due_at END,
+       CASE WHEN (cfg ->> 'paused')::boolean THEN 'paused' ELSE x.why END
+  FROM (SELECT w.source_id, w.store_key, storetopics._work_due_at(w, storetopics._settings(w.source_id)) AS due_at,
+               storetopics._work_due_why(w, storetopics._settings(w.source_id)) AS why
+          FROM storetopics.work w
+         WHERE w.dirty_since IS NOT NULL AND (w.leased_by IS NULL OR w.lease_expires < now())
+        UNION ALL
+        SELECT p.source_id, p.store_key,
+               least(p.last + make_interval(secs => (storetopics._settings(p.source_id) ->> 'debounce')::float8),
+                     p.first + make_interval(secs => (storetopics._settings(p.source_id) ->> 'max_staleness')::float8)),
+               CASE WHEN p.last + make_interval(secs => (storetopics._settings(p.source_id) ->> 'debounce')::float8)
+                         <= p.first + make_interval(secs => (storetopics._settings(p.source_id) ->> 'max_staleness')::float8)
+                    THEN 'debounce' ELSE 'max_staleness' END
+          FROM (SELECT q.source_id, q.store_key, min(q.logged_at) AS first, max(q.logged_at) AS last
+                  FROM storetopics.pending q
+                 WHERE q.store_key IS NULL OR char_length(q.store_key) <= storetopics.max_store_key()
+                 GROUP BY 1, 2) p
+         WHERE p.store_key IS NULL
+            OR NOT EXISTS (SELECT 1 FROM storetopics.work w
+                            WHERE w.source_id = p.source_id AND w.store_key = p.store_key
+                              AND w.dirty_since IS NOT NULL)) x
+  JOIN storetopics.sources s ON s.id = x.source_id
+ CROSS JOIN LATERAL storetopics._settings(s.id) AS cfg
+ ORDER BY 4 NULLS LAST, 2, 3 NULLS FIRST;
+END;
+
 -- Workers (a function, like work_status): alive while their heartbeat is younger than two leases.
 CREATE OR REPLACE FUNCTION storetopics.worker_status()
 RETURNS TABLE (id text, host text, pid int, started_at timestamptz, last_seen timestamptz, alive boolean,
@@ -5312,12 +5367,16 @@ COMMENT ON FUNCTION storetopics.verify_due() IS
 -- What \df+ shows a DBA.
 COMMENT ON FUNCTION storetopics.failing_after() IS
   'Failures in a row after which a store shows as failing (3).';
-COMMENT ON FUNCTION storetopics.sources_to_fold() IS
-  'For the worker: sources whose logged changes name no store (deletes, TRUNCATE, attach), debounced.';
+COMMENT ON FUNCTION storetopics.sources_to_fold(boolean) IS
+  'For the worker: sources whose logged changes name no store (deletes, TRUNCATE, attach), debounced (p_now: all).';
 COMMENT ON FUNCTION storetopics.worker_heartbeat(text, text, int, float8, int, text) IS
   'For the worker: register or beat a worker''s heart and extend its leases; returns how many it holds.';
-COMMENT ON FUNCTION storetopics.claim(text, float8, int) IS
-  'For the worker: lease up to p_limit due stores (FOR UPDATE SKIP LOCKED); returns them with their generation.';
+COMMENT ON FUNCTION storetopics.claim(text, float8, int, boolean) IS
+  'For the worker: lease up to p_limit due stores (FOR UPDATE SKIP LOCKED; p_now: every dirty store is due); '
+  'returns them with their generation.';
+COMMENT ON FUNCTION storetopics.work_due() IS
+  'What waits for a worker: each dirty store (and each source with changes that name no store), when it is due and '
+  'why: debounce, max_staleness, backoff or paused.';
 COMMENT ON FUNCTION storetopics.next_due() IS
   'For the worker: seconds until a store can next be claimed (NULL: nothing dirty).';
 COMMENT ON FUNCTION storetopics.lease_held(text, int, text) IS
@@ -5996,4 +6055,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '673137039') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1769329941') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

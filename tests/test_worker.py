@@ -214,6 +214,86 @@ def test_burst_of_50_uploads_gives_one_regeneration_and_a_stream_is_bounded_by_m
         assert w.term() == 0
 
 
+def pass_over(conn, worker: str = "w") -> tuple[int, str] | None:
+    """One worker pass by hand: claim a due store, fold its source, render it, hand it back."""
+    row = conn.execute("SELECT source_id, store_key, generation FROM storetopics.claim(%s)", (worker,)).fetchone()
+    if row is None:
+        return None
+    source, store, generation = row
+    while conn.execute("SELECT storetopics.fold(%s)", (source,)).fetchone()[0]:
+        pass
+    conn.execute("SELECT storetopics.work_render(%s, %s, %s)", (worker, source, store))
+    assert conn.execute("SELECT storetopics.work_done(%s, %s, %s, %s, true)",
+                        (worker, source, store, generation)).fetchone()[0] == "clean"
+    return source, store
+
+
+def test_a_store_folded_by_another_store_s_pass_waits_one_debounce_not_two(dsn):
+    """A new store on an attached table, written in the same burst as a store already there: the first store's pass
+    folds the whole source, so the new store's rows are folded then and it is due for its render.  Its debounce
+    counts from its last logged change, not from that fold (was: a second full debounce from the fold, issue 31)."""
+    with connect(dsn) as conn:
+        docs_table(conn)
+        conn.execute("INSERT INTO docs (store, file, content) VALUES ('attic', 'a1', 'boxes lamps dust')")
+        conn.execute("SELECT * FROM storetopics.backfill()")
+        configure(conn, "docs", debounce=2, max_staleness=600)
+        conn.execute("INSERT INTO docs (store, file, content) VALUES ('attic', 'a2', 'boxes trunks'), "
+                     "('kitchen', 'k1', 'pots pans knives')")
+        assert pass_over(conn) is None                                   # seen, quiet for less than 2 s
+        time.sleep(2.3)
+        assert pass_over(conn)[1] == "attic"                             # folds kitchen's rows too
+        due = conn.execute("SELECT due_at <= now() FROM storetopics.work_status() WHERE store_key = 'kitchen'"
+                           ).fetchone()[0]
+        assert due and pass_over(conn)[1] == "kitchen"                   # due now: its rows are 2.3 s quiet
+        assert quiescent(conn)
+
+
+def test_worker_once_says_what_waits_and_when_and_now_does_it(dsn, capsys):
+    """`worker --once` right after an attach and new rows does nothing (the debounce): it says so, store by store,
+    with when each is due and why, and how to do it now; `--now` does it.  `status` shows why too (issue 31)."""
+    from storetopics import cli
+    with connect(dsn) as conn:
+        docs_table(conn)
+        conn.execute("INSERT INTO docs (store, file, content) VALUES ('attic', 'a1', 'boxes lamps dust'), "
+                     "('kitchen', 'k1', 'pots pans knives')")
+        once = lambda *args: subprocess.run(  # noqa: E731
+            [sys.executable, "-m", "storetopics.worker", "--dsn", dsn, "--once", *args], capture_output=True,
+            text=True, timeout=120)
+        r = once()
+        assert r.returncode == 0, r.stderr
+        assert "0 passes" in r.stderr and "Traceback" not in r.stderr
+        waiting = [line for line in r.stderr.splitlines() if "not due yet" in line or "due in" in line]
+        text = "\n".join(waiting)
+        for what in ("docs:attic", "docs:kitchen", "docs (changes that name no store"):
+            assert re.search(re.escape(what) + r".*due in (59|60)s \(debounce 60s\)", text), r.stderr
+        assert "--now" in r.stderr and "storetopics backfill" in r.stderr, r.stderr
+        assert conn.execute("SELECT count(*) FROM storetopics.stores WHERE store_topics IS NOT NULL").fetchone()[0] \
+            == 0
+
+        assert cli.main(["--dsn", dsn, "status"]) == 0
+        out = capsys.readouterr().out
+        assert re.search(r"^\s+attic\s+dirty\s.*\sdebounce\s", out, re.M), out
+
+        r = once("--now")
+        assert r.returncode == 0, r.stderr
+        assert "2 passes" in r.stderr and "not due yet" not in r.stderr, r.stderr
+        assert quiescent(conn)
+        assert conn.execute("SELECT count(*) FROM storetopics.stores WHERE store_topics IS NOT NULL").fetchone()[0] \
+            == 2
+
+        # why a store waits: the debounce, max_staleness under a steady stream, or the backoff of a failed pass
+        configure(conn, "docs", debounce=3600, max_staleness=1800)
+        conn.execute("INSERT INTO docs (store, file, content) VALUES ('attic', 'a2', 'trunks')")
+        conn.execute("SELECT * FROM storetopics.claim('nobody', 60, 0)")      # the worker's look at the log
+        attic = "SELECT why, due_at > now() + interval '1790 s' FROM storetopics.work_due() WHERE store_key = 'attic'"
+        assert conn.execute(attic).fetchall() == [("max_staleness", True)]
+        conn.execute("UPDATE storetopics.work SET next_attempt_at = now() + interval '2 hours', attempts = 1 "
+                     "WHERE store_key = 'attic'")
+        assert conn.execute(attic).fetchall() == [("backoff", True)]
+        conn.execute("SELECT storetopics.pause('docs')")
+        assert conn.execute(attic).fetchall() == [("paused", None)]
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Leases: 2 and 4 workers over 50 stores
 # ------------------------------------------------------------------------------------------------------------

@@ -284,6 +284,43 @@ def work(conn: psycopg.Connection) -> list[dict[str, Any]]:
                        "ORDER BY w.source_id, w.store_key")
 
 
+def waiting(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    """What waits for a worker (storetopics.work_due()): each dirty store, and each table with changes that name no
+    store (store_key None), with when it is due (due_in: seconds from now, 0 when due), why (debounce,
+    max_staleness, backoff, paused) and the setting's seconds for debounce and max_staleness."""
+    return _rows(conn, """SELECT d.source::text AS source, d.source_id, d.store_key, d.due_at, d.why,
+                                 greatest(0, extract(epoch FROM d.due_at - now()))::float8 AS due_in,
+                                 (storetopics._settings(d.source_id) ->> d.why)::float8 AS seconds
+                            FROM storetopics.work_due() d""")
+
+
+def describe_wait(row: dict[str, Any]) -> str:
+    """One waiting entry as the worker and `status` say it: 'docs:attic due in 58s (debounce 60s)'."""
+    what = (f"{row['source']}:{row['store_key']}" if row["store_key"] is not None
+            else f"{row['source']} (changes that name no store: attach, DELETE, TRUNCATE)")
+    return f"{what} {when_due(row)}"
+
+
+def when_due(row: dict[str, Any]) -> str:
+    if row["why"] == "paused":
+        return "paused (storetopics.resume() it)"
+    due = "due now" if row["due_in"] < 0.5 else f"due in {_seconds(row['due_in'])}"
+    why = {"debounce": f"debounce {_seconds(row['seconds'])}", "max_staleness": f"max_staleness "
+           f"{_seconds(row['seconds'])}", "backoff": "backoff after a failed pass"}.get(row["why"], row["why"])
+    return f"{due} ({why})"
+
+
+def _seconds(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = round(s)
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 def label_cost(conn: psycopg.Connection) -> dict[str, Any]:
     """Labelling calls, failed calls and their cost, from the ledger."""
     return _rows(conn, "SELECT count(*) AS calls, coalesce(sum(cost_usd), 0) AS usd, "

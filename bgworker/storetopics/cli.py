@@ -154,21 +154,21 @@ def print_status(conn: psycopg.Connection, out: TextIO) -> None:
           s["folded_at"], s["attached_at"]) for s in srcs], indent="  ") + "\n\n")
     rows = api.stores(conn)
     out.write("Stores\n")
+    multi = len({r["source_id"] for r in rows} if rows else srcs) > 1
     if not rows:
-        out.write("  none yet (run `storetopics backfill`)\n")
-        return
-    multi = len({r["source_id"] for r in rows}) > 1
-    headers = (["table"] if multi else []) + ["store", "files", "chunks", "dirty", "updated", "store_topics"]
-    table = [([r["source"]] if multi else []) + [r["store_key"], r["files"], r["chunks"], r["dirty"],
-                                                 r["updated_at"], truncate(r["store_topics"], 100)] for r in rows]
-    out.write(format_table(headers, table, indent="  ") + "\n")
+        out.write("  none yet (run `storetopics backfill`, or a worker: see Work below)\n")
+    else:
+        headers = (["table"] if multi else []) + ["store", "files", "chunks", "dirty", "updated", "store_topics"]
+        table = [([r["source"]] if multi else []) + [r["store_key"], r["files"], r["chunks"], r["dirty"],
+                                                     r["updated_at"], truncate(r["store_topics"], 100)] for r in rows]
+        out.write(format_table(headers, table, indent="  ") + "\n")
     print_worker_status(conn, out, multi)
 
 
 def print_worker_status(conn: psycopg.Connection, out: TextIO, multi: bool = False) -> None:
     """The worker's side of `status`: workers (heartbeats), each store's state (idle, dirty, working, failing, with
     the last error), passes, and the LLM cost from the label ledger."""
-    workers, work, ledger = api.workers(conn), api.work(conn), api.label_cost(conn)
+    workers, work, ledger, waiting = api.workers(conn), api.work(conn), api.label_cost(conn), api.waiting(conn)
     out.write("\nWorkers\n")
     if not workers:
         out.write("  none has run yet (start one with `storetopics worker`)\n")
@@ -179,18 +179,28 @@ def print_worker_status(conn: psycopg.Connection, out: TextIO, multi: bool = Fal
               f"{w['source_id']}:{w['store_key']}" if w["store_key"] is not None else None,
               int(w["processed"]), int(w["regenerated"]), int(w["failures"]), int(w["label_calls"]))
              for w in workers], indent="  ") + "\n")
+    # why each waiting store is due when it is (debounce, max_staleness, backoff, paused); what no worker has looked
+    # at yet (a new store's first rows, changes that name no store) shows as 'pending'
+    why = {(w["source_id"], w["store_key"]): w for w in waiting}
+    work = [dict(r, why=why.pop((r["source_id"], r["store_key"]), {}).get("why")) for r in work]
+    work += [{"source_name": w["source"], "store_key": w["store_key"] or "(changes that name no store)",
+              "state": "pending", "dirty_since": None, "due_at": w["due_at"], "why": w["why"], "processed": 0,
+              "regenerated": 0, "label_calls": 0, "cost_usd": 0, "last_error": None} for w in why.values()]
     if work:
         counts: dict[str, int] = {}
         for r in work:
             counts[r["state"]] = counts.get(r["state"], 0) + 1
         out.write("\nWork (" + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + ")\n")
-        headers = (["table"] if multi else []) + ["store", "state", "dirty since", "due", "passes", "changed",
-                                                  "label calls", "cost usd", "last error"]
+        headers = (["table"] if multi else []) + ["store", "state", "dirty since", "due", "why", "passes",
+                                                  "changed", "label calls", "cost usd", "last error"]
         out.write(format_table(headers, [
             ([r["source_name"]] if multi else []) +
-            [r["store_key"], r["state"], r["dirty_since"], r["due_at"], int(r["processed"]), int(r["regenerated"]),
-             int(r["label_calls"]), float(r["cost_usd"]), truncate(r["last_error"], 60)] for r in work],
-            indent="  ") + "\n")
+            [r["store_key"], r["state"], r["dirty_since"], r["due_at"], r["why"], int(r["processed"]),
+             int(r["regenerated"]), int(r["label_calls"]), float(r["cost_usd"]), truncate(r["last_error"], 60)]
+            for r in work], indent="  ") + "\n")
+        if waiting:
+            out.write("  (due: when a worker takes it; `storetopics worker --once --now` or `storetopics backfill` "
+                      "does it now)\n")
     out.write(f"\nLLM cost: ${float(ledger['usd']):.4f} over {ledger['calls']:,} labelling calls "
               f"({ledger['errors']:,} failed)\n")
 

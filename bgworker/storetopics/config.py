@@ -1,7 +1,7 @@
 """Defaults, in one place, and the environment that overrides them.
 
 Every worker flag can also come from the environment (twelve-factor): STORETOPICS_<FLAG> (STORETOPICS_POLL,
-STORETOPICS_LEASE, STORETOPICS_BATCH, STORETOPICS_ID, STORETOPICS_ONCE, STORETOPICS_VERBOSE,
+STORETOPICS_LEASE, STORETOPICS_BATCH, STORETOPICS_ID, STORETOPICS_ONCE, STORETOPICS_NOW, STORETOPICS_VERBOSE,
 STORETOPICS_STATEMENT_TIMEOUT, STORETOPICS_LOG_LEVEL, STORETOPICS_LOG_FORMAT); a flag on the command line wins over
 the environment, which wins over the default.  The connection comes from --dsn, else $DATABASE_URL, else libpq's own
 PG* variables.

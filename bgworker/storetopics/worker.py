@@ -1,9 +1,9 @@
 """`storetopics worker`: keeps every store's summary fresh, debounced and drift-gated, safely from many processes.
 
-    storetopics worker [--once] [--lease S] [--poll S] [--batch N] [--statement-timeout S] [--id NAME] [-v]
+    storetopics worker [--once] [--now] [--lease S] [--poll S] [--batch N] [--statement-timeout S] [--id NAME] [-v]
     python -m storetopics.worker [--dsn DSN] ...    (the same)
 
-Every flag also comes from the environment: STORETOPICS_ONCE, STORETOPICS_LEASE, STORETOPICS_POLL,
+Every flag also comes from the environment: STORETOPICS_ONCE, STORETOPICS_NOW, STORETOPICS_LEASE, STORETOPICS_POLL,
 STORETOPICS_BATCH, STORETOPICS_STATEMENT_TIMEOUT, STORETOPICS_ID, STORETOPICS_LOG_LEVEL, STORETOPICS_LOG_FORMAT (a
 flag wins); the connection from --dsn, else $DATABASE_URL.  Logs go to stderr through Python logging (logger
 storetopics.worker), as text or JSON.
@@ -178,6 +178,7 @@ class Options:
     batch: int = config.BATCH
     worker_id: str | None = None
     statement_timeout: float = config.STATEMENT_TIMEOUT   # seconds; 0: no limit
+    now: bool = False          # no debounce: every dirty store (and table with pending changes) is due at once
     verbose: bool = False      # the pass-by-pass log (debug level) even when the log level is higher
     max_backoff: float = config.MAX_BACKOFF
     fold_seconds: float = config.FOLD_SECONDS
@@ -474,7 +475,7 @@ class Worker:
         """Do what is due now.  Returns whether anything was done."""
         did = False
         self.conn.execute("SELECT storetopics.verify_due()")   # the periodic count check (settings.verify_every)
-        for (source,) in self.conn.execute("SELECT storetopics.sources_to_fold()").fetchall():
+        for (source,) in self.conn.execute("SELECT storetopics.sources_to_fold(%s)", (self.opts.now,)).fetchall():
             if self.stopping.is_set():
                 raise Stopping()
             failures, next_try = self._fold_backoff.get(source, (0, 0.0))
@@ -496,8 +497,9 @@ class Worker:
                     self._fold_warned.add(source)
                     self.log(f"cannot fold source {source}: {' '.join(str(e).split())}", level=logging.WARNING)
         while not self.stopping.is_set():
-            row = self.conn.execute("SELECT source_id, store_key, generation, takeover FROM storetopics.claim(%s, %s)",
-                                    (self.id, self.opts.lease)).fetchone()
+            row = self.conn.execute("SELECT source_id, store_key, generation, takeover "
+                                    "FROM storetopics.claim(%s, %s, 1, %s)",
+                                    (self.id, self.opts.lease, self.opts.now)).fetchone()
             if row is None:
                 break
             source, store, generation, takeover = row
@@ -507,6 +509,21 @@ class Worker:
             self.process(source, store, generation)
             did = True
         return did
+
+    def say_what_waits(self, most: int = 10) -> None:
+        """--once: what is left for a later run (not due yet: the debounce, max_staleness, a backoff; paused), and
+        when each comes due, so that a first run that did nothing says why."""
+        try:
+            rows = api.waiting(self.conn)
+        except psycopg.Error as e:   # (an older schema without work_due()): the run itself went fine
+            self.log(f"cannot say what waits: {' '.join(str(e).split())[:200]}", debug=True)
+            return
+        if not rows:
+            return
+        shown = "; ".join(api.describe_wait(r) for r in rows[:most])
+        more = f"; and {len(rows) - most} more" if len(rows) > most else ""
+        self.log(f"not due yet: {shown}{more}. `storetopics worker --once --now` (no debounce) or "
+                 f"`storetopics backfill` does them now; `storetopics status` lists them")
 
     def _wait(self) -> None:
         nxt = self.conn.execute("SELECT storetopics.next_due()").fetchone()[0]
@@ -541,7 +558,7 @@ class Worker:
         tokens.count("")
         limit = f"{self.opts.statement_timeout:g}s" if self.opts.statement_timeout > 0 else "none"
         self.log(f"started (lease {self.opts.lease:g}s, poll {self.opts.poll:g}s, statement timeout {limit}"
-                 f"{', once' if self.opts.once else ''})")
+                 f"{', once' if self.opts.once else ''}{', now: no debounce' if self.opts.now else ''})")
         try:
             self.conn = self._connect_with_backoff()
             self.conn.execute("SELECT storetopics.worker_heartbeat(%s, %s, %s, %s)",
@@ -578,6 +595,8 @@ class Worker:
                     self.conn.execute("SELECT storetopics.worker_heartbeat(%s, %s, %s, %s)",
                                       (self.id, socket.gethostname(), os.getpid(), self.opts.lease))
                     self.log("reconnected; listening again")
+            if self.opts.once and not self.stopping.is_set():
+                self.say_what_waits()
         except Stopping:
             pass
         finally:
@@ -602,6 +621,10 @@ def add_arguments(p) -> None:
     its STORETOPICS_* environment variable, else to config's default."""
     p.add_argument("--once", action="store_true", default=config.env("once", False, bool),
                    help="process what is due now, then exit (cron, tests) [$STORETOPICS_ONCE]")
+    p.add_argument("--now", action="store_true", default=config.env("now", False, bool),
+                   help="no debounce: every dirty store, and every table with pending changes, is due at once (a "
+                        "failed pass's backoff still holds); with --once, a first run does everything now "
+                        "[$STORETOPICS_NOW]")
     p.add_argument("--lease", type=float, default=config.env("lease", config.LEASE, float), metavar="S",
                    help=f"seconds a claimed store stays ours without a heartbeat (default {config.LEASE:g}): how "
                         "soon another worker takes over after a crash [$STORETOPICS_LEASE]")
@@ -626,7 +649,7 @@ def options(args) -> Options:
     if not args.statement_timeout >= 0:
         raise ValueError("--statement-timeout must be 0 (no limit) or positive")
     return Options(dsn=args.dsn, once=args.once, lease=args.lease, poll=args.poll, batch=args.batch,
-                   worker_id=args.id, verbose=args.verbose, statement_timeout=args.statement_timeout)
+                   worker_id=args.id, verbose=args.verbose, statement_timeout=args.statement_timeout, now=args.now)
 
 
 def main(argv=None) -> int:
