@@ -297,6 +297,43 @@ def test_attach_dry_run_prints_runnable_sql(conn, capsys):
     assert row == ("(c.file || '#'\n)", "simple")   # the line break ends a trailing -- comment
 
 
+def test_attach_dry_run_uses_up_no_source_id_and_works_for_an_attacher(dsn, conn, capsys):
+    """--dry-run runs attach()'s checks (storetopics.attach_check) and installs nothing, not even a source id: the
+    attach that follows gets the id it would have had (was: every dry run consumed one).  A table owner that may
+    attach (grant_attach) may check too (issue 31)."""
+    import uuid
+
+    from psycopg import conninfo
+    make_chunks(conn)
+    seq = conn.execute("SELECT pg_get_serial_sequence('storetopics.sources', 'id')").fetchone()[0]
+    before = conn.execute(f"SELECT last_value, is_called FROM {seq}").fetchone()
+    argv = ["--dsn", dsn, "attach", "chunks", "--store-key", "store", "--file-key", "file", "--content", "body",
+            "--embedding", "embedding"]
+    for _ in range(3):
+        rc, out, err = run(capsys, *argv, "--dry-run")
+        assert rc == 0 and "nothing was installed" in err, err
+    assert conn.execute(f"SELECT last_value, is_called FROM {seq}").fetchone() == before
+    rc, out, err = run(capsys, *argv)
+    assert rc == 0 and int(out) == before[0] + before[1], (out, err)
+
+    role = f"attacher_{uuid.uuid4().hex[:8]}"
+    conn.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        conn.execute("SELECT storetopics.grant_attach(%s)", (role,))
+        make_chunks(conn, "theirs")
+        conn.execute(f"ALTER TABLE theirs OWNER TO {role}")
+        rc, out, err = run(capsys, "--dsn", conninfo.make_conninfo(dsn, user=role), "attach", "theirs",
+                           "--store-key", "store", "--file-key", "file", "--content", "body", "--dry-run")
+        assert rc == 0 and "nothing was installed" in err, err
+        rc, out, err = run(capsys, "--dsn", conninfo.make_conninfo(dsn, user=role), "attach", "chunks",
+                           "--store-key", "store", "--file-key", "file", "--content", "body", "--dry-run")
+        assert_one_line_error(rc, err, "only the owner of public.chunks")
+    finally:
+        conn.execute("DROP TABLE IF EXISTS theirs")
+        conn.execute(f"DROP OWNED BY {role}")
+        conn.execute(f"DROP ROLE {role}")
+
+
 def test_dsn_from_environment_and_after_the_command(dsn, conn, capsys, monkeypatch):
     monkeypatch.setenv("DATABASE_URL", dsn)
     rc, out, err = run(capsys, "status")

@@ -395,6 +395,8 @@ def test_a_key_column_of_a_type_its_owner_made_brings_the_set_clause_back(cast):
 # ------------------------------------------------------------------------------------------------------------
 PUBLIC_API = {
     "attach(regclass,text,text,text,text,regconfig,jsonb,regclass,text,regclass,text,text)",
+    # attach's checks alone (attach --dry-run)
+    "attach_check(regclass,text,text,text,text,regconfig,jsonb,regclass,text,regclass,text,text)",
     "detach(regclass)", "detach_source(integer)", "resync(regclass)", "settings(regclass)",
     "configure(regclass,jsonb)", "pause(regclass)", "resume(regclass)", "grant_read(regrole,regclass)",
     "verify(regclass)",

@@ -65,9 +65,11 @@ ATTACH_OPTIONS = (("files_table", "regclass"), ("files_key", None), ("mirror", "
 
 
 def attach_query(table: str, store_key: str, file_key: str, content: str | None = None,
-                 embedding: str | None = None, ts_config: str | None = None, **options: str | None) -> sql.Composed:
+                 embedding: str | None = None, ts_config: str | None = None, *, function: str = "attach",
+                 **options: str | None) -> sql.Composed:
     """The SELECT storetopics.attach(...) statement, with every value inlined as a literal.  options: files_table,
-    files_key, mirror, mirror_key, mirror_column (None: the SQL function's default)."""
+    files_key, mirror, mirror_key, mirror_column (None: the SQL function's default).  function "attach_check": the
+    same arguments to the function that only checks them."""
     args = [sql.SQL("chunks => {}::regclass").format(sql.Literal(table)),
             sql.SQL("store_key => {}").format(sql.Literal(store_key)),
             sql.SQL("file_key => {}").format(sql.Literal(file_key))]
@@ -84,30 +86,22 @@ def attach_query(table: str, store_key: str, file_key: str, content: str | None 
         if options.get(name) is not None:
             args.append(sql.SQL("{} => {}{}").format(sql.SQL(name), sql.Literal(options[name]),
                                                      sql.SQL(f"::{cast}" if cast else "")))
-    return sql.SQL("SELECT storetopics.attach({})").format(sql.SQL(", ").join(args))
+    if function not in ("attach", "attach_check"):
+        raise ValueError(f"attach_query builds attach() or attach_check(), not {function}()")
+    return sql.SQL("SELECT storetopics.{}({})").format(sql.SQL(function), sql.SQL(", ").join(args))
 
 
 def attach(conn: psycopg.Connection, table: str, store_key: str, file_key: str, content: str | None = None,
            embedding: str | None = None, ts_config: str | None = None, *, check_only: bool = False,
            **options: str | None) -> int | None:
     """Attach a chunk table; returns the source id.  check_only: run every check of attach() (columns exist, the
-    embedding is a vector, the key expressions type-check, the mirror fits) in a transaction that is rolled back,
-    so nothing is installed; returns None."""
+    embedding is a vector, the key expressions type-check, the mirror fits) with storetopics.attach_check(), which
+    installs nothing and uses up no source id; returns None."""
     require_installed(conn)
-    q = attach_query(table, store_key, file_key, content, embedding, ts_config, **options)
-    if not check_only:
-        return conn.execute(q).fetchone()[0]
-
-    class _Rollback(Exception):
-        pass
-
-    try:
-        with conn.transaction():
-            conn.execute(q)
-            raise _Rollback
-    except _Rollback:
-        pass
-    return None
+    q = attach_query(table, store_key, file_key, content, embedding, ts_config,
+                     function="attach_check" if check_only else "attach", **options)
+    result = conn.execute(q).fetchone()[0]
+    return None if check_only else result
 
 
 def detach(conn: psycopg.Connection, table: str) -> bool:

@@ -162,6 +162,23 @@ COMMENT ON FUNCTION storetopics.attach(regclass, text, text, text, text, regconf
   'Attach a chunk table: store_key and file_key (columns or SQL over the row c), content, embedding (NULL: keywords '
   'only); returns the source id.  The caller must be able to act as the table''s owner; the keys run as that owner.';
 
+-- Every check attach() makes, and nothing else: nothing is installed and no source id is used up (`storetopics
+-- attach --dry-run`).  Raises attach()'s error; returns the type of the file key.  Granted with attach().
+CREATE OR REPLACE FUNCTION storetopics.attach_check(
+  chunks regclass, store_key text, file_key text, content text DEFAULT 'content', embedding text DEFAULT NULL,
+  ts_config regconfig DEFAULT 'pg_catalog.english', settings jsonb DEFAULT '{}', files_table regclass DEFAULT NULL,
+  files_key text DEFAULT 'id', mirror regclass DEFAULT NULL, mirror_key text DEFAULT 'id',
+  mirror_column text DEFAULT 'store_topics') RETURNS regtype
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  PERFORM storetopics._validate_settings(settings);
+  RETURN storetopics._attach_check(chunks, store_key, file_key, content, embedding, files_table, files_key, mirror,
+                                   mirror_key, mirror_column);
+END $$;
+COMMENT ON FUNCTION storetopics.attach_check(regclass, text, text, text, text, regconfig, jsonb, regclass, text,
+                                            regclass, text, text) IS
+  'Every check attach() makes with the same arguments, installing nothing (attach --dry-run); returns the file key''s type.';
+
 -- attach()'s checks, for the caller: what it names exists and has the right type, and the caller may act as the
 -- owner of every table it installs triggers on; a mirror must be writable by the table's owner.  Returns the type
 -- of the file key (fold looks files up with it, so the application's index on it serves).
@@ -492,7 +509,9 @@ BEGIN
   EXECUTE format('GRANT USAGE ON SCHEMA storetopics TO %I', role_name);
   EXECUTE format('GRANT SELECT ON storetopics.stores, storetopics.status TO %I', role_name);
   EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.attach(regclass, text, text, text, text, regconfig, jsonb, '
-                 'regclass, text, regclass, text, text), storetopics.detach(regclass), storetopics.detach_source(int), '
+                 'regclass, text, regclass, text, text), storetopics.attach_check(regclass, text, text, text, text, '
+                 'regconfig, jsonb, regclass, text, regclass, text, text), storetopics.detach(regclass), '
+                 'storetopics.detach_source(int), '
                  'storetopics.resync(regclass), storetopics.verify(regclass), storetopics.settings(regclass), '
                  'storetopics.configure(regclass, jsonb), storetopics.pause(regclass), storetopics.resume(regclass), '
                  'storetopics.grant_read(regrole, regclass) TO %I', role_name);
