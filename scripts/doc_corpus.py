@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("STORETOPICS_DOC_CORPUS", REPO / ".cache" / "doc-corpus"))
 CORPUS_NAME = "corpus.jsonl.gz"
 MANIFEST_NAME = "manifest.json"
-FORMAT = 2                  # bumped when the conversion or the chunking changes (the corpus is rebuilt)
+FORMAT = 3                  # bumped when the conversion or the chunking changes (the corpus is rebuilt)
 
 CHUNK_MIN, CHUNK_TARGET, CHUNK_MAX = 200, 250, 300   # words per chunk
 MIN_WORDS = 30              # a page with fewer words (a redirect, an empty index) is no page
@@ -175,6 +175,7 @@ def read_bytes(path: Path) -> bytes:
 # ---------------------------------------------------------------------------------------------------------------
 def tidy(text: str) -> str:
     """Whitespace as a loader leaves it after a light clean-up: lines stripped, runs of blank lines made one."""
+    text = re.sub(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", "", text)     # control characters (NUL included): no text
     lines = [ln.strip() for ln in text.replace("\r\n", "\n").replace("\r", "\n").replace("\xa0", " ").split("\n")]
     out: list[str] = []
     for ln in lines:

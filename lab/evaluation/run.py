@@ -251,7 +251,11 @@ def run(args: argparse.Namespace) -> int:
         res["abstention"] = abstention(res, log)
         if docs.available():
             t0 = time.perf_counter()
-            res.update(doc_family(dsn, rc, emb, log, quick=args.quick))
+            try:
+                res.update(doc_family(dsn, rc, emb, log, quick=args.quick))
+            except Exception as e:  # reported, not hidden; the other families' results are kept
+                log(f"third family: FAILED: {e!r}")
+                res["docs_failed"] = repr(e)
             timings["routing, documents"] = time.perf_counter() - t0
         else:
             log(f"third family skipped: {docs.CORPUS} missing (build it with scripts/doc_corpus.py; make eval does)")
