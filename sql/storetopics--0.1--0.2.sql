@@ -2705,7 +2705,9 @@ DECLARE
   v_saved text[] := ARRAY[current_setting('parallel_setup_cost'), current_setting('parallel_tuple_cost'),
                           current_setting('min_parallel_table_scan_size'), current_setting('enable_sort')];
 BEGIN
-  DROP TABLE IF EXISTS pg_temp.storetopics_new_terms, pg_temp.storetopics_new_files;
+  -- (dropped only when there: DROP ... IF EXISTS would send the client a NOTICE each time)
+  IF to_regclass('pg_temp.storetopics_new_terms') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_new_terms; END IF;
+  IF to_regclass('pg_temp.storetopics_new_files') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_new_files; END IF;
   PERFORM set_config('parallel_setup_cost', '0', true), set_config('parallel_tuple_cost', '0', true),
           set_config('min_parallel_table_scan_size', '0', true);
   LOOP
@@ -3088,7 +3090,9 @@ DECLARE
                           current_setting('min_parallel_table_scan_size'), current_setting('enable_sort'),
                           current_setting('enable_hashjoin'), current_setting('enable_material')];
 BEGIN
-  DROP TABLE IF EXISTS pg_temp.storetopics_assign;
+  IF to_regclass('pg_temp.storetopics_assign') IS NOT NULL THEN   -- (IF EXISTS would send the client a NOTICE)
+    DROP TABLE pg_temp.storetopics_assign;
+  END IF;
   PERFORM set_config('parallel_setup_cost', '0', true), set_config('parallel_tuple_cost', '0', true),
           set_config('min_parallel_table_scan_size', '0', true), set_config('enable_sort', 'off', true);
   IF p_files IS NULL THEN   -- a whole store: each row finds its file's mean through the index (see _assign_sql)
@@ -3767,7 +3771,9 @@ DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
   v_groups int := (SELECT count(DISTINCT g.grp) FROM pg_temp.storetopics_mine_files g);
 BEGIN
-  DROP TABLE IF EXISTS pg_temp.storetopics_mined;
+  IF to_regclass('pg_temp.storetopics_mined') IS NOT NULL THEN   -- (IF EXISTS would send the client a NOTICE)
+    DROP TABLE pg_temp.storetopics_mined;
+  END IF;
   EXECUTE format('CREATE TEMP TABLE storetopics_mine_texts ON COMMIT DROP AS SELECT * FROM %s(''sample_texts'', $1, '
                  '$2, NULL) AS r(file_key text, t text)', storetopics._reader(p_source))
     USING ARRAY(SELECT DISTINCT g.file_key FROM pg_temp.storetopics_mine_files g), p_store;
@@ -5837,4 +5843,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '4228684240') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '973541090') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -81,6 +81,31 @@ def test_end_to_end_without_plpython(make_db, how):
         _no_plpython(conn)
 
 
+@pytest.mark.parametrize("plpython", [False, True])
+def test_sql_backfill_tells_a_dba_only_its_own_notices(make_db, plpython):
+    """SELECT storetopics.backfill() in psql (client_min_messages notice): its own NOTICEs (what it folded, that
+    clustering needs plpython3u, how long it took), none about its temp tables (was: 'table "storetopics_new_terms"
+    does not exist, skipping', the same for storetopics_mined and storetopics_assign; issue 31)."""
+    from test_clusters import base_rows, insert, setup_table
+    with _connect(make_db(plpython=plpython)) as conn:
+        setup_table(conn)
+        insert(conn, base_rows(files=6))
+        conn.execute("CREATE TABLE notes (id serial PRIMARY KEY, book text, path text, body text)")
+        conn.execute("INSERT INTO notes (book, path, body) SELECT 'b' || (g % 2), 'p' || (g % 9), "
+                     "'garden roses and compost, pruning the roses in spring ' || g FROM generate_series(1, 40) g")
+        conn.execute("SELECT storetopics.attach('notes', 'book', 'path', 'body')")
+        conn.execute("SET client_min_messages = notice")
+        notices = []
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary))
+        for _ in range(2):   # a second run in the same session too (the temp tables' names are known there)
+            assert conn.execute("SELECT * FROM storetopics.backfill()").fetchall()
+            conn.execute("INSERT INTO notes (book, path, body) VALUES ('b0', 'p1', 'more roses')")
+        internal = [n for n in notices if "does not exist" in n or "storetopics_" in n]
+        assert not internal, internal
+        assert any("backfill took" in n for n in notices), notices
+        assert any("plpython3u is not installed" in n for n in notices) != plpython, notices
+
+
 def test_plain_script_into_a_fresh_database(fresh_db):
     assert st_install.install(fresh_db, log=lambda *a: None) == VERSION
     with _connect(fresh_db) as conn:

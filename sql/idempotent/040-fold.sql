@@ -213,7 +213,9 @@ DECLARE
   v_saved text[] := ARRAY[current_setting('parallel_setup_cost'), current_setting('parallel_tuple_cost'),
                           current_setting('min_parallel_table_scan_size'), current_setting('enable_sort')];
 BEGIN
-  DROP TABLE IF EXISTS pg_temp.storetopics_new_terms, pg_temp.storetopics_new_files;
+  -- (dropped only when there: DROP ... IF EXISTS would send the client a NOTICE each time)
+  IF to_regclass('pg_temp.storetopics_new_terms') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_new_terms; END IF;
+  IF to_regclass('pg_temp.storetopics_new_files') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_new_files; END IF;
   PERFORM set_config('parallel_setup_cost', '0', true), set_config('parallel_tuple_cost', '0', true),
           set_config('min_parallel_table_scan_size', '0', true);
   LOOP

@@ -31,7 +31,9 @@ DECLARE
                           current_setting('min_parallel_table_scan_size'), current_setting('enable_sort'),
                           current_setting('enable_hashjoin'), current_setting('enable_material')];
 BEGIN
-  DROP TABLE IF EXISTS pg_temp.storetopics_assign;
+  IF to_regclass('pg_temp.storetopics_assign') IS NOT NULL THEN   -- (IF EXISTS would send the client a NOTICE)
+    DROP TABLE pg_temp.storetopics_assign;
+  END IF;
   PERFORM set_config('parallel_setup_cost', '0', true), set_config('parallel_tuple_cost', '0', true),
           set_config('min_parallel_table_scan_size', '0', true), set_config('enable_sort', 'off', true);
   IF p_files IS NULL THEN   -- a whole store: each row finds its file's mean through the index (see _assign_sql)

@@ -23,7 +23,9 @@ DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
   v_groups int := (SELECT count(DISTINCT g.grp) FROM pg_temp.storetopics_mine_files g);
 BEGIN
-  DROP TABLE IF EXISTS pg_temp.storetopics_mined;
+  IF to_regclass('pg_temp.storetopics_mined') IS NOT NULL THEN   -- (IF EXISTS would send the client a NOTICE)
+    DROP TABLE pg_temp.storetopics_mined;
+  END IF;
   EXECUTE format('CREATE TEMP TABLE storetopics_mine_texts ON COMMIT DROP AS SELECT * FROM %s(''sample_texts'', $1, '
                  '$2, NULL) AS r(file_key text, t text)', storetopics._reader(p_source))
     USING ARRAY(SELECT DISTINCT g.file_key FROM pg_temp.storetopics_mine_files g), p_store;
