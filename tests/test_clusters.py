@@ -571,14 +571,15 @@ def test_every_candidate_is_counted_as_it_is_packed(conn):
 
 
 def test_the_render_after_counting_packs_what_the_first_computed(conn):
-    """render(count_first) stops when some chunks have no token count; the render that follows the counting, in the
-    same transaction, packs what the first computed (one computation, not two) and writes what a render from
-    scratch writes.  A version change in between is a new computation."""
+    """render(count_first) stops when some chunks have no token count (words outside ASCII: the database counts the
+    others itself); the render that follows the counting, in the same transaction, packs what the first computed
+    (one computation, not two) and writes what a render from scratch writes.  A version change in between is a new
+    computation."""
     conn.execute("CREATE TABLE rc (id serial PRIMARY KEY, store text, file text, content text)")
     source = conn.execute("SELECT storetopics.attach('rc', 'store', 'file', 'content')").fetchone()[0]
     with conn.cursor() as cur:
         cur.executemany("INSERT INTO rc (store, file, content) VALUES (%s, %s, %s)",
-                        [(s, f"{s}{i}", f"{s} zanzibar quokka marmalade {s}ish " * (1 + i % 3))
+                        [(s, f"{s}{i}", f"{s}é zanzíbar quökka marmaláde {s}ísh " * (1 + i % 3))
                          for s in ("sa", "sb") for i in range(6)])
     conn.execute("SELECT storetopics.fold(%s)", (source,))
 

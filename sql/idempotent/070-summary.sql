@@ -327,6 +327,7 @@ DECLARE
   v_topics jsonb;
   v_reused boolean := false;
   v_text text;
+  v_chunks text;
   v_uncounted text[];
 BEGIN
   SELECT * INTO src FROM storetopics.sources WHERE id = p_source;
@@ -350,13 +351,15 @@ BEGIN
   IF NOT v_reused THEN
     SELECT * INTO v_topic_list, v_terms, v_dist, v_topics FROM storetopics._render_candidate(src, st);
   END IF;
+  -- every chunk of the candidates: the text with every candidate, and each candidate as _pack costs it (followed
+  -- by a comma, which the last one of a list is not in the text).  Those that are ASCII are counted here, exactly
+  -- (storetopics._count_tokens); the others, not counted yet, are taken at one token per byte meanwhile, for the
+  -- worker or the CLI to count: the same state packs the same way whatever was counted before.
+  v_chunks := storetopics._pack(v_topic_list, v_terms, v_dist, st.files, 100000) || ' ' ||
+              coalesce(array_to_string(v_topic_list[1:8] || v_dist[1:8] || v_terms, ', '), '') || ',';
+  PERFORM storetopics._count_in_database(v_chunks);
   v_text := storetopics._pack(v_topic_list, v_terms, v_dist, st.files);
-  -- chunks of the candidates whose token count is not known (counted at one token per byte meanwhile): the text
-  -- with every candidate, and each candidate as _pack costs it (followed by a comma, which the last one of a list
-  -- is not in the text), so the same state packs the same way whatever was counted before
-  v_uncounted := storetopics._uncounted(
-    storetopics._pack(v_topic_list, v_terms, v_dist, st.files, 100000) || ' ' ||
-    coalesce(array_to_string(v_topic_list[1:8] || v_dist[1:8] || v_terms, ', '), '') || ',');
+  v_uncounted := storetopics._uncounted(v_chunks);
   UPDATE storetopics.store_state SET uncounted = v_uncounted WHERE source_id = p_source AND store_key = p_store;
   IF count_first AND cardinality(v_uncounted) > 0 THEN
     IF to_regclass('pg_temp.storetopics_candidate') IS NULL THEN

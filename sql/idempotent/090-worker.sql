@@ -103,6 +103,7 @@ BEGIN ATOMIC
   SELECT p.source_id
     FROM storetopics.pending p
     JOIN storetopics.sources s ON s.id = p.source_id
+    JOIN pg_catalog.pg_class t ON t.oid = s.chunks   -- (a table dropped where no event trigger saw it: skipped)
    WHERE p.store_key IS NULL AND NOT (storetopics._settings(s.id) ->> 'paused')::boolean
    GROUP BY p.source_id
   HAVING p_now
@@ -136,8 +137,8 @@ BEGIN
 END $$;
 
 -- Claim up to p_limit due stores for p_worker, leased for p_lease seconds (renewed by worker_heartbeat).
--- Due: dirty, quiet for `debounce` or dirty for `max_staleness`, its backoff over, its source not paused, and no
--- live lease on it.  Returns the stores with the generation the result is checked against in work_done().
+-- Due: dirty, quiet for `debounce` or dirty for `max_staleness`, its backoff over, its source not paused (nor its
+-- table dropped where no event trigger saw it: detach_source() forgets such a source), and no live lease on it.  Returns the stores with the generation the result is checked against in work_done().
 -- Stores of a source whose last pass over some store failed come after every other due store: a source whose
 -- passes keep failing (a tenant's key expression that runs into the worker's time limit, and a fold fails for every
 -- store of its source) is served when nothing else is waiting, so it holds the others up by the one pass in flight
@@ -156,6 +157,7 @@ BEGIN
     SELECT w.source_id, w.store_key, w.leased_by IS NOT NULL AS takeover
       FROM storetopics.work w
       JOIN storetopics.sources s ON s.id = w.source_id
+      JOIN pg_catalog.pg_class t ON t.oid = s.chunks   -- (a table dropped where no event trigger saw it: skipped)
      CROSS JOIN LATERAL storetopics._settings(s.id) AS cfg
      WHERE w.dirty_since IS NOT NULL
        AND (w.leased_by IS NULL OR w.lease_expires < now())
@@ -174,15 +176,18 @@ BEGIN
 END $$;
 
 -- Seconds until a store or a source can next be claimed (0: now; NULL: nothing dirty): how long a worker with
--- nothing to do may sleep before polling again (it also wakes on NOTIFY storetopics_dirty).
+-- nothing to do may sleep before polling again (it also wakes on NOTIFY storetopics_dirty).  (NULL stays NULL:
+-- greatest(0, NULL) is 0, which had an idle worker poll every 50 ms.)
 CREATE OR REPLACE FUNCTION storetopics.next_due() RETURNS float8
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN greatest(0, extract(epoch FROM (
-  SELECT min(greatest(storetopics._work_due_at(w, cfg), coalesce(w.lease_expires, '-infinity'))) - now()
-    FROM storetopics.work w
-    JOIN storetopics.sources s ON s.id = w.source_id
-   CROSS JOIN LATERAL storetopics._settings(s.id) AS cfg
-   WHERE w.dirty_since IS NOT NULL AND NOT (cfg ->> 'paused')::boolean)));
+RETURN (SELECT greatest(0, extract(epoch FROM d.due - now()))
+          FROM (SELECT min(greatest(storetopics._work_due_at(w, cfg), coalesce(w.lease_expires, '-infinity'))) AS due
+                  FROM storetopics.work w
+                  JOIN storetopics.sources s ON s.id = w.source_id
+                  JOIN pg_catalog.pg_class t ON t.oid = s.chunks
+                 CROSS JOIN LATERAL storetopics._settings(s.id) AS cfg
+                 WHERE w.dirty_since IS NOT NULL AND NOT (cfg ->> 'paused')::boolean) d
+         WHERE d.due IS NOT NULL);
 
 -- Whether p_worker still holds the lease on a store (checked before each labelling call and by work_render).
 CREATE OR REPLACE FUNCTION storetopics.lease_held(p_worker text, p_source int, p_store text) RETURNS boolean
@@ -339,6 +344,7 @@ SELECT s.chunks, x.source_id, x.store_key, CASE WHEN NOT (cfg ->> 'paused')::boo
                             WHERE w.source_id = p.source_id AND w.store_key = p.store_key
                               AND w.dirty_since IS NOT NULL)) x
   JOIN storetopics.sources s ON s.id = x.source_id
+  JOIN pg_catalog.pg_class t ON t.oid = s.chunks
  CROSS JOIN LATERAL storetopics._settings(s.id) AS cfg
  ORDER BY 4 NULLS LAST, 2, 3 NULLS FIRST;
 END;

@@ -21,6 +21,7 @@ SELECT s.chunks AS source, st.source_id, st.store_key, st.files, st.chunks, st.w
        st.tool_name
   FROM storetopics.store_state st
   JOIN storetopics.sources s ON s.id = st.source_id
+  JOIN pg_catalog.pg_class t ON t.oid = s.chunks   -- (a table dropped where no event trigger saw it: not a store)
  WHERE pg_has_role(current_user, s.owner, 'USAGE')
     OR EXISTS (SELECT 1 FROM storetopics.grants g
                 WHERE (g.source_id IS NULL OR g.source_id = s.id) AND pg_has_role(current_user, g.role, 'USAGE'));

@@ -57,6 +57,7 @@ WITH me AS MATERIALIZED (
   -- (_may_act_as and the catalog's name, written out: called per source they cost more than the rest of a route())
   SELECT s.id, coalesce((storetopics.default_settings() || s.settings) ->> 'catalog', 'source:' || s.id) AS catalog
     FROM storetopics.sources s CROSS JOIN me
+    JOIN pg_catalog.pg_class t ON t.oid = s.chunks   -- (a table dropped where no event trigger saw it: none)
    WHERE pg_has_role(me.r, s.owner, 'USAGE')
       OR EXISTS (SELECT 1 FROM storetopics.grants g
                   WHERE (g.source_id IS NULL OR g.source_id = s.id) AND pg_has_role(me.r, g.role, 'USAGE'))
