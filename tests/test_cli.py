@@ -280,6 +280,48 @@ def test_backfill_skips_a_table_dropped_while_attached(dsn, conn, capsys):
     assert conn.execute("SELECT count(*) FROM storetopics.sources").fetchone()[0] == 1
 
 
+def test_a_table_dropped_where_no_event_trigger_sees_it_leaves_every_reader(dsn, conn, capsys):
+    """The managed path (no event triggers): a dropped table's source stays until detach_source().  Its stores leave
+    the stores view, catalog() (so the MCP tool list) and route(); status shows the source with a note and the
+    detach hint; the worker skips it and says so once, backfill skips it (issue 31)."""
+    conn.execute("ALTER EVENT TRIGGER storetopics_forget_dropped_tables DISABLE")
+    conn.execute("ALTER EVENT TRIGGER storetopics_follow_ddl DISABLE")
+    make_chunks(conn, "a")
+    conn.execute("CREATE TABLE gone (id bigserial PRIMARY KEY, store text, file text, body text)")
+    conn.execute("INSERT INTO gone (store, file, body) VALUES ('moons', 'm1', 'Moons orbit planets; Europa is icy.'), "
+                 "('moons', 'm2', 'Titan has lakes of methane.')")
+    api.attach(conn, "a", "store", "file", content="body", embedding=None)
+    gone = api.attach(conn, "gone", "store", "file", content="body", embedding=None)
+    api.backfill(conn)
+    catalog = "SELECT store_key FROM storetopics.catalog() ORDER BY 1"
+    assert [r[0] for r in conn.execute(catalog)] == ["fruit", "moons", "space", "tools"]
+    conn.execute("INSERT INTO gone (store, file, body) VALUES ('moons', 'm3', 'Io has volcanoes.')")
+    conn.execute("DELETE FROM gone WHERE file = 'm1'")      # changes that name no store, too
+    conn.execute("DROP TABLE gone")
+
+    assert [r[0] for r in conn.execute(catalog)] == ["fruit", "space", "tools"]
+    assert {r[0] for r in conn.execute("SELECT store_key FROM storetopics.stores")} == {"fruit", "space", "tools"}
+    assert "moons" not in {r[0] for r in conn.execute("SELECT store_key FROM storetopics.route_text('moons "
+                                                      "orbit planets titan europa', 4)")}
+    assert conn.execute("SELECT storetopics.next_due()").fetchone()[0] is None     # nothing a worker could do
+
+    rc, out, err = run(capsys, "--dsn", dsn, "status")
+    assert rc == 0, err
+    assert re.search(rf"source {gone} .*was dropped without being detached.*storetopics\.detach_source\({gone}\)",
+                     out), out
+    r = subprocess.run([sys.executable, "-m", "storetopics.worker", "--dsn", dsn, "--once", "--now"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    said = [line for line in r.stderr.splitlines() if f"source {gone}" in line]
+    assert len(said) == 1 and "dropped" in said[0] and f"detach_source({gone})" in said[0], r.stderr
+    assert "pass failed" not in r.stderr and "cannot fold" not in r.stderr, r.stderr
+    rc, out, err = run(capsys, "--dsn", dsn, "backfill", "-q")
+    assert rc == 0 and "was dropped without being detached" in err, err
+    assert conn.execute("SELECT storetopics.detach_source(%s)", (gone,)).fetchone()[0] is True
+    rc, out, err = run(capsys, "--dsn", dsn, "status")
+    assert rc == 0 and "dropped" not in out, out
+
+
 # ------------------------------------------------------------------------------------------------------------
 # dry run, DSN handling, errors
 # ------------------------------------------------------------------------------------------------------------

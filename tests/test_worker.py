@@ -278,6 +278,8 @@ def test_worker_once_says_what_waits_and_when_and_now_does_it(dsn, capsys):
         assert r.returncode == 0, r.stderr
         assert "2 passes" in r.stderr and "not due yet" not in r.stderr, r.stderr
         assert quiescent(conn)
+        # nothing dirty: a worker sleeps its --poll, or until a NOTIFY (was 0 s: an idle worker polled every 50 ms)
+        assert conn.execute("SELECT storetopics.next_due()").fetchone()[0] is None
         assert conn.execute("SELECT count(*) FROM storetopics.stores WHERE store_topics IS NOT NULL").fetchone()[0] \
             == 2
 

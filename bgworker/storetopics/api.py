@@ -259,11 +259,13 @@ def stores(conn: psycopg.Connection, store: str | None = None, source: str | Non
 
 
 def sources(conn: psycopg.Connection) -> list[dict[str, Any]]:
-    """The attached tables and their counts (storetopics.status)."""
+    """The attached tables and their counts (storetopics.status); `dropped`: the table was dropped where no event
+    trigger saw it (managed Postgres): its stores are left out everywhere until detach_source() forgets it."""
     require_installed(conn)
     return _rows(conn, "SELECT source_id, source::text AS source, ts_config::text AS ts_config, stores, files, "
                        "chunks, skipped_text_rows, skipped_null_key_rows, pending_events, oldest_pending, folded_at, "
-                       "attached_at FROM storetopics.status ORDER BY source_id")
+                       "attached_at, NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = source) AS dropped "
+                       "FROM storetopics.status ORDER BY source_id")
 
 
 def workers(conn: psycopg.Connection) -> list[dict[str, Any]]:

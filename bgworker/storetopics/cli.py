@@ -151,7 +151,13 @@ def print_status(conn: psycopg.Connection, out: TextIO) -> None:
          "oldest pending", "folded", "attached"],
         [(s["source_id"], s["source"], s["ts_config"], s["stores"], int(s["files"]), int(s["chunks"]),
           int(s["skipped_text_rows"]), int(s["skipped_null_key_rows"]), s["pending_events"], s["oldest_pending"],
-          s["folded_at"], s["attached_at"]) for s in srcs], indent="  ") + "\n\n")
+          s["folded_at"], s["attached_at"]) for s in srcs], indent="  ") + "\n")
+    for s in srcs:
+        if s["dropped"]:
+            out.write(f"  source {s['source_id']} (table oid {s['source']}) was dropped without being detached: its "
+                      f"stores are left out everywhere; forget it with SELECT storetopics.detach_source("
+                      f"{s['source_id']})\n")
+    out.write("\n")
     rows = api.stores(conn)
     out.write("Stores\n")
     multi = len({r["source_id"] for r in rows} if rows else srcs) > 1

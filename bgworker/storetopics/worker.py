@@ -475,6 +475,15 @@ class Worker:
         """Do what is due now.  Returns whether anything was done."""
         did = False
         self.conn.execute("SELECT storetopics.verify_due()")   # the periodic count check (settings.verify_every)
+        # a table dropped where no event trigger saw it (managed Postgres): its source is skipped (claim,
+        # sources_to_fold), said once
+        for source, oid in self.conn.execute(
+                "SELECT s.id, s.chunks::oid FROM storetopics.sources s "
+                "WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = s.chunks)").fetchall():
+            if source not in self._fold_warned:
+                self._fold_warned.add(source)
+                self.log(f"source {source}: its table (oid {oid}) was dropped without being detached; skipped. "
+                         f"Forget it with SELECT storetopics.detach_source({source})", level=logging.WARNING)
         for (source,) in self.conn.execute("SELECT storetopics.sources_to_fold(%s)", (self.opts.now,)).fetchall():
             if self.stopping.is_set():
                 raise Stopping()
