@@ -439,6 +439,25 @@ def test_installed_entry_point_errors_without_traceback(dsn, conn):
     assert r.returncode == 0 and "10 files folded" in r.stdout and "10/10 files" in r.stderr, r
 
 
+COMMANDS = ("install", "attach", "detach", "backfill", "status", "show", "worker", "mcp")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_s_help_says_what_it_does_and_shows_an_example(command, capsys):
+    """`storetopics COMMAND --help`: the one-line description the command list shows, then examples that run
+    (was: usage and options only; issue 31)."""
+    with pytest.raises(SystemExit) as e:
+        cli.main([command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    usage, description = out.split("\n\n")[:2]
+    listed = {a.dest: a for a in cli.build_parser()._subparsers._group_actions}["command"]
+    one_line = next(c.help for c in listed._choices_actions if c.dest == command)
+    assert description.strip().split("\n")[0] == one_line[0].upper() + one_line[1:] + ".", (description, one_line)
+    examples = out[out.index("\nexamples:\n"):]
+    assert re.search(rf"^  storetopics {command}\b", examples, re.M), out
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Output helpers
 # ------------------------------------------------------------------------------------------------------------

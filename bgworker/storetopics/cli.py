@@ -337,13 +337,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"storetopics {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    s = sub.add_parser("install", parents=[common], help="install or upgrade storetopics in the database")
+    def command(name: str, help: str, about: str, examples: Sequence[str]) -> argparse.ArgumentParser:
+        """A subcommand whose --help says what it does (its line in the command list, then more) and shows
+        examples."""
+        return sub.add_parser(name, parents=[common], help=help,
+                              description=f"{help[0].upper()}{help[1:]}.\n\n{textwrap.dedent(about).strip()}",
+                              epilog="examples:\n" + "\n".join(f"  {e}" for e in examples),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    s = command("install", "install or upgrade storetopics in the database", """
+        Runs the SQL the package ships as a plain script (managed Postgres: RDS, Supabase, Neon, Cloud SQL), or
+        CREATE EXTENSION with --extension where the extension's files are installed on the server.  Creates
+        pgvector's `vector` when the server has it.  Idempotent: run it again after an upgrade of the package.""",
+                ["storetopics install --dsn postgresql://admin@db-host/app",
+                 "storetopics install --extension        # CREATE EXTENSION, or ALTER EXTENSION ... UPDATE"])
     s.add_argument("--extension", action="store_true",
                    help="CREATE EXTENSION storetopics (the files must be installed on the server); "
                         "default: run the SQL as a plain script (managed Postgres)")
     s.set_defaults(func=cmd_install)
 
-    s = sub.add_parser("attach", parents=[common], help="attach a chunk table; prints the source id")
+    s = command("attach", "attach a chunk table; prints the source id", """
+        Installs statement-level triggers that log which files a write touched (the application's writes stay
+        fast) and registers the table; `storetopics backfill` (or the worker) then counts the rows already there.
+        The keys are columns or SQL expressions over the chunk row `c`.""",
+                ["storetopics attach public.chunks --store-key store_id --file-key file_id --content content",
+                 "storetopics attach docs --store-key \"'kitchen'\" --file-key source --embedding embedding --dry-run",
+                 "storetopics attach chunks --store-key '(SELECT f.store_id FROM public.files f WHERE f.id = "
+                 "c.file_id)' --file-key file_id --files-table public.files"])
     s.add_argument("table", metavar="TABLE")
     s.add_argument("--store-key", required=True, metavar="K",
                    help="column, or SQL expression over the row c, naming the data store of a chunk")
@@ -363,11 +383,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "nothing is installed)")
     s.set_defaults(func=cmd_attach)
 
-    s = sub.add_parser("detach", parents=[common], help="detach a chunk table and forget its summaries")
+    s = command("detach", "detach a chunk table and forget its summaries", """
+        Drops the triggers and generated functions and forgets every store of the table; the table itself is left
+        as it is.  Detaching a table that is not attached says so and succeeds.""",
+                ["storetopics detach public.chunks"])
     s.add_argument("table", metavar="TABLE")
     s.set_defaults(func=cmd_detach)
 
-    s = sub.add_parser("backfill", parents=[common], help="bring the summaries up to date, with a progress bar")
+    s = command("backfill", "bring the summaries up to date, with a progress bar", """
+        Folds every pending change (a batch of files per transaction), clusters the stores whose fit is due
+        (outside the database: the extra `cluster`), asks the configured labeller for the labels that are due and
+        renders: now, whatever the worker's debounce.  Exits 1 when something it needs cannot work here (a labeller
+        without its key or server, a missing extra), after rendering what it could.""",
+                ["storetopics backfill", "storetopics backfill --store kitchen -q",
+                 "storetopics backfill --source public.chunks --batch 100"])
     s.add_argument("--store", metavar="KEY", help="only this store (its sources are folded whole)")
     s.add_argument("--source", metavar="TABLE", help="only this attached table")
     s.add_argument("--batch", type=int, default=config.BATCH, metavar="N",
@@ -375,18 +404,31 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_backfill)
 
-    s = sub.add_parser("status", parents=[common], help="sources, stores, workers, one line each")
+    s = command("status", "sources, stores, workers, one line each", """
+        The attached tables and their counts, each store with its summary's start, the workers seen in the last
+        day, each store's work state (idle, dirty, working, failing) with when it is due and why (debounce,
+        max_staleness, backoff, paused), and the LLM cost from the label ledger.""",
+                ["storetopics status", "DATABASE_URL=postgresql://router@db-host/app storetopics status"])
     s.set_defaults(func=cmd_status)
 
-    s = sub.add_parser("worker", parents=[common],
-                       help="keep the summaries fresh: debounced, drift-gated, leases per store (run many)")
+    s = command("worker", "keep the summaries fresh: debounced, drift-gated, leases per store (run many)", """
+        Wakes on NOTIFY or every --poll seconds, waits until a store has been quiet for its `debounce` (never longer
+        than `max_staleness`), then folds, re-fits when a gate says so, labels what is due and renders.  Each store
+        is leased to one worker at a time.  Every flag also comes from its STORETOPICS_* variable.""",
+                ["storetopics worker", "storetopics worker --once           # what is due now, then exit",
+                 "storetopics worker --once --now     # everything dirty now (a first run)",
+                 "STORETOPICS_LOG_FORMAT=json storetopics worker --lease 60 --poll 5"])
     from . import worker as st_worker
     st_worker.add_arguments(s)
     s.set_defaults(func=cmd_worker)
 
-    s = sub.add_parser("mcp", parents=[common],
-                       help="serve the stores as MCP tools (stdio, or streamable HTTP with --http); needs the extra "
-                            "`mcp`")
+    s = command("mcp", "serve the stores as MCP tools (stdio, or streamable HTTP with --http); needs the extra "
+                       "`mcp`", """
+        One search tool per store the role may read, described by its live summary, a `route` tool, and one
+        resource per store; tools/list_changed is sent when a summary changes.  pip install 'storetopics[mcp]'.""",
+                ["storetopics mcp --dsn postgresql://router@db-host/app --prefix \"Acme's internal documents.\"",
+                 "storetopics mcp --http 127.0.0.1:8765",
+                 "STORETOPICS_MCP_TOKEN=... storetopics mcp --http 0.0.0.0:8765 --allowed-host mcp.example.com"])
     s.add_argument("--prefix", metavar="TEXT",
                    help="what each search tool's description says first ({store} and {source} are replaced by the "
                         "delimited store key and table name; default: nothing)")
@@ -416,7 +458,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let tool calls pass the query's embedding (argument `embedding`) instead")
     s.set_defaults(func=cmd_mcp)
 
-    s = sub.add_parser("show", parents=[common], help="the stores and their full summaries")
+    s = command("show", "the stores and their full summaries", """
+        Each store's counts, when it was last updated, whether changes are pending, and its whole summary (what a
+        router reads from storetopics.stores).""",
+                ["storetopics show", "storetopics show --store kitchen", "storetopics show --source public.chunks"])
     s.add_argument("--store", metavar="KEY")
     s.add_argument("--source", metavar="TABLE")
     s.set_defaults(func=cmd_show)
