@@ -376,6 +376,43 @@ def test_attach_dry_run_uses_up_no_source_id_and_works_for_an_attacher(dsn, conn
         conn.execute(f"DROP ROLE {role}")
 
 
+def test_attach_takes_the_only_vector_column_and_says_so(dsn, conn, capsys):
+    """Without --embedding: the table's only pgvector column (vector or halfvec) is the embedding, said on stderr
+    (was: keywords only, silently); with several, one clear error naming them; --no-embedding: keywords only.  The
+    library's api.attach follows the same rule (embedding=None: keywords only)  (issue 31)."""
+    def embedding_of(table):
+        return conn.execute("SELECT embedding FROM storetopics.sources WHERE chunks = %s::regclass",
+                            (table,)).fetchone()[0]
+    base = ["--dsn", dsn, "attach", "--store-key", "store", "--file-key", "file", "--content", "body"]
+    make_chunks(conn)
+    rc, out, err = run(capsys, *base, "chunks", "--dry-run")
+    assert rc == 0 and "embedding => 'embedding'" in out, (out, err)
+    rc, out, err = run(capsys, *base, "chunks")
+    assert rc == 0 and embedding_of("chunks") == "embedding", err
+    assert "embedding: embedding, the only vector column of chunks (--no-embedding: keywords only)" in err, err
+
+    conn.execute("CREATE TABLE two (id serial PRIMARY KEY, store text, file text, body text, e1 vector(3), "
+                 "e2 halfvec(3))")
+    rc, out, err = run(capsys, *base, "two")
+    assert_one_line_error(rc, err, "2 vector columns (e1, e2)", "--embedding COL", "--no-embedding")
+    with pytest.raises(api.StoretopicsError, match=r"2 vector columns \(e1, e2\)"):
+        api.attach(conn, "two", "store", "file", content="body")
+    assert conn.execute("SELECT count(*) FROM storetopics.sources").fetchone()[0] == 1
+    rc, out, err = run(capsys, *base, "two", "--no-embedding")
+    assert rc == 0 and embedding_of("two") is None and "embedding:" not in err, err
+    with pytest.raises(SystemExit) as e:                                       # one or the other
+        run(capsys, *base, "two", "--embedding", "e2", "--no-embedding")
+    assert e.value.code == 2 and "not allowed with" in capsys.readouterr().err
+
+    make_chunks(conn, "lib")
+    api.attach(conn, "lib", "store", "file", content="body")
+    assert embedding_of("lib") == "embedding"
+    conn.execute("CREATE TABLE plain (id serial PRIMARY KEY, store text, file text, body text)")
+    rc, out, err = run(capsys, *base, "plain")
+    assert rc == 0 and embedding_of("plain") is None and "embedding:" not in err, err
+    assert "--embedding COL" in cli.build_parser()._subparsers._group_actions[0].choices["attach"].format_help()
+
+
 def test_dsn_from_environment_and_after_the_command(dsn, conn, capsys, monkeypatch):
     monkeypatch.setenv("DATABASE_URL", dsn)
     rc, out, err = run(capsys, "status")
@@ -540,7 +577,8 @@ def test_attach_dry_run_checks_then_installs_nothing_and_attach_mirrors(dsn, con
     rc, out, err = run(capsys, *argv, "--dry-run")
     assert rc == 0, err
     assert out.strip() == ("SELECT storetopics.attach(chunks => 'chunks'::regclass, store_key => 'store', "
-                           "file_key => 'file', content => 'body', mirror => 'stores'::regclass);")
+                           "file_key => 'file', content => 'body', embedding => 'embedding', "
+                           "mirror => 'stores'::regclass);")
     assert "nothing was installed" in err
     assert conn.execute("SELECT count(*) FROM storetopics.sources").fetchone()[0] == 0
     assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'storetopics%'").fetchone()[0] == 0

@@ -64,6 +64,38 @@ ATTACH_OPTIONS = (("files_table", "regclass"), ("files_key", None), ("mirror", "
                   ("mirror_column", None))
 
 
+class _Auto:
+    def __repr__(self) -> str:
+        return "AUTO"
+
+
+AUTO: Any = _Auto()   # attach(embedding=AUTO), the default: the table's only vector column (see vector_columns)
+
+
+def vector_columns(conn: psycopg.Connection, table: str) -> list[str]:
+    """The table's pgvector columns (vector, halfvec), in column order."""
+    return [r[0] for r in conn.execute(
+        """SELECT a.attname FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+            WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped
+              AND t.typname IN ('vector', 'halfvec')
+            ORDER BY a.attnum""", (table,))]
+
+
+def resolve_embedding(conn: psycopg.Connection, table: str, embedding: str | None = AUTO) -> str | None:
+    """The embedding column attach() is to use.  The rule: a column given is used; None is keywords only; AUTO (not
+    given) is the table's only vector column, if it has exactly one, none if it has none, and an error naming them
+    when it has several (a store's clusters are made from one)."""
+    if embedding is not AUTO:
+        return embedding
+    found = vector_columns(conn, table)
+    if len(found) > 1:
+        raise StoretopicsError(f"{table} has {len(found)} vector columns ({', '.join(found)}): which one holds the "
+                               "chunks' embeddings?",
+                               "give --embedding COL, or --no-embedding for keywords only (api.attach: embedding='COL' "
+                               "or None)")
+    return found[0] if found else None
+
+
 def attach_query(table: str, store_key: str, file_key: str, content: str | None = None,
                  embedding: str | None = None, ts_config: str | None = None, *, function: str = "attach",
                  **options: str | None) -> sql.Composed:
@@ -75,6 +107,8 @@ def attach_query(table: str, store_key: str, file_key: str, content: str | None 
             sql.SQL("file_key => {}").format(sql.Literal(file_key))]
     if content is not None:
         args.append(sql.SQL("content => {}").format(sql.Literal(content)))
+    if embedding is AUTO:
+        raise ValueError("attach_query needs the embedding column resolved (resolve_embedding)")
     if embedding is not None:
         args.append(sql.SQL("embedding => {}").format(sql.Literal(embedding)))
     if ts_config is not None:
@@ -92,12 +126,16 @@ def attach_query(table: str, store_key: str, file_key: str, content: str | None 
 
 
 def attach(conn: psycopg.Connection, table: str, store_key: str, file_key: str, content: str | None = None,
-           embedding: str | None = None, ts_config: str | None = None, *, check_only: bool = False,
+           embedding: str | None = AUTO, ts_config: str | None = None, *, check_only: bool = False,
            **options: str | None) -> int | None:
-    """Attach a chunk table; returns the source id.  check_only: run every check of attach() (columns exist, the
-    embedding is a vector, the key expressions type-check, the mirror fits) with storetopics.attach_check(), which
-    installs nothing and uses up no source id; returns None."""
+    """Attach a chunk table; returns the source id.  embedding: its pgvector column; not given, the table's only
+    one (an error when it has several: see resolve_embedding); None, keywords only.  check_only: run every check
+    of attach() (columns exist, the embedding is a vector, the key expressions type-check, the mirror fits) with
+    storetopics.attach_check(), which installs nothing and uses up no source id; returns None."""
     require_installed(conn)
+    embedding = resolve_embedding(conn, table, embedding)
+    if embedding is not None:
+        log.debug("attach %s: embedding column %s", table, embedding)
     q = attach_query(table, store_key, file_key, content, embedding, ts_config,
                      function="attach_check" if check_only else "attach", **options)
     result = conn.execute(q).fetchone()[0]

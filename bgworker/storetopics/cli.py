@@ -2,14 +2,14 @@
 
     storetopics [--dsn DSN] [--log-level L] [--log-format text|json] COMMAND ...
     storetopics install [--extension]
-    storetopics attach TABLE --store-key K --file-key K [--content COL] [--embedding COL] [--ts-config CFG]
+    storetopics attach TABLE --store-key K --file-key K [--content COL] [--embedding COL | --no-embedding]
                              [--files-table T [--files-key COL]] [--mirror T [--mirror-key COL] [--mirror-column COL]]
-                             [--dry-run]
+                             [--ts-config CFG] [--dry-run]
     storetopics detach TABLE
     storetopics backfill [--store KEY] [--source TABLE] [--batch N] [--quiet]
     storetopics status
     storetopics show [--store KEY] [--source TABLE]
-    storetopics worker [--once] [--lease S] [--poll S] [--batch N] [--statement-timeout S] [--id NAME]
+    storetopics worker [--once] [--now] [--lease S] [--poll S] [--batch N] [--statement-timeout S] [--id NAME]
     storetopics mcp [--prefix TEXT] [--http HOST:PORT [--auth-token T] [--allowed-host H]...] [--catalog NAME]
                     [--embeddings-url URL --embeddings-model NAME]
 
@@ -241,28 +241,49 @@ def cmd_install(args) -> int:
     return 0
 
 
+def _embedding(conn: psycopg.Connection, args) -> tuple[str | None, str | None]:
+    """--embedding COL, --no-embedding (None), or neither: the table's only vector column.  Returns it, and what to
+    say on stderr once attach() or its check went through."""
+    given = None if args.no_embedding else (args.embedding if args.embedding is not None else api.AUTO)
+    api.require_installed(conn)
+    embedding = api.resolve_embedding(conn, args.table, given)
+    if given is api.AUTO and embedding is not None:
+        return embedding, (f"storetopics: embedding: {embedding}, the only vector column of {args.table} "
+                           "(--no-embedding: keywords only)")
+    return embedding, None
+
+
 def cmd_attach(args) -> int:
     options = {name: getattr(args, name) for name, _ in api.ATTACH_OPTIONS}
-    q = api.attach_query(args.table, args.store_key, args.file_key, args.content, args.embedding, args.ts_config,
-                         **options)
     if args.dry_run:
-        # Checked against the database when one is reachable (in a transaction rolled back: nothing installed);
-        # a check that fails is the usual one-line error and nothing is printed on stdout.
+        # Checked against the database when one is reachable (storetopics.attach_check: nothing installed); a
+        # check that fails is the usual one-line error and nothing is printed on stdout.
         try:
             conn = api.connect(args.dsn, "storetopics-cli")
         except api.StoretopicsError as e:
-            print(q.as_string(None) + ";")
+            print(api.attach_query(args.table, args.store_key, args.file_key, args.content, args.embedding,
+                                   args.ts_config, **options).as_string(None) + ";")
             print(f"storetopics: not checked against a database: {e.message}", file=sys.stderr)
+            if args.embedding is None and not args.no_embedding:
+                print("storetopics: without a database the table's vector column is not known: this SQL attaches "
+                      "keywords only (give --embedding COL, or --no-embedding)", file=sys.stderr)
             return 0
         with conn:
-            api.attach(conn, args.table, args.store_key, args.file_key, args.content, args.embedding,
+            embedding, note = _embedding(conn, args)
+            api.attach(conn, args.table, args.store_key, args.file_key, args.content, embedding,
                        args.ts_config, check_only=True, **options)
-            print(q.as_string(conn) + ";")
+            print(api.attach_query(args.table, args.store_key, args.file_key, args.content, embedding,
+                                   args.ts_config, **options).as_string(conn) + ";")
+        if note:
+            print(note, file=sys.stderr)
         print("storetopics: checked against the database; nothing was installed", file=sys.stderr)
         return 0
     with api.connect(args.dsn, "storetopics-cli") as conn:
-        source_id = api.attach(conn, args.table, args.store_key, args.file_key, args.content, args.embedding,
+        embedding, note = _embedding(conn, args)
+        source_id = api.attach(conn, args.table, args.store_key, args.file_key, args.content, embedding,
                                args.ts_config, **options)
+    if note:
+        print(note, file=sys.stderr)
     print(source_id)
     print(f"attached {args.table} as source {source_id}; run `storetopics backfill` to build its summaries",
           file=sys.stderr)
@@ -359,7 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = command("attach", "attach a chunk table; prints the source id", """
         Installs statement-level triggers that log which files a write touched (the application's writes stay
         fast) and registers the table; `storetopics backfill` (or the worker) then counts the rows already there.
-        The keys are columns or SQL expressions over the chunk row `c`.""",
+        The keys are columns or SQL expressions over the chunk row `c`.  Embedding: without --embedding, the
+        table's only pgvector column is used (said on stderr); a table with several must name one; --no-embedding
+        attaches keywords only.""",
                 ["storetopics attach public.chunks --store-key store_id --file-key file_id --content content",
                  "storetopics attach docs --store-key \"'kitchen'\" --file-key source --embedding embedding --dry-run",
                  "storetopics attach chunks --store-key '(SELECT f.store_id FROM public.files f WHERE f.id = "
@@ -370,7 +393,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--file-key", required=True, metavar="K",
                    help="column, or SQL expression over the row c, naming the file/document of a chunk")
     s.add_argument("--content", metavar="COL", help="text column (default: content)")
-    s.add_argument("--embedding", metavar="COL", help="pgvector column (default: none)")
+    emb = s.add_mutually_exclusive_group()
+    emb.add_argument("--embedding", metavar="COL",
+                     help="the pgvector column (vector or halfvec) holding the chunks' embeddings; default: the "
+                          "table's only one (said on stderr), none when it has none; a table with several must "
+                          "name one (--embedding COL)")
+    emb.add_argument("--no-embedding", action="store_true", help="keywords only, even with a vector column")
     s.add_argument("--ts-config", metavar="CFG", help="text search configuration (default: english)")
     s.add_argument("--files-table", metavar="T", help="the table that knows each file's store, when the store key "
                    "looks it up there: its updates (files moving between stores) are captured too")
