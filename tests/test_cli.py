@@ -453,9 +453,28 @@ def test_attach_twice_is_one_clear_line(dsn, conn, capsys):
     assert_one_line_error(rc, err, "public.chunks is already attached", "hint: Detach it first")
 
 
-def test_connection_error_is_one_clear_line(capsys):
-    rc, out, err = run(capsys, "--dsn", "host=/nonexistent-storetopics-dir port=1", "status")
-    assert_one_line_error(rc, err, "could not connect", "hint: give --dsn")
+def test_connection_error_is_one_clear_line(capsys, monkeypatch):
+    """The hint names what gave the connection string: --dsn, $DATABASE_URL, or nothing (libpq's PG* variables and
+    defaults) (was: 'give --dsn' whatever was given, --dsn too; issue 31)."""
+    bad = "host=/nonexistent-storetopics-dir port=1"
+    for name in ("DATABASE_URL", "PGHOST", "PGPORT", "PGUSER", "PGDATABASE", "PGSERVICE"):
+        monkeypatch.delenv(name, raising=False)
+    rc, out, err = run(capsys, "--dsn", bad, "status")
+    assert_one_line_error(rc, err, "could not connect", "hint: check the connection string given with --dsn")
+    monkeypatch.setenv("DATABASE_URL", bad)
+    rc, out, err = run(capsys, "status")
+    assert_one_line_error(rc, err, "could not connect", "hint: check $DATABASE_URL")
+    monkeypatch.delenv("DATABASE_URL")
+    monkeypatch.setenv("PGHOST", "/nonexistent-storetopics-dir")
+    monkeypatch.setenv("PGPORT", "1")
+    rc, out, err = run(capsys, "status")
+    assert_one_line_error(rc, err, "could not connect", "hint: check the PG* environment variables (PGHOST, PGPORT)",
+                          "or give --dsn")
+    monkeypatch.delenv("PGHOST")
+    monkeypatch.delenv("PGPORT")
+    with pytest.raises(api.StoretopicsError) as e:
+        api.connect(bad)
+    assert "given with --dsn" in e.value.hint
 
 
 def test_installed_entry_point_errors_without_traceback(dsn, conn):

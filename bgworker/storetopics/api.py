@@ -10,6 +10,7 @@ Errors a user can act on are StoretopicsError (a message and a hint); errors fro
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,11 +37,26 @@ def connect(dsn: str | None = None, application_name: str = "storetopics") -> ps
         conn = psycopg.connect(config.dsn() if dsn is None else dsn, autocommit=True,
                                application_name=application_name)
     except psycopg.OperationalError as e:
-        raise StoretopicsError(f"could not connect: {' '.join(str(e).split())}",
-                               "give --dsn, or set DATABASE_URL or the PG* environment variables") from None
+        raise StoretopicsError(f"could not connect: {' '.join(str(e).split())}", _connect_hint(dsn)) from None
     conn.execute("SET client_min_messages = warning")
     conn.add_notice_handler(_log_notice)
     return conn
+
+
+def _connect_hint(dsn: str | None) -> str:
+    """What to check, by where the connection string came from: --dsn (or the dsn argument), $DATABASE_URL (which the
+    CLI's --dsn defaults to), or nowhere (libpq's PG* variables and defaults)."""
+    env = os.environ.get("DATABASE_URL")
+    server = "and that the server is running and accepts the connection"
+    if env and dsn in (None, env):
+        return f"check $DATABASE_URL (host, port, user, database; the password in PGPASSWORD or ~/.pgpass) {server}"
+    if dsn:
+        return (f"check the connection string given with --dsn (host, port, user, database; the password in "
+                f"PGPASSWORD or ~/.pgpass) {server}")
+    pg = [k for k in ("PGHOST", "PGHOSTADDR", "PGPORT", "PGUSER", "PGDATABASE", "PGSERVICE") if os.environ.get(k)]
+    if pg:
+        return f"check the PG* environment variables ({', '.join(pg)}) {server}, or give --dsn"
+    return "give --dsn, or set DATABASE_URL or the PG* environment variables (PGHOST, PGPORT, PGUSER, PGDATABASE)"
 
 
 def _log_notice(diag: psycopg.errors.Diagnostic) -> None:
