@@ -531,3 +531,26 @@ def test_only_the_integrations_import_the_frameworks():
                                 cwd="/").stdout.split())
     assert "storetopics.integrations" in loaded
     assert not {m for m in loaded if m.split(".")[0] in ("langchain_core", "langchain", "llama_index")}
+
+
+@pytest.mark.parametrize("module, extra", [("langchain", "langchain"), ("llamaindex", "llamaindex")])
+def test_an_integration_without_its_extra_says_which_to_install(module, extra):
+    """Importing storetopics.integrations.langchain (or .llamaindex) where the framework is not installed: an
+    ImportError that names the extra (was: No module named 'langchain_core'; issue 31)."""
+    code = f"""
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("langchain_core", "langchain", "llama_index"):
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, Block())
+import storetopics.integrations
+try:
+    import storetopics.integrations.{module}
+except ImportError as e:
+    print(type(e).__name__, "|", e)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"storetopics.integrations.{module} needs the extra `{extra}`" in r.stdout, r.stdout
+    assert f"pip install 'storetopics[{extra}]'" in r.stdout, r.stdout

@@ -17,15 +17,18 @@ from typing import Any
 
 import psycopg
 
+from ..errors import MissingExtra
 from . import MAX_CHARS, StoreRef, current, plan
 
 try:
-    from langchain_core.tools import create_retriever_tool
-except ImportError:   # older layouts
-    from langchain.tools.retriever import create_retriever_tool  # type: ignore[no-redef]
-
-from langchain_core.retrievers import BaseRetriever
-from langchain_core.tools import BaseTool
+    from langchain_core.retrievers import BaseRetriever
+    from langchain_core.tools import BaseTool
+    try:
+        from langchain_core.tools import create_retriever_tool
+    except ImportError:   # older layouts
+        from langchain.tools.retriever import create_retriever_tool  # type: ignore[no-redef]
+except ImportError as e:   # without the extra: say which one
+    raise MissingExtra("storetopics.integrations.langchain", "langchain", e.name) from e
 
 __all__ = ["retriever_tools", "refresh", "StoreTools"]
 META = "storetopics"

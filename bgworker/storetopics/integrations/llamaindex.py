@@ -16,10 +16,15 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import psycopg
-from llama_index.core.base.base_query_engine import BaseQueryEngine
-from llama_index.core.tools import QueryEngineTool, ToolMetadata
 
+from ..errors import MissingExtra
 from . import MAX_CHARS, StoreRef, current, plan
+
+try:
+    from llama_index.core.base.base_query_engine import BaseQueryEngine
+    from llama_index.core.tools import QueryEngineTool, ToolMetadata
+except ImportError as e:   # without the extra: say which one
+    raise MissingExtra("storetopics.integrations.llamaindex", "llamaindex", e.name) from e
 
 __all__ = ["query_engine_tools", "refresh", "StoreTools"]
 ATTR = "_storetopics_ref"
