@@ -616,3 +616,20 @@ def test_docker_build_check():
         r = subprocess.run(["docker", "build", "--check", "-f", str(path), str(REPO)], capture_output=True, text=True,
                            timeout=600)
         assert r.returncode == 0, f"{path.name}: {r.stdout}{r.stderr}"
+
+
+def test_the_worker_image_holds_the_extras_its_readme_promises():
+    """docker/README.md says the worker image holds the whole CLI: the worker's clustering and both LLM labellers,
+    and `storetopics mcp`, each an extra of the wheel it installs (was: only `openai`, so `storetopics mcp` in the
+    image failed; issue 31).  The LangChain and LlamaIndex helpers are libraries, not commands: not in the image."""
+    import tomllib
+    runs = " ".join(i.args for i in stages(DOCKERFILES["Dockerfile.worker"])[-1].all("RUN"))
+    m = re.search(r"\.whl\)\[([a-z,]+)\]", runs)
+    assert m, "the wheel is installed with its extras: pip install \"$(ls /tmp/wheels/*.whl)[...]\""
+    extras = set(m.group(1).split(","))
+    assert extras == {"cluster", "anthropic", "openai", "mcp"}, extras
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras <= set(declared)
+    readme = (DOCKER / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `docker/Dockerfile.worker`"))
+    assert "whole CLI" in row and all(f"`{e}`" in row for e in sorted(extras)), row
