@@ -262,7 +262,7 @@ def test_worker_once_says_what_waits_and_when_and_now_does_it(dsn, capsys):
         r = once()
         assert r.returncode == 0, r.stderr
         assert "0 passes" in r.stderr and "Traceback" not in r.stderr
-        waiting = [line for line in r.stderr.splitlines() if "not due yet" in line or "due in" in line]
+        waiting = [line for line in r.stderr.splitlines() if "left for a later run" in line or "due in" in line]
         text = "\n".join(waiting)
         for what in ("docs:attic", "docs:kitchen", "docs (changes that name no store"):
             assert re.search(re.escape(what) + r".*due in (59|60)s \(debounce 60s\)", text), r.stderr
@@ -276,7 +276,7 @@ def test_worker_once_says_what_waits_and_when_and_now_does_it(dsn, capsys):
 
         r = once("--now")
         assert r.returncode == 0, r.stderr
-        assert "2 passes" in r.stderr and "not due yet" not in r.stderr, r.stderr
+        assert "2 passes" in r.stderr and "left for a later run" not in r.stderr, r.stderr
         assert quiescent(conn)
         # nothing dirty: a worker sleeps its --poll, or until a NOTIFY (was 0 s: an idle worker polled every 50 ms)
         assert conn.execute("SELECT storetopics.next_due()").fetchone()[0] is None

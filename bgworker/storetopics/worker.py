@@ -531,7 +531,7 @@ class Worker:
             return
         shown = "; ".join(api.describe_wait(r) for r in rows[:most])
         more = f"; and {len(rows) - most} more" if len(rows) > most else ""
-        self.log(f"not due yet: {shown}{more}. `storetopics worker --once --now` (no debounce) or "
+        self.log(f"left for a later run: {shown}{more}. `storetopics worker --once --now` (no debounce) or "
                  f"`storetopics backfill` does them now; `storetopics status` lists them")
 
     def _wait(self) -> None:
