@@ -100548,6 +100548,16 @@ CREATE OR REPLACE FUNCTION storetopics.usable_text(t text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN t IS NOT NULL AND octet_length(t) < 1048576 AND t ~ '[[:alnum:]]' AND t !~ '[\x01-\x08\x0e-\x1f]';
 
+-- Text as storetopics reads it: words that a line break hyphenated ("destina-\n      tion", as man pages and PDFs
+-- turned into text have them) are joined again, so that neither half is counted as a word of its own.  A byte search
+-- first: only a text with a hyphen before a line break is rewritten.  (No SET search_path, so that the planner inlines
+-- it into fold's recount: its body is bound when it is created, every name in it schema-qualified.)
+CREATE OR REPLACE FUNCTION storetopics.dehyphenated(t text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN pg_catalog.strpos(t, E'-\n') OPERATOR(pg_catalog.=) 0
+                 AND pg_catalog.strpos(t, E'\u2010\n') OPERATOR(pg_catalog.=) 0 THEN t
+            ELSE pg_catalog.regexp_replace(t, E'([[:alpha:]])[-\u2010][ \t]*\n[ \t]*([[:lower:]])', E'\\1\\2', 'g') END;
+
 -- A term worth showing to a person: letters (any script), at least 3 of them, maybe inner hyphens or apostrophes.
 CREATE OR REPLACE FUNCTION storetopics.showable_term(t text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
@@ -100677,6 +100687,8 @@ COMMENT ON FUNCTION storetopics.usable_text(text) IS
   'Whether a text is worth tokenising: not NULL, has a letter or digit, no control characters, under 1 MB. Other rows are counted as skipped.';
 COMMENT ON FUNCTION storetopics.showable_term(text) IS
   'Whether a term is worth showing: 3-40 letters, maybe inner hyphens or apostrophes.';
+COMMENT ON FUNCTION storetopics.dehyphenated(text) IS
+  'The text with words a line break hyphenated joined again (destina-/tion), as storetopics counts it.';
 COMMENT ON FUNCTION storetopics.tsvector_or_null(regconfig, text) IS
   'to_tsvector, or NULL for unusable text or a text whose tsvector would pass 1 MB.';
 
@@ -101834,10 +101846,12 @@ DECLARE
                          SELECT NULL, %5$s) AS l(term, n)
      WHERE %6$s
      GROUP BY 1, 2, 3$q$;
+  -- the text as it is counted (storetopics.dehyphenated)
+  td text := format('storetopics.dehyphenated(%s)', t);
   fast_tsv text := format('CASE WHEN k.s IS NOT NULL AND storetopics.usable_text(%s) THEN to_tsvector(%L::regconfig, %s) END',
-                          t, src.ts_config, t);
+                          t, src.ts_config, td);
   slow_tsv text := format('storetopics.tsvector_or_null(%L::regconfig, CASE WHEN k.s IS NOT NULL THEN %s END)',
-                          src.ts_config, t);
+                          src.ts_config, td);
   means text := '';
   assign text[] := '{"", "", "", "", "", ""}';
   sample text := '';
@@ -101952,7 +101966,7 @@ END$f$,
     format(terms, tbl, f, s, fast_tsv, format('(NOT storetopics.usable_text(%s))::int', t), by_files),
     format(terms, tbl, f, s, slow_tsv,
            format('(%s IS NULL AND (k.s IS NOT NULL OR NOT storetopics.usable_text(%s)))::int', slow_tsv, t), by_files),
-    format('SELECT (%s)::text FROM %s AS c WHERE %s AND %s', t, tbl, by_files, by_store),
+    format('SELECT (%s)::text FROM %s AS c WHERE %s AND %s', td, tbl, by_files, by_store),
     format('SELECT %s, (%s)::text, left(%s, 1000) FROM %s AS c WHERE %s', storetopics._chunk_ref_sql(src.chunks),
            f, t, tbl, storetopics._chunk_lookup_sql(src.chunks)),
     means, by_store, by_files,
@@ -101962,7 +101976,7 @@ END$f$,
        ORDER BY hashtext(%s || ':' || ($3 ->> 'seed')), 1
        LIMIT ($3 ->> 'limit')::int$q$, by_store, e, f, storetopics._chunk_ref_sql(src.chunks)),
     format($q$
-      SELECT x.f, x.t FROM (SELECT (%1$s)::text AS f, left((%2$s)::text, 1500) AS t,
+      SELECT x.f, x.t FROM (SELECT (%1$s)::text AS f, left((storetopics.dehyphenated(%2$s))::text, 1500) AS t,
                                    row_number() OVER (PARTITION BY (%1$s)::text
                                                       ORDER BY pg_catalog.md5((%2$s)::text), %3$s) AS r
                               FROM %4$s AS c WHERE %5$s AND %6$s) x
@@ -104024,6 +104038,46 @@ COMMENT ON FUNCTION storetopics.cluster(int, text) IS
 -- "genome assembly" does.  The offline label of a cluster is therefore a short phrase (2-3 words) that occurs in its
 -- files: written by someone, shown as written.  The same miner gives a keyword-only store its topics.
 
+-- Why a run of words is a piece of a sentence, not the name of a topic (NULL: it may name one): a run that holds
+-- a verb of being or a modal ("value is specified", "tics may"), a verb with its object ("Specifies the widget",
+-- "loads this function": a determiner second), a passive ("permitted by law", "generated using makeinfo"), two
+-- verbs joined ("clicking and holding"), or that ends where a noun phrase does not ("cover the new", "available
+-- locally via") or on a verb that reports ("lighttpd provides", "package contains").
+CREATE OR REPLACE FUNCTION storetopics._clause_fragment(words text[]) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN CASE
+  WHEN lower(array_to_string(words, ' ')) IN ('table of contents', 'available languages', 'see also', 'see chapter',
+       'next topic', 'previous topic', 'quick search', 'contact us', 'report a bug', 'back to top', 'skip to content',
+       'edit this page', 'keep in mind', 'this page', 'main page', 'home page') THEN 'page chrome'
+  WHEN ARRAY(SELECT lower(w) FROM unnest(words) w) && ARRAY['http', 'https', 'www', 'ftp'] THEN 'address'
+  WHEN ARRAY(SELECT lower(w) FROM unnest(words) w) && ARRAY['is', 'are', 'was', 'were', 'be', 'been', 'being', 'am',
+       'has', 'have', 'had', 'does', 'did', 'can', 'could', 'will', 'would', 'shall', 'should', 'may', 'might',
+       'must'] THEN 'verb'
+  WHEN cardinality(words) >= 3 AND lower(words[2]) IN ('the', 'a', 'an', 'this', 'that', 'these', 'those', 'its',
+       'their', 'his', 'her', 'our', 'your', 'my', 'any', 'each', 'every', 'some', 'all', 'no') THEN 'verb and object'
+  WHEN lower(words[1]) ~ '[a-z]ed$' AND lower(words[2]) IN ('by', 'using', 'with', 'from', 'for', 'to', 'in', 'on',
+       'as', 'into', 'via', 'at') THEN 'passive'
+  WHEN cardinality(words) = 3 AND lower(words[2]) IN ('and', 'or') AND words[1] = lower(words[1])
+       AND (words[1] ~ '(ing|ed)$' OR words[3] ~ '(ing|ed)$' OR words[3] = lower(words[3])) THEN 'verbs joined'
+  WHEN lower(words[cardinality(words)]) IN ('new', 'old', 'same', 'other', 'such', 'own', 'many', 'much', 'more',
+       'most', 'few', 'several', 'various', 'certain', 'given', 'following', 'above', 'below', 'soon', 'also', 'only',
+       'just', 'even', 'well', 'very', 'too', 'via', 'available', 'possible', 'able', 'used', 'returned',
+       'specified', 'listed', 'provided', 'required', 'needed', 'called', 'named', 'defined', 'shown', 'found',
+       'done', 'made', 'see', 'etc', 'except', 'including', 'unless', 'whether', 'instead', 'therefore', 'thus',
+       'however') THEN 'no noun at its end'
+  WHEN lower(words[cardinality(words)]) IN ('provides', 'contains', 'knows', 'allows', 'supports', 'uses',
+       'requires', 'includes', 'returns', 'specifies', 'describes', 'explains', 'shows', 'lets', 'makes', 'takes',
+       'gives', 'means', 'needs', 'loads', 'evaluates', 'generates', 'creates', 'defines', 'sets', 'gets', 'runs',
+       'reads', 'writes', 'prints', 'displays', 'enables', 'disables', 'causes', 'determines', 'indicates',
+       'controls', 'selects', 'changes', 'applies', 'becomes', 'remains', 'follows', 'works', 'handles', 'accepts',
+       'expects', 'produces', 'performs', 'tells', 'says', 'states', 'receives', 'sends', 'means', 'tries',
+       'checks', 'looks', 'finds', 'keeps', 'adds', 'removes', 'stops', 'starts', 'waits') THEN 'verb at its end'
+  WHEN lower(words[1]) IN ('means', 'provides', 'contains', 'allows', 'requires', 'includes', 'returns', 'specifies',
+       'describes', 'explains', 'shows', 'lets', 'makes', 'takes', 'gives', 'loads', 'evaluates', 'generates',
+       'creates', 'defines', 'sets', 'gets', 'causes', 'determines', 'indicates', 'controls', 'selects', 'changes',
+       'applies', 'enables', 'disables', 'tells', 'says', 'receives', 'sends') THEN 'verb at its start'
+END;
+
 -- Mines phrases for groups of files.  Input: pg_temp.storetopics_mine_files (grp, file_key), the files of each group
 -- (a cluster, or a whole store), and pg_temp.storetopics_mine_words (grp, lexeme, weight), the words a group's
 -- phrases should be made of.  Output: pg_temp.storetopics_mined (grp, phrase, one_file, hits, score, rank); hits:
@@ -104041,6 +104095,12 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
   v_groups int := (SELECT count(DISTINCT g.grp) FROM pg_temp.storetopics_mine_files g);
+  v_files bigint := (SELECT st.files FROM storetopics.store_state st
+                      WHERE st.source_id = p_source AND st.store_key = p_store);
+  v_words bigint := (SELECT st.words FROM storetopics.store_state st
+                      WHERE st.source_id = p_source AND st.store_key = p_store);
+  v_script text := storetopics._store_script(p_source, p_store);
+  v_noise text[];
 BEGIN
   IF to_regclass('pg_temp.storetopics_mined') IS NOT NULL THEN   -- (IF EXISTS would send the client a NOTICE)
     DROP TABLE pg_temp.storetopics_mined;
@@ -104070,6 +104130,12 @@ BEGIN
   CREATE TEMP TABLE storetopics_mine_lex ON COMMIT DROP AS
   SELECT w.word, (tsvector_to_array(to_tsvector(v_cfg, w.word)))[1] AS lexeme
     FROM (SELECT DISTINCT lower(u.w) AS word FROM pg_temp.storetopics_mine_grams g, unnest(g.words) u(w)) w;
+  -- the words that are noise in this store (storetopics._noise: page chrome, dates, fragments): no phrase holds one
+  v_noise := ARRAY(
+    SELECT l.word FROM pg_temp.storetopics_mine_lex l
+      JOIN storetopics.lexemes x ON x.lexeme = l.lexeme
+      JOIN storetopics.store_terms t ON t.source_id = p_source AND t.store_key = p_store AND t.term_id = x.id
+     WHERE storetopics._noise(l.lexeme, t.files, t.total, t.total_sq, v_files, v_words, v_script) IS NOT NULL);
   -- set-based throughout (joins, not per-row look-ups): a store's sample holds 10^5 n-grams
   CREATE TEMP TABLE storetopics_mined ON COMMIT DROP AS
   WITH per AS (
@@ -104079,6 +104145,7 @@ BEGIN
       JOIN pg_temp.storetopics_mine_files f ON f.file_key = g.file_key
       JOIN pg_temp.storetopics_mine_lex l1 ON l1.word = lower(g.words[1]) AND l1.lexeme IS NOT NULL
       JOIN pg_temp.storetopics_mine_lex l2 ON l2.word = lower(g.words[cardinality(g.words)]) AND l2.lexeme IS NOT NULL
+     WHERE NOT string_to_array(lower(array_to_string(g.words, ' ')), ' ') && v_noise
   ), scored AS (
     -- shown in its most common spelling (mode(): ties go to the first in order)
     SELECT p.grp, p.key, count(DISTINCT p.file_key) AS files, mode() WITHIN GROUP (ORDER BY p.surface) AS phrase,
@@ -104101,7 +104168,7 @@ BEGIN
                                                         s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups)
                                                         DESC, s.phrase) AS rank
     FROM scored s JOIN weighted w USING (grp, key) JOIN spread sp USING (key) JOIN sizes z USING (grp)
-   WHERE w.weight > 0;
+   WHERE w.weight > 0 AND storetopics._clause_fragment(s.words) IS NULL;
   DROP TABLE pg_temp.storetopics_mine_texts, pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex;
 END $$;
 
@@ -104287,6 +104354,59 @@ END;
 -- ------------------------------------------------------------------------------------------------------------
 -- Keyword lists and the rendered summary
 -- ------------------------------------------------------------------------------------------------------------
+-- The script of a word's letters: what a store's terms are written in, so that a word in another (a translation's,
+-- a name's) is not shown as what the store holds.
+CREATE OR REPLACE FUNCTION storetopics._script(w text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN w COLLATE "C" ~ '^[\x01-\x7f\u00c0-\u024f]*$' THEN 'latin'
+            WHEN w COLLATE "C" ~ '[\u0400-\u04ff]' THEN 'cyrillic'
+            WHEN w COLLATE "C" ~ '[\u0370-\u03ff]' THEN 'greek'
+            WHEN w COLLATE "C" ~ '[\u0590-\u05ff]' THEN 'hebrew'
+            WHEN w COLLATE "C" ~ '[\u0600-\u06ff]' THEN 'arabic'
+            WHEN w COLLATE "C" ~ '[\u0900-\u0dff]' THEN 'indic'
+            WHEN w COLLATE "C" ~ '[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]' THEN 'cjk'
+            ELSE 'other' END;
+
+-- Why a term of a store is noise, not news of what the store holds (NULL: it is not), from its counts there (files
+-- holding it, its total and sum of squared counts per file) and the store's files:
+--   boilerplate  in a store of long documents (300 counted words a file or more), in many of its files the same
+--                number of times (navigation, headers and footers a page converter leaves in: "sitemap",
+--                "copyright", glued links such as "contentsnext"): at least 8 files of 20 or more, in 30% of them
+--                with a count that hardly varies (variance at most a tenth of its square, mean at most 3), or in
+--                90% of them about once each.  In long documents a word that says what they are about comes back;
+--                in short ones (package descriptions, notes, records) a word said once in each may be the theme;
+--   navigation   previous/next and the words of page chrome, alone or glued to a word ("nextchapter", "menuprev");
+--   date         month and weekday names and their abbreviations (changelogs, release notes: "Fri, 03 Mar"; a
+--                store about the sun or SAT solvers loses those words from its lists, its other words stay);
+--   fragment     the second half of a word a line break hyphenated ("tions", "ment"), where the text did not join it;
+--   script       letters of another script than the store's own (script: of most of its terms).
+CREATE OR REPLACE FUNCTION storetopics._noise(lexeme text, files bigint, total bigint, total_sq bigint,
+                                              store_files bigint, store_words bigint, script text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN CASE
+  WHEN store_files >= 20 AND files >= 8 AND store_words >= 300 * store_files
+       AND ((files >= 0.3 * store_files AND total::float8 / files <= 3
+             AND total_sq::float8 / files - (total::float8 / files) ^ 2 <= 0.1 * (total::float8 / files) ^ 2)
+            OR (files >= 0.9 * store_files AND total::float8 / files <= 1.5)) THEN 'boilerplate'
+  WHEN lexeme COLLATE "C" ~ '^(prev|previous|next|toc|sitemap|breadcrumb|navbar|permalink)$'
+       OR lexeme COLLATE "C" ~ '^(prev|previous|next)[a-z]{3,}$|^[a-z]{3,}(prev|previous|next)[a-z]*$'
+          AND lexeme COLLATE "C" !~ '^(prevent|preview|previous|context|annex)' THEN 'navigation'
+  WHEN lexeme COLLATE "C" ~ '^(jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec|januari|februari|march|april|june|'
+                            'juli|august|septemb|octob|novemb|decemb|mon|tue|tues|wed|thu|thur|thurs|fri|sat|sun|'
+                            'monday|tuesday|wednesday|thursday|friday|saturday|sunday)$' THEN 'date'
+  WHEN lexeme COLLATE "C" ~ '^(tion|ation|ment|ing|anc|enc|ness|iti|abl|ibl|ous)$' THEN 'fragment'
+  WHEN storetopics._script(lexeme) <> script THEN 'script'
+END;
+
+-- The script most of a store's terms are written in (of its 200 terms in the most files).
+CREATE OR REPLACE FUNCTION storetopics._store_script(p_source int, p_store text) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN coalesce((SELECT mode() WITHIN GROUP (ORDER BY storetopics._script(x.lexeme))
+                   FROM (SELECT t.term_id FROM storetopics.store_terms t
+                          WHERE t.source_id = p_source AND t.store_key = p_store
+                          ORDER BY t.files DESC, t.term_id LIMIT 200) t
+                   JOIN storetopics.lexemes x ON x.id = t.term_id), 'latin');
+
 -- Two ranked lists per store, both computed from the exact counts, deterministic (ties broken by term):
 --   dominant:    by total count (what the store is mostly about);
 --   distinctive: what is dense and rare.  Two sources, in this order:
@@ -104308,17 +104428,21 @@ CREATE OR REPLACE FUNCTION storetopics.keywords(p_source int, p_store text, n_do
 RETURNS TABLE (kind text, rank int, lexeme text, score float8, files int, total bigint, file_key text)
 LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off
 BEGIN ATOMIC
-  WITH st AS (
-    SELECT greatest(s.files, 1)::float8 AS n FROM storetopics.store_state s
+  WITH st AS MATERIALIZED (   -- (once: inlined, the script would be found again for every term)
+    SELECT greatest(s.files, 1)::float8 AS n, s.words AS words, storetopics._store_script(p_source, p_store) AS script
+      FROM storetopics.store_state s
      WHERE s.source_id = p_source AND s.store_key = p_store
   ), terms AS (
-    SELECT t.term_id, x.lexeme AS term, t.files, t.total, t.total_sq, ln(st.n / t.files) AS idf
+    SELECT t.term_id, x.lexeme AS term, t.files, t.total, t.total_sq, ln(st.n / t.files) AS idf, st.n, st.words,
+           st.script
       FROM storetopics.store_terms t JOIN storetopics.lexemes x ON x.id = t.term_id, st
      WHERE t.source_id = p_source AND t.store_key = p_store
   ), dominant AS (
     SELECT 'dominant'::text AS kind, t.term, t.total::float8 AS score, t.files, t.total, NULL::text AS file_key
       -- ranked first, then the test, until n pass (OFFSET 0 keeps the test above the sort, off most terms)
-      FROM (SELECT * FROM terms ORDER BY total DESC, term OFFSET 0) t WHERE storetopics.showable_term(t.term)
+      FROM (SELECT * FROM terms ORDER BY total DESC, term OFFSET 0) t
+     WHERE storetopics.showable_term(t.term)
+       AND storetopics._noise(t.term, t.files, t.total, t.total_sq, t.n::bigint, t.words, t.script) IS NULL
      ORDER BY t.total DESC, t.term LIMIT n_dominant
   ), novelty AS (
     -- rounded: a float sum depends on the order rows arrive in, and files with the same words must tie exactly
@@ -104353,7 +104477,8 @@ BEGIN ATOMIC
              row_number() OVER (PARTITION BY w.file_key ORDER BY w.n * w.idf DESC, w.term) AS r
         -- only the outlier files' words, then the test (OFFSET 0 keeps it above the joins: pushed down into the
         -- scan of terms, it ran on every term of the store)
-        FROM (SELECT u.file_key, o.nov, t.term, u.n, t.idf, t.files, t.total
+        FROM (SELECT u.file_key, o.nov, t.term, u.n, t.idf, t.files, t.total, t.total_sq, t.n AS store_files,
+                     t.words AS store_words, t.script
                 FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id, unnest(f.counts) AS n
                         FROM storetopics.file_terms f
                        WHERE f.source_id = p_source AND f.store_key = p_store
@@ -104361,16 +104486,20 @@ BEGIN ATOMIC
                 JOIN outliers o ON o.file_key = u.file_key
                 JOIN terms t ON t.term_id = u.term_id
               OFFSET 0) w
-       WHERE storetopics.showable_term(w.term) AND w.idf > 0) x
+       WHERE storetopics.showable_term(w.term) AND w.idf > 0
+         AND storetopics._noise(w.term, w.files, w.total, w.total_sq, w.store_files::bigint, w.store_words,
+                                w.script) IS NULL) x
      WHERE x.r <= 3
      ORDER BY x.term, x.nov DESC, x.score DESC, x.file_key
   ), dense AS (
     -- no more than the list takes, ranked first, then the tests (OFFSET 0, as in dominant)
     SELECT t.term, t.score, t.files, t.total
-      FROM (SELECT t.term, (t.total_sq::float8 / t.total) * t.idf AS score, t.files, t.total FROM terms t
+      FROM (SELECT t.term, (t.total_sq::float8 / t.total) * t.idf AS score, t.files, t.total, t.total_sq, t.n,
+                   t.words, t.script FROM terms t
              WHERE t.files >= 3 AND t.total_sq >= 2 * t.total AND t.idf > 0
              ORDER BY 2 DESC, 1 OFFSET 0) t
      WHERE storetopics.showable_term(t.term)
+       AND storetopics._noise(t.term, t.files, t.total, t.total_sq, t.n::bigint, t.words, t.script) IS NULL
        AND t.term NOT IN (SELECT d.term FROM dominant d)
        AND t.term NOT IN (SELECT o.term FROM outlier_terms o)
      ORDER BY t.score DESC, t.term LIMIT n_distinctive
@@ -104493,10 +104622,10 @@ CREATE OR REPLACE FUNCTION storetopics.contrast_terms(p_source int, p_store text
 RETURNS TABLE (lexeme text, score float8, files int, share float8, rest_share float8)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-  WITH cat AS (
-    SELECT storetopics._catalog(p_source) AS name
+  WITH cat AS MATERIALIZED (
+    SELECT storetopics._catalog(p_source) AS name, storetopics._store_script(p_source, p_store) AS script
   ), own AS (
-    SELECT greatest(st.files, 1)::float8 AS files FROM storetopics.store_state st
+    SELECT greatest(st.files, 1)::float8 AS files, st.words FROM storetopics.store_state st
      WHERE st.source_id = p_source AND st.store_key = p_store
   ), whole AS (
     -- the catalog's size from its sources' counters (kept by fold), not from every store's row
@@ -104504,14 +104633,15 @@ BEGIN ATOMIC
       FROM storetopics.sources s, cat WHERE storetopics._catalog(s.id) = cat.name
   ), scored AS (
     SELECT x.lexeme, t.files, t.files / own.files AS p,
-           (coalesce(c.files, t.files) - t.files + 0.5) / (whole.files - own.files + 0.5) AS q, whole.stores
+           (coalesce(c.files, t.files) - t.files + 0.5) / (whole.files - own.files + 0.5) AS q, whole.stores,
+           t.total, t.total_sq, own.files AS store_files, own.words AS store_words, cat.script
       FROM storetopics.store_terms t JOIN storetopics.lexemes x ON x.id = t.term_id
       CROSS JOIN own CROSS JOIN whole CROSS JOIN cat
       LEFT JOIN storetopics.catalog_terms c ON c.catalog = cat.name AND c.term_id = t.term_id
      WHERE t.source_id = p_source AND t.store_key = p_store AND (t.files >= 2 OR own.files < 20)
   ), ranked AS (
     SELECT s.lexeme, round((CASE WHEN s.stores < 2 THEN s.p ELSE s.p * ln(s.p / s.q) END)::numeric, 9)::float8
-             AS score, s.files, s.p, s.q
+             AS score, s.files, s.p, s.q, s.total, s.total_sq, s.store_files, s.store_words, s.script
       FROM scored s
      WHERE s.stores < 2 OR s.p > s.q
      ORDER BY 2 DESC, 1
@@ -104521,6 +104651,8 @@ BEGIN ATOMIC
   -- is a call per term, and a store has tens of thousands of terms
   SELECT r.lexeme, r.score, r.files, r.p, r.q FROM ranked r
    WHERE storetopics.showable_term(r.lexeme)
+     AND storetopics._noise(r.lexeme, r.files, r.total, r.total_sq, r.store_files::bigint, r.store_words,
+                            r.script) IS NULL
    ORDER BY r.score DESC, r.lexeme
    LIMIT n;
 END;
@@ -106110,7 +106242,7 @@ COMMENT ON FUNCTION storetopics.search(int, text, text, int, vector) IS
 REVOKE ALL ON ALL TABLES IN SCHEMA storetopics FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA storetopics FROM PUBLIC;
 -- pure helpers: the generated readers use them as the tables' owners
-GRANT EXECUTE ON FUNCTION storetopics.usable_text(text), storetopics.showable_term(text),
+GRANT EXECUTE ON FUNCTION storetopics.usable_text(text), storetopics.dehyphenated(text), storetopics.showable_term(text),
   storetopics._human_count(bigint), storetopics.tsvector_or_null(regconfig, text), storetopics.max_store_key(),
   storetopics.tool_name(text, text)
   TO PUBLIC;
@@ -106209,4 +106341,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '3080904796') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1380420022') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

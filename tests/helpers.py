@@ -48,6 +48,8 @@ def _source(conn: psycopg.Connection, source_id: int) -> dict:
     src = dict(zip(("chunks", "store_sql", "file_sql", "content_sql", "ts_config"), row))
     has_bound = conn.execute("SELECT to_regprocedure('storetopics.max_store_key()') IS NOT NULL").fetchone()[0]
     src["max_store_key"] = conn.execute("SELECT storetopics.max_store_key()").fetchone()[0] if has_bound else None
+    src["dehyphenated"] = conn.execute("SELECT to_regprocedure('storetopics.dehyphenated(text)') IS NOT NULL"
+                                       ).fetchone()[0]
     return src
 
 
@@ -67,8 +69,10 @@ def recount(conn: psycopg.Connection, source_id: int) -> dict:
     cfg = src["ts_config"]
     # Per (row, term) counts of the usable rows whose keys are both known.  A row whose tsvector would pass 1 MB
     # cannot be tokenised at all: then do it row by row and count such rows as unusable (skipped).
+    # the text as storetopics counts it: words a line break hyphenated joined (since 0.2)
+    text = "storetopics.dehyphenated(r.t)" if src["dehyphenated"] else "r.t"
     tokenise = (f"SELECT r.row_id, r.s, r.f, l.lexeme AS term, cardinality(l.positions) AS n "
-                f"FROM ({rows}) r, unnest(to_tsvector('{cfg}'::regconfig, r.t)) l "
+                f"FROM ({rows}) r, unnest(to_tsvector('{cfg}'::regconfig, {text})) l "
                 f"WHERE r.s IS NOT NULL AND r.f IS NOT NULL AND storetopics.usable_text(r.t)")
     too_big: set[str] = set()
     with conn.transaction():

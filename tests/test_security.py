@@ -401,7 +401,7 @@ PUBLIC_API = {
     "configure(regclass,jsonb)", "pause(regclass)", "resume(regclass)", "grant_read(regrole,regclass)",
     "verify(regclass)",
     # pure helpers every role may run (the generated readers use them as the tables' owners)
-    "usable_text(text)", "showable_term(text)", "_human_count(bigint)", "tsvector_or_null(regconfig,text)",
+    "usable_text(text)", "dehyphenated(text)", "showable_term(text)", "_human_count(bigint)", "tsvector_or_null(regconfig,text)",
     "max_store_key()", "tool_name(text,text)",
     # the stores it may read, for a router: catalog() and route() show a caller only those
     "catalog(text)", "route(vector,integer,text)", "route_text(text,integer,text)",

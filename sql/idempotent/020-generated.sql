@@ -320,10 +320,12 @@ DECLARE
                          SELECT NULL, %5$s) AS l(term, n)
      WHERE %6$s
      GROUP BY 1, 2, 3$q$;
+  -- the text as it is counted (storetopics.dehyphenated)
+  td text := format('storetopics.dehyphenated(%s)', t);
   fast_tsv text := format('CASE WHEN k.s IS NOT NULL AND storetopics.usable_text(%s) THEN to_tsvector(%L::regconfig, %s) END',
-                          t, src.ts_config, t);
+                          t, src.ts_config, td);
   slow_tsv text := format('storetopics.tsvector_or_null(%L::regconfig, CASE WHEN k.s IS NOT NULL THEN %s END)',
-                          src.ts_config, t);
+                          src.ts_config, td);
   means text := '';
   assign text[] := '{"", "", "", "", "", ""}';
   sample text := '';
@@ -438,7 +440,7 @@ END$f$,
     format(terms, tbl, f, s, fast_tsv, format('(NOT storetopics.usable_text(%s))::int', t), by_files),
     format(terms, tbl, f, s, slow_tsv,
            format('(%s IS NULL AND (k.s IS NOT NULL OR NOT storetopics.usable_text(%s)))::int', slow_tsv, t), by_files),
-    format('SELECT (%s)::text FROM %s AS c WHERE %s AND %s', t, tbl, by_files, by_store),
+    format('SELECT (%s)::text FROM %s AS c WHERE %s AND %s', td, tbl, by_files, by_store),
     format('SELECT %s, (%s)::text, left(%s, 1000) FROM %s AS c WHERE %s', storetopics._chunk_ref_sql(src.chunks),
            f, t, tbl, storetopics._chunk_lookup_sql(src.chunks)),
     means, by_store, by_files,
@@ -448,7 +450,7 @@ END$f$,
        ORDER BY hashtext(%s || ':' || ($3 ->> 'seed')), 1
        LIMIT ($3 ->> 'limit')::int$q$, by_store, e, f, storetopics._chunk_ref_sql(src.chunks)),
     format($q$
-      SELECT x.f, x.t FROM (SELECT (%1$s)::text AS f, left((%2$s)::text, 1500) AS t,
+      SELECT x.f, x.t FROM (SELECT (%1$s)::text AS f, left((storetopics.dehyphenated(%2$s))::text, 1500) AS t,
                                    row_number() OVER (PARTITION BY (%1$s)::text
                                                       ORDER BY pg_catalog.md5((%2$s)::text), %3$s) AS r
                               FROM %4$s AS c WHERE %5$s AND %6$s) x

@@ -5,6 +5,46 @@
 -- "genome assembly" does.  The offline label of a cluster is therefore a short phrase (2-3 words) that occurs in its
 -- files: written by someone, shown as written.  The same miner gives a keyword-only store its topics.
 
+-- Why a run of words is a piece of a sentence, not the name of a topic (NULL: it may name one): a run that holds
+-- a verb of being or a modal ("value is specified", "tics may"), a verb with its object ("Specifies the widget",
+-- "loads this function": a determiner second), a passive ("permitted by law", "generated using makeinfo"), two
+-- verbs joined ("clicking and holding"), or that ends where a noun phrase does not ("cover the new", "available
+-- locally via") or on a verb that reports ("lighttpd provides", "package contains").
+CREATE OR REPLACE FUNCTION storetopics._clause_fragment(words text[]) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN CASE
+  WHEN lower(array_to_string(words, ' ')) IN ('table of contents', 'available languages', 'see also', 'see chapter',
+       'next topic', 'previous topic', 'quick search', 'contact us', 'report a bug', 'back to top', 'skip to content',
+       'edit this page', 'keep in mind', 'this page', 'main page', 'home page') THEN 'page chrome'
+  WHEN ARRAY(SELECT lower(w) FROM unnest(words) w) && ARRAY['http', 'https', 'www', 'ftp'] THEN 'address'
+  WHEN ARRAY(SELECT lower(w) FROM unnest(words) w) && ARRAY['is', 'are', 'was', 'were', 'be', 'been', 'being', 'am',
+       'has', 'have', 'had', 'does', 'did', 'can', 'could', 'will', 'would', 'shall', 'should', 'may', 'might',
+       'must'] THEN 'verb'
+  WHEN cardinality(words) >= 3 AND lower(words[2]) IN ('the', 'a', 'an', 'this', 'that', 'these', 'those', 'its',
+       'their', 'his', 'her', 'our', 'your', 'my', 'any', 'each', 'every', 'some', 'all', 'no') THEN 'verb and object'
+  WHEN lower(words[1]) ~ '[a-z]ed$' AND lower(words[2]) IN ('by', 'using', 'with', 'from', 'for', 'to', 'in', 'on',
+       'as', 'into', 'via', 'at') THEN 'passive'
+  WHEN cardinality(words) = 3 AND lower(words[2]) IN ('and', 'or') AND words[1] = lower(words[1])
+       AND (words[1] ~ '(ing|ed)$' OR words[3] ~ '(ing|ed)$' OR words[3] = lower(words[3])) THEN 'verbs joined'
+  WHEN lower(words[cardinality(words)]) IN ('new', 'old', 'same', 'other', 'such', 'own', 'many', 'much', 'more',
+       'most', 'few', 'several', 'various', 'certain', 'given', 'following', 'above', 'below', 'soon', 'also', 'only',
+       'just', 'even', 'well', 'very', 'too', 'via', 'available', 'possible', 'able', 'used', 'returned',
+       'specified', 'listed', 'provided', 'required', 'needed', 'called', 'named', 'defined', 'shown', 'found',
+       'done', 'made', 'see', 'etc', 'except', 'including', 'unless', 'whether', 'instead', 'therefore', 'thus',
+       'however') THEN 'no noun at its end'
+  WHEN lower(words[cardinality(words)]) IN ('provides', 'contains', 'knows', 'allows', 'supports', 'uses',
+       'requires', 'includes', 'returns', 'specifies', 'describes', 'explains', 'shows', 'lets', 'makes', 'takes',
+       'gives', 'means', 'needs', 'loads', 'evaluates', 'generates', 'creates', 'defines', 'sets', 'gets', 'runs',
+       'reads', 'writes', 'prints', 'displays', 'enables', 'disables', 'causes', 'determines', 'indicates',
+       'controls', 'selects', 'changes', 'applies', 'becomes', 'remains', 'follows', 'works', 'handles', 'accepts',
+       'expects', 'produces', 'performs', 'tells', 'says', 'states', 'receives', 'sends', 'means', 'tries',
+       'checks', 'looks', 'finds', 'keeps', 'adds', 'removes', 'stops', 'starts', 'waits') THEN 'verb at its end'
+  WHEN lower(words[1]) IN ('means', 'provides', 'contains', 'allows', 'requires', 'includes', 'returns', 'specifies',
+       'describes', 'explains', 'shows', 'lets', 'makes', 'takes', 'gives', 'loads', 'evaluates', 'generates',
+       'creates', 'defines', 'sets', 'gets', 'causes', 'determines', 'indicates', 'controls', 'selects', 'changes',
+       'applies', 'enables', 'disables', 'tells', 'says', 'receives', 'sends') THEN 'verb at its start'
+END;
+
 -- Mines phrases for groups of files.  Input: pg_temp.storetopics_mine_files (grp, file_key), the files of each group
 -- (a cluster, or a whole store), and pg_temp.storetopics_mine_words (grp, lexeme, weight), the words a group's
 -- phrases should be made of.  Output: pg_temp.storetopics_mined (grp, phrase, one_file, hits, score, rank); hits:
@@ -22,6 +62,12 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
   v_groups int := (SELECT count(DISTINCT g.grp) FROM pg_temp.storetopics_mine_files g);
+  v_files bigint := (SELECT st.files FROM storetopics.store_state st
+                      WHERE st.source_id = p_source AND st.store_key = p_store);
+  v_words bigint := (SELECT st.words FROM storetopics.store_state st
+                      WHERE st.source_id = p_source AND st.store_key = p_store);
+  v_script text := storetopics._store_script(p_source, p_store);
+  v_noise text[];
 BEGIN
   IF to_regclass('pg_temp.storetopics_mined') IS NOT NULL THEN   -- (IF EXISTS would send the client a NOTICE)
     DROP TABLE pg_temp.storetopics_mined;
@@ -51,6 +97,12 @@ BEGIN
   CREATE TEMP TABLE storetopics_mine_lex ON COMMIT DROP AS
   SELECT w.word, (tsvector_to_array(to_tsvector(v_cfg, w.word)))[1] AS lexeme
     FROM (SELECT DISTINCT lower(u.w) AS word FROM pg_temp.storetopics_mine_grams g, unnest(g.words) u(w)) w;
+  -- the words that are noise in this store (storetopics._noise: page chrome, dates, fragments): no phrase holds one
+  v_noise := ARRAY(
+    SELECT l.word FROM pg_temp.storetopics_mine_lex l
+      JOIN storetopics.lexemes x ON x.lexeme = l.lexeme
+      JOIN storetopics.store_terms t ON t.source_id = p_source AND t.store_key = p_store AND t.term_id = x.id
+     WHERE storetopics._noise(l.lexeme, t.files, t.total, t.total_sq, v_files, v_words, v_script) IS NOT NULL);
   -- set-based throughout (joins, not per-row look-ups): a store's sample holds 10^5 n-grams
   CREATE TEMP TABLE storetopics_mined ON COMMIT DROP AS
   WITH per AS (
@@ -60,6 +112,7 @@ BEGIN
       JOIN pg_temp.storetopics_mine_files f ON f.file_key = g.file_key
       JOIN pg_temp.storetopics_mine_lex l1 ON l1.word = lower(g.words[1]) AND l1.lexeme IS NOT NULL
       JOIN pg_temp.storetopics_mine_lex l2 ON l2.word = lower(g.words[cardinality(g.words)]) AND l2.lexeme IS NOT NULL
+     WHERE NOT string_to_array(lower(array_to_string(g.words, ' ')), ' ') && v_noise
   ), scored AS (
     -- shown in its most common spelling (mode(): ties go to the first in order)
     SELECT p.grp, p.key, count(DISTINCT p.file_key) AS files, mode() WITHIN GROUP (ORDER BY p.surface) AS phrase,
@@ -82,7 +135,7 @@ BEGIN
                                                         s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups)
                                                         DESC, s.phrase) AS rank
     FROM scored s JOIN weighted w USING (grp, key) JOIN spread sp USING (key) JOIN sizes z USING (grp)
-   WHERE w.weight > 0;
+   WHERE w.weight > 0 AND storetopics._clause_fragment(s.words) IS NULL;
   DROP TABLE pg_temp.storetopics_mine_texts, pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex;
 END $$;
 

@@ -1,6 +1,59 @@
 -- ------------------------------------------------------------------------------------------------------------
 -- Keyword lists and the rendered summary
 -- ------------------------------------------------------------------------------------------------------------
+-- The script of a word's letters: what a store's terms are written in, so that a word in another (a translation's,
+-- a name's) is not shown as what the store holds.
+CREATE OR REPLACE FUNCTION storetopics._script(w text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN w COLLATE "C" ~ '^[\x01-\x7f\u00c0-\u024f]*$' THEN 'latin'
+            WHEN w COLLATE "C" ~ '[\u0400-\u04ff]' THEN 'cyrillic'
+            WHEN w COLLATE "C" ~ '[\u0370-\u03ff]' THEN 'greek'
+            WHEN w COLLATE "C" ~ '[\u0590-\u05ff]' THEN 'hebrew'
+            WHEN w COLLATE "C" ~ '[\u0600-\u06ff]' THEN 'arabic'
+            WHEN w COLLATE "C" ~ '[\u0900-\u0dff]' THEN 'indic'
+            WHEN w COLLATE "C" ~ '[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]' THEN 'cjk'
+            ELSE 'other' END;
+
+-- Why a term of a store is noise, not news of what the store holds (NULL: it is not), from its counts there (files
+-- holding it, its total and sum of squared counts per file) and the store's files:
+--   boilerplate  in a store of long documents (300 counted words a file or more), in many of its files the same
+--                number of times (navigation, headers and footers a page converter leaves in: "sitemap",
+--                "copyright", glued links such as "contentsnext"): at least 8 files of 20 or more, in 30% of them
+--                with a count that hardly varies (variance at most a tenth of its square, mean at most 3), or in
+--                90% of them about once each.  In long documents a word that says what they are about comes back;
+--                in short ones (package descriptions, notes, records) a word said once in each may be the theme;
+--   navigation   previous/next and the words of page chrome, alone or glued to a word ("nextchapter", "menuprev");
+--   date         month and weekday names and their abbreviations (changelogs, release notes: "Fri, 03 Mar"; a
+--                store about the sun or SAT solvers loses those words from its lists, its other words stay);
+--   fragment     the second half of a word a line break hyphenated ("tions", "ment"), where the text did not join it;
+--   script       letters of another script than the store's own (script: of most of its terms).
+CREATE OR REPLACE FUNCTION storetopics._noise(lexeme text, files bigint, total bigint, total_sq bigint,
+                                              store_files bigint, store_words bigint, script text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN CASE
+  WHEN store_files >= 20 AND files >= 8 AND store_words >= 300 * store_files
+       AND ((files >= 0.3 * store_files AND total::float8 / files <= 3
+             AND total_sq::float8 / files - (total::float8 / files) ^ 2 <= 0.1 * (total::float8 / files) ^ 2)
+            OR (files >= 0.9 * store_files AND total::float8 / files <= 1.5)) THEN 'boilerplate'
+  WHEN lexeme COLLATE "C" ~ '^(prev|previous|next|toc|sitemap|breadcrumb|navbar|permalink)$'
+       OR lexeme COLLATE "C" ~ '^(prev|previous|next)[a-z]{3,}$|^[a-z]{3,}(prev|previous|next)[a-z]*$'
+          AND lexeme COLLATE "C" !~ '^(prevent|preview|previous|context|annex)' THEN 'navigation'
+  WHEN lexeme COLLATE "C" ~ '^(jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec|januari|februari|march|april|june|'
+                            'juli|august|septemb|octob|novemb|decemb|mon|tue|tues|wed|thu|thur|thurs|fri|sat|sun|'
+                            'monday|tuesday|wednesday|thursday|friday|saturday|sunday)$' THEN 'date'
+  WHEN lexeme COLLATE "C" ~ '^(tion|ation|ment|ing|anc|enc|ness|iti|abl|ibl|ous)$' THEN 'fragment'
+  WHEN storetopics._script(lexeme) <> script THEN 'script'
+END;
+
+-- The script most of a store's terms are written in (of its 200 terms in the most files).
+CREATE OR REPLACE FUNCTION storetopics._store_script(p_source int, p_store text) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN coalesce((SELECT mode() WITHIN GROUP (ORDER BY storetopics._script(x.lexeme))
+                   FROM (SELECT t.term_id FROM storetopics.store_terms t
+                          WHERE t.source_id = p_source AND t.store_key = p_store
+                          ORDER BY t.files DESC, t.term_id LIMIT 200) t
+                   JOIN storetopics.lexemes x ON x.id = t.term_id), 'latin');
+
 -- Two ranked lists per store, both computed from the exact counts, deterministic (ties broken by term):
 --   dominant:    by total count (what the store is mostly about);
 --   distinctive: what is dense and rare.  Two sources, in this order:
@@ -22,17 +75,21 @@ CREATE OR REPLACE FUNCTION storetopics.keywords(p_source int, p_store text, n_do
 RETURNS TABLE (kind text, rank int, lexeme text, score float8, files int, total bigint, file_key text)
 LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off
 BEGIN ATOMIC
-  WITH st AS (
-    SELECT greatest(s.files, 1)::float8 AS n FROM storetopics.store_state s
+  WITH st AS MATERIALIZED (   -- (once: inlined, the script would be found again for every term)
+    SELECT greatest(s.files, 1)::float8 AS n, s.words AS words, storetopics._store_script(p_source, p_store) AS script
+      FROM storetopics.store_state s
      WHERE s.source_id = p_source AND s.store_key = p_store
   ), terms AS (
-    SELECT t.term_id, x.lexeme AS term, t.files, t.total, t.total_sq, ln(st.n / t.files) AS idf
+    SELECT t.term_id, x.lexeme AS term, t.files, t.total, t.total_sq, ln(st.n / t.files) AS idf, st.n, st.words,
+           st.script
       FROM storetopics.store_terms t JOIN storetopics.lexemes x ON x.id = t.term_id, st
      WHERE t.source_id = p_source AND t.store_key = p_store
   ), dominant AS (
     SELECT 'dominant'::text AS kind, t.term, t.total::float8 AS score, t.files, t.total, NULL::text AS file_key
       -- ranked first, then the test, until n pass (OFFSET 0 keeps the test above the sort, off most terms)
-      FROM (SELECT * FROM terms ORDER BY total DESC, term OFFSET 0) t WHERE storetopics.showable_term(t.term)
+      FROM (SELECT * FROM terms ORDER BY total DESC, term OFFSET 0) t
+     WHERE storetopics.showable_term(t.term)
+       AND storetopics._noise(t.term, t.files, t.total, t.total_sq, t.n::bigint, t.words, t.script) IS NULL
      ORDER BY t.total DESC, t.term LIMIT n_dominant
   ), novelty AS (
     -- rounded: a float sum depends on the order rows arrive in, and files with the same words must tie exactly
@@ -67,7 +124,8 @@ BEGIN ATOMIC
              row_number() OVER (PARTITION BY w.file_key ORDER BY w.n * w.idf DESC, w.term) AS r
         -- only the outlier files' words, then the test (OFFSET 0 keeps it above the joins: pushed down into the
         -- scan of terms, it ran on every term of the store)
-        FROM (SELECT u.file_key, o.nov, t.term, u.n, t.idf, t.files, t.total
+        FROM (SELECT u.file_key, o.nov, t.term, u.n, t.idf, t.files, t.total, t.total_sq, t.n AS store_files,
+                     t.words AS store_words, t.script
                 FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id, unnest(f.counts) AS n
                         FROM storetopics.file_terms f
                        WHERE f.source_id = p_source AND f.store_key = p_store
@@ -75,16 +133,20 @@ BEGIN ATOMIC
                 JOIN outliers o ON o.file_key = u.file_key
                 JOIN terms t ON t.term_id = u.term_id
               OFFSET 0) w
-       WHERE storetopics.showable_term(w.term) AND w.idf > 0) x
+       WHERE storetopics.showable_term(w.term) AND w.idf > 0
+         AND storetopics._noise(w.term, w.files, w.total, w.total_sq, w.store_files::bigint, w.store_words,
+                                w.script) IS NULL) x
      WHERE x.r <= 3
      ORDER BY x.term, x.nov DESC, x.score DESC, x.file_key
   ), dense AS (
     -- no more than the list takes, ranked first, then the tests (OFFSET 0, as in dominant)
     SELECT t.term, t.score, t.files, t.total
-      FROM (SELECT t.term, (t.total_sq::float8 / t.total) * t.idf AS score, t.files, t.total FROM terms t
+      FROM (SELECT t.term, (t.total_sq::float8 / t.total) * t.idf AS score, t.files, t.total, t.total_sq, t.n,
+                   t.words, t.script FROM terms t
              WHERE t.files >= 3 AND t.total_sq >= 2 * t.total AND t.idf > 0
              ORDER BY 2 DESC, 1 OFFSET 0) t
      WHERE storetopics.showable_term(t.term)
+       AND storetopics._noise(t.term, t.files, t.total, t.total_sq, t.n::bigint, t.words, t.script) IS NULL
        AND t.term NOT IN (SELECT d.term FROM dominant d)
        AND t.term NOT IN (SELECT o.term FROM outlier_terms o)
      ORDER BY t.score DESC, t.term LIMIT n_distinctive
@@ -207,10 +269,10 @@ CREATE OR REPLACE FUNCTION storetopics.contrast_terms(p_source int, p_store text
 RETURNS TABLE (lexeme text, score float8, files int, share float8, rest_share float8)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-  WITH cat AS (
-    SELECT storetopics._catalog(p_source) AS name
+  WITH cat AS MATERIALIZED (
+    SELECT storetopics._catalog(p_source) AS name, storetopics._store_script(p_source, p_store) AS script
   ), own AS (
-    SELECT greatest(st.files, 1)::float8 AS files FROM storetopics.store_state st
+    SELECT greatest(st.files, 1)::float8 AS files, st.words FROM storetopics.store_state st
      WHERE st.source_id = p_source AND st.store_key = p_store
   ), whole AS (
     -- the catalog's size from its sources' counters (kept by fold), not from every store's row
@@ -218,14 +280,15 @@ BEGIN ATOMIC
       FROM storetopics.sources s, cat WHERE storetopics._catalog(s.id) = cat.name
   ), scored AS (
     SELECT x.lexeme, t.files, t.files / own.files AS p,
-           (coalesce(c.files, t.files) - t.files + 0.5) / (whole.files - own.files + 0.5) AS q, whole.stores
+           (coalesce(c.files, t.files) - t.files + 0.5) / (whole.files - own.files + 0.5) AS q, whole.stores,
+           t.total, t.total_sq, own.files AS store_files, own.words AS store_words, cat.script
       FROM storetopics.store_terms t JOIN storetopics.lexemes x ON x.id = t.term_id
       CROSS JOIN own CROSS JOIN whole CROSS JOIN cat
       LEFT JOIN storetopics.catalog_terms c ON c.catalog = cat.name AND c.term_id = t.term_id
      WHERE t.source_id = p_source AND t.store_key = p_store AND (t.files >= 2 OR own.files < 20)
   ), ranked AS (
     SELECT s.lexeme, round((CASE WHEN s.stores < 2 THEN s.p ELSE s.p * ln(s.p / s.q) END)::numeric, 9)::float8
-             AS score, s.files, s.p, s.q
+             AS score, s.files, s.p, s.q, s.total, s.total_sq, s.store_files, s.store_words, s.script
       FROM scored s
      WHERE s.stores < 2 OR s.p > s.q
      ORDER BY 2 DESC, 1
@@ -235,6 +298,8 @@ BEGIN ATOMIC
   -- is a call per term, and a store has tens of thousands of terms
   SELECT r.lexeme, r.score, r.files, r.p, r.q FROM ranked r
    WHERE storetopics.showable_term(r.lexeme)
+     AND storetopics._noise(r.lexeme, r.files, r.total, r.total_sq, r.store_files::bigint, r.store_words,
+                            r.script) IS NULL
    ORDER BY r.score DESC, r.lexeme
    LIMIT n;
 END;

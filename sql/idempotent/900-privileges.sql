@@ -4,7 +4,7 @@
 REVOKE ALL ON ALL TABLES IN SCHEMA storetopics FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA storetopics FROM PUBLIC;
 -- pure helpers: the generated readers use them as the tables' owners
-GRANT EXECUTE ON FUNCTION storetopics.usable_text(text), storetopics.showable_term(text),
+GRANT EXECUTE ON FUNCTION storetopics.usable_text(text), storetopics.dehyphenated(text), storetopics.showable_term(text),
   storetopics._human_count(bigint), storetopics.tsvector_or_null(regconfig, text), storetopics.max_store_key(),
   storetopics.tool_name(text, text)
   TO PUBLIC;

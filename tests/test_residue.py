@@ -1,0 +1,82 @@
+"""Summaries of document stores say what the documents are about, not what the ingestion pipeline left in.
+
+Each store below is 20 files of real extracted text with one class of residue (tests/data/doc_residue/README.md):
+navigation glued by HTML-to-text, words hyphenated at line breaks, words in another script, changelog dates,
+sentence pieces that the offline phrase miner would take for topics.  Keyword-only stores, rendered by SQL alone
+(what `SELECT storetopics.backfill()` shows where no worker runs).
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data" / "doc_residue"
+
+
+def _render(conn, name: str) -> tuple[str, dict]:
+    conn.execute("CREATE TABLE docs (id serial PRIMARY KEY, store text, file text, content text)")
+    conn.execute("CREATE INDEX ON docs (file)")
+    rows = [json.loads(line) for line in (DATA / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == 20
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO docs (store, file, content) VALUES (%s, %s, %s)",
+                        [(name, f"{i}-{r['file']}", r["text"]) for i, r in enumerate(rows)])
+    conn.execute("SELECT storetopics.attach('docs', 'store', 'file', 'content', embedding => NULL)")
+    conn.execute("SELECT * FROM storetopics.backfill()")
+    text, topics = conn.execute("SELECT store_topics, topics FROM storetopics.stores").fetchone()
+    assert text and "20 files" in text
+    return text, topics
+
+
+def _words(text: str) -> set[str]:
+    return {w.lower() for w in re.findall(r"[^\W\d_][\w'-]*", text)}
+
+
+def test_navigation_glued_by_html_to_text_is_not_shown(conn):
+    text, _ = _render(conn, "handbook")
+    shown = _words(text)
+    assert not {w for w in shown if re.search(r"prev|next", w)}, text
+    assert not {"ebookprevthe", "handbooknextchapter", "prevchapter", "nextchapter"} & shown, text
+    assert "debian" in shown or "package" in shown or "packages" in shown, text
+
+
+def test_halves_of_words_hyphenated_at_line_breaks_are_not_shown(conn):
+    texts = [json.loads(line)["text"] for line in (DATA / "postfix.jsonl").read_text().splitlines()]
+    halves = {h.lower() for t in texts for m in re.finditer(r"([A-Za-z]+)-\n\s*([a-z]+)", t) for h in m.groups()}
+    assert len(halves) >= 20
+    text, _ = _render(conn, "postfix")
+    words = {w.lower() for t in texts for w in re.findall(r"[A-Za-z]+", t)}
+    # a half that is no word of the store elsewhere (written whole) must not be shown: "destina", "tion", "recipi"
+    fragments = {h for h in halves if sum(w == h for w in re.findall(r"[a-z]+", " ".join(texts).lower())) <= 2
+                 and len(h) >= 3} - (words - halves)
+    assert fragments, halves
+    assert not fragments & _words(text), (sorted(fragments & _words(text)), text)
+    assert "postfix" in _words(text) or "smtpd" in _words(text) or "mail" in _words(text), text
+
+
+def test_words_in_another_script_than_the_stores_are_not_shown(conn):
+    text, _ = _render(conn, "lilypond")
+    assert not re.search(r"[\u0400-\u04ff\u0370-\u03ff\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]", text), text
+
+
+def test_changelog_dates_are_not_shown(conn):
+    text, _ = _render(conn, "changelog")
+    months = ("jan feb mar apr may jun jul aug sep sept oct nov dec january february march april june july august "
+              "september october november december mon tue wed thu fri sat sun monday tuesday wednesday thursday "
+              "friday saturday sunday").split()
+    assert not set(months) & _words(text), text
+
+
+@pytest.mark.parametrize("name", ["coreutils", "postfix", "handbook"])
+def test_topics_are_no_pieces_of_sentences(conn, name):
+    _, topics = _render(conn, name)
+    assert topics["topics_from"] == "phrases" and topics["topics"], topics
+    for phrase in topics["topics"]:
+        words = phrase.lower().split()
+        assert not set(words) & {"is", "are", "was", "were", "be", "been", "has", "have", "can", "may", "must",
+                                 "should", "will"}, phrase
+        assert not (len(words) >= 3 and words[1] in {"the", "a", "an", "this", "its", "their", "any"}), phrase
+        assert not re.search(r"prev|next", phrase.lower()), phrase
