@@ -104287,6 +104287,11 @@ RETURN CASE
        'next topic', 'previous topic', 'quick search', 'contact us', 'report a bug', 'back to top', 'skip to content',
        'edit this page', 'keep in mind', 'this page', 'main page', 'home page') THEN 'page chrome'
   WHEN ARRAY(SELECT lower(w) FROM unnest(words) w) && ARRAY['http', 'https', 'www', 'ftp'] THEN 'address'
+  -- two words a page converter glued ("NotesUsing", "directoryUse"): a word, then one that starts a line or a link
+  -- (a name written in camel case, "ImageMagick", "LilyPond", is not one of those)
+  WHEN array_to_string(words, ' ') COLLATE "C" ~ ('[a-z]{2}(Use|Using|Print|See|The|Report|Next|Prev|Previous|'
+       'Chapter|Home|Table|Contents|Download|Search|Help|Show|Set|Get|Add|This|That|If|For|When|Note|Notes|Example|'
+       'Default|Specify|Enable|Disable|Display|Read|Write|Run|Return|Back|Up|Top|Index)(\M|[A-Z])') THEN 'glued'
   WHEN ARRAY(SELECT lower(w) FROM unnest(words) w) && ARRAY['is', 'are', 'was', 'were', 'be', 'been', 'being', 'am',
        'has', 'have', 'had', 'does', 'did', 'can', 'could', 'will', 'would', 'shall', 'should', 'may', 'might',
        'must'] THEN 'verb'
@@ -104627,7 +104632,7 @@ RETURN CASE
             OR (files >= 0.9 * store_files AND total::float8 / files <= 1.5)) THEN 'boilerplate'
   WHEN lexeme COLLATE "C" ~ '^(prev|previous|next|toc|sitemap|breadcrumb|navbar|permalink)$'
        OR lexeme COLLATE "C" ~ '^(prev|previous|next)[a-z]{3,}$|^[a-z]{3,}(prev|previous|next)[a-z]*$'
-          AND lexeme COLLATE "C" !~ '^(prevent|preview|previous|context|annex)' THEN 'navigation'
+          AND lexeme COLLATE "C" !~ '^(prevent|preview|prevail|prevalen)' THEN 'navigation'
   WHEN lexeme COLLATE "C" ~ '^(jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec|januari|februari|march|april|june|'
                             'juli|august|septemb|octob|novemb|decemb|mon|tue|tues|wed|thu|thur|thurs|fri|sat|sun|'
                             'monday|tuesday|wednesday|thursday|friday|saturday|sunday)$' THEN 'date'
@@ -106578,4 +106583,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1380420022') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '626557438') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -17,6 +17,11 @@ RETURN CASE
        'next topic', 'previous topic', 'quick search', 'contact us', 'report a bug', 'back to top', 'skip to content',
        'edit this page', 'keep in mind', 'this page', 'main page', 'home page') THEN 'page chrome'
   WHEN ARRAY(SELECT lower(w) FROM unnest(words) w) && ARRAY['http', 'https', 'www', 'ftp'] THEN 'address'
+  -- two words a page converter glued ("NotesUsing", "directoryUse"): a word, then one that starts a line or a link
+  -- (a name written in camel case, "ImageMagick", "LilyPond", is not one of those)
+  WHEN array_to_string(words, ' ') COLLATE "C" ~ ('[a-z]{2}(Use|Using|Print|See|The|Report|Next|Prev|Previous|'
+       'Chapter|Home|Table|Contents|Download|Search|Help|Show|Set|Get|Add|This|That|If|For|When|Note|Notes|Example|'
+       'Default|Specify|Enable|Disable|Display|Read|Write|Run|Return|Back|Up|Top|Index)(\M|[A-Z])') THEN 'glued'
   WHEN ARRAY(SELECT lower(w) FROM unnest(words) w) && ARRAY['is', 'are', 'was', 'were', 'be', 'been', 'being', 'am',
        'has', 'have', 'had', 'does', 'did', 'can', 'could', 'will', 'would', 'shall', 'should', 'may', 'might',
        'must'] THEN 'verb'

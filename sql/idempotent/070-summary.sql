@@ -37,7 +37,7 @@ RETURN CASE
             OR (files >= 0.9 * store_files AND total::float8 / files <= 1.5)) THEN 'boilerplate'
   WHEN lexeme COLLATE "C" ~ '^(prev|previous|next|toc|sitemap|breadcrumb|navbar|permalink)$'
        OR lexeme COLLATE "C" ~ '^(prev|previous|next)[a-z]{3,}$|^[a-z]{3,}(prev|previous|next)[a-z]*$'
-          AND lexeme COLLATE "C" !~ '^(prevent|preview|previous|context|annex)' THEN 'navigation'
+          AND lexeme COLLATE "C" !~ '^(prevent|preview|prevail|prevalen)' THEN 'navigation'
   WHEN lexeme COLLATE "C" ~ '^(jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec|januari|februari|march|april|june|'
                             'juli|august|septemb|octob|novemb|decemb|mon|tue|tues|wed|thu|thur|thurs|fri|sat|sun|'
                             'monday|tuesday|wednesday|thursday|friday|saturday|sunday)$' THEN 'date'
