@@ -3,6 +3,7 @@
 initdb refuses to run as root, so when we are root every server command runs as an unprivileged
 user (`postgres`, which Debian's server package creates) through `runuser`.  The server listens on a
 unix socket in a private directory, so it never collides with another server on this machine.
+`standby()` makes a streaming hot standby of a running cluster (pg_basebackup -R), on a socket of its own.
 """
 from __future__ import annotations
 
@@ -127,6 +128,29 @@ class LocalPostgres:
             shutil.rmtree(p, ignore_errors=True)
         if self.logfile.exists():
             self.logfile.unlink()
+
+    def standby(self, datadir: str | os.PathLike, port: int | None = None,
+                settings: dict[str, str] | None = None) -> LocalPostgres:
+        """A streaming hot standby of this cluster (which must be running): a base backup with its WAL
+        (`pg_basebackup -R -X stream`, which writes primary_conninfo to this cluster's socket and standby.signal)
+        into datadir, with a port and a socket directory of its own and this cluster's settings plus `settings`.
+        Returned not started: start() it.  (initdb's pg_hba.conf trusts local replication connections.)"""
+        sb = LocalPostgres(datadir, port=port or free_port(), bindir=self.bindir,
+                           settings=dict(self.settings, **(settings or {})))
+        sb.datadir.mkdir(parents=True, exist_ok=False)
+        self._chown(sb.datadir)
+        sb.datadir.chmod(0o700)
+        r = self._run(str(self.bindir / "pg_basebackup"), "-D", str(sb.datadir), "-h", str(self.sockdir),
+                      "-p", str(self.port), "-U", "postgres", "-R", "-X", "stream", "-c", "fast", "--no-sync",
+                      check=False)
+        if r.returncode != 0:
+            raise RuntimeError(f"pg_basebackup failed:\n{r.stdout}\n{r.stderr}")
+        with open(sb.datadir / "postgresql.conf", "a") as conf:   # the primary's, copied: the standby's own after it
+            conf.write("\n# written by lab.localpg (standby)\nhot_standby = 'on'\n")
+            for k, v in (settings or {}).items():
+                conf.write(f"{k} = '{v}'\n")
+        (sb.datadir / "storetopics.port").write_text(str(sb.port))   # (the copy holds the primary's)
+        return sb
 
     def dsn(self, dbname: str = "postgres", user: str = "postgres") -> str:
         return f"host={self.sockdir} port={self.port} user={user} dbname={dbname}"

@@ -17,6 +17,7 @@ Both return a dict:
 from __future__ import annotations
 
 import contextlib
+import random
 
 import psycopg
 from psycopg import sql as psql
@@ -29,6 +30,38 @@ def create_chunks(conn: psycopg.Connection, name: str = "chunks", extra: str = "
     """The usual application table: id serial pk, store_id text, file_id int, content text, embedding vector(8)."""
     conn.execute(CHUNKS_DDL.format(name=name, extra=f", {extra}" if extra else ""))
     return name
+
+
+def topical_rows(stores: dict[str, dict[str, str]], files: int = 6, chunks: int = 2, seed: int = 0,
+                 first_file: int = 1) -> list[tuple]:
+    """Rows (store, file id, content, embedding) for a create_chunks table: per store, per topic (name: its words),
+    `files` files of `chunks` chunks made of the topic's words; each topic a direction of its own among the 8
+    dimensions (topic_vector), each embedding that plus a little noise.  File ids count up from first_file.  With
+    plpython3u, a store of 20 chunks or more is clustered inside the database."""
+    rng = random.Random(seed)
+    rows, file_id = [], first_file
+    for store, topics in stores.items():
+        for topic, words in topics.items():
+            for _ in range(files):
+                for _ in range(chunks):
+                    text = " ".join(rng.choice(words.split()) for _ in range(30))
+                    vec = [x + rng.gauss(0, 0.05) for x in topic_vector(topic, stores)]
+                    rows.append((store, file_id, text, "[" + ",".join(f"{x:.4f}" for x in vec) + "]"))
+                file_id += 1
+    return rows
+
+
+def topic_vector(topic: str, stores: dict[str, dict[str, str]]) -> list[float]:
+    """The direction topical_rows gives a topic: the unit vector of its place among every store's topics (mod 8)."""
+    names = [t for topics in stores.values() for t in topics]
+    vec = [0.0] * 8
+    vec[names.index(topic) % 8] = 1.0
+    return vec
+
+
+def insert_chunks(conn: psycopg.Connection, rows: list[tuple], name: str = "chunks") -> None:
+    with conn.cursor() as cur:
+        cur.executemany(f"INSERT INTO {name} (store_id, file_id, content, embedding) VALUES (%s, %s, %s, %s)", rows)
 
 
 def attach_chunks(conn: psycopg.Connection, name: str = "chunks", embedding: bool = True) -> int:
