@@ -73,6 +73,25 @@ def require_installed(conn: psycopg.Connection) -> None:
                                "run `storetopics install` (or `storetopics install --extension`) first")
 
 
+def is_standby(conn: psycopg.Connection) -> bool:
+    """Whether the server is a hot standby (a read-only replica in recovery: pg_is_in_recovery())."""
+    return bool(conn.execute("SELECT pg_is_in_recovery()").fetchone()[0])
+
+
+def standby_error(what: str, conn: psycopg.Connection) -> StoretopicsError:
+    return StoretopicsError(
+        f"{what} writes, and the server it connected to ({conn.info.host}, port {conn.info.port}) is a standby (a "
+        f"read-only replica in recovery: pg_is_in_recovery() is true)",
+        "point it at the primary (--dsn, $DATABASE_URL); readers (catalog(), route(), search(), `storetopics mcp`, "
+        "status, show) may use the standby")
+
+
+def require_primary(conn: psycopg.Connection, what: str) -> None:
+    """What writes (the worker, backfill) refuses a standby, with one error that says to use the primary."""
+    if is_standby(conn):
+        raise standby_error(what, conn)
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Attach / detach
 # ------------------------------------------------------------------------------------------------------------
@@ -225,6 +244,7 @@ def backfill(conn: psycopg.Connection, store: str | None = None, source: str | N
     or server; clustering without the extra `cluster`) is skipped, the stores rendered without it, and listed once
     in result.unavailable (`storetopics backfill` then exits 1 with it)."""
     require_installed(conn)
+    require_primary(conn, "backfill")
     if batch < 1:
         raise StoretopicsError("--batch must be at least 1")
     progress = progress or Progress()

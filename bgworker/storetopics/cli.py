@@ -11,7 +11,7 @@
     storetopics show [--store KEY] [--source TABLE]
     storetopics worker [--once] [--now] [--lease S] [--poll S] [--batch N] [--statement-timeout S] [--id NAME]
     storetopics mcp [--prefix TEXT] [--http HOST:PORT [--auth-token T] [--allowed-host H]...] [--catalog NAME]
-                    [--embeddings-url URL --embeddings-model NAME]
+                    [--embeddings-url URL --embeddings-model NAME] [--poll S]
 
 The connection defaults to $DATABASE_URL, else libpq's own PG* environment variables.  Errors are printed as one
 line (message and hint) with exit status 1.  This module parses arguments and prints; the work is in api.
@@ -321,8 +321,9 @@ def cmd_worker(args) -> int:
         opts = worker.options(args)
     except ValueError as e:
         raise api.StoretopicsError(str(e)) from None
-    with api.connect(args.dsn, "storetopics-cli") as conn:   # fail fast with the one-line error when no database
-        api.require_installed(conn)
+    with api.connect(args.dsn, "storetopics-cli") as conn:   # fail fast with the one-line error: no database,
+        api.require_installed(conn)                          # not installed, a standby
+        api.require_primary(conn, "the worker")
     return worker.run(opts)
 
 
@@ -453,9 +454,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = command("mcp", "serve the stores as MCP tools (stdio, or streamable HTTP with --http); needs the extra "
                        "`mcp`", """
         One search tool per store the role may read, described by its live summary, a `route` tool, and one
-        resource per store; tools/list_changed is sent when a summary changes.  pip install 'storetopics[mcp]'.""",
+        resource per store; tools/list_changed is sent when a summary changes (on a hot standby, found by polling
+        every --poll seconds).  pip install 'storetopics[mcp]'.""",
                 ["storetopics mcp --dsn postgresql://router@db-host/app --prefix \"Acme's internal documents.\"",
                  "storetopics mcp --http 127.0.0.1:8765",
+                 "storetopics mcp --dsn postgresql://router@replica-host/app --poll 2   # a hot standby",
                  "STORETOPICS_MCP_TOKEN=... storetopics mcp --http 0.0.0.0:8765 --allowed-host mcp.example.com"])
     s.add_argument("--prefix", metavar="TEXT",
                    help="what each search tool's description says first ({store} and {source} are replaced by the "
@@ -484,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the model to ask that endpoint for (the one that made the stores' vectors)")
     s.add_argument("--client-embeddings", action="store_true",
                    help="let tool calls pass the query's embedding (argument `embedding`) instead")
+    s.add_argument("--poll", metavar="S", type=float,
+                   help="on a hot standby, where LISTEN does not work: seconds between looks at what changed "
+                        "(default: $STORETOPICS_MCP_POLL, else 5); on a primary, notifications come at once")
     s.set_defaults(func=cmd_mcp)
 
     s = command("show", "the stores and their full summaries", """

@@ -1,7 +1,7 @@
 """`storetopics mcp`: an MCP server whose tools are the data stores, described by their live summaries.
 
     storetopics [--dsn DSN] mcp [--prefix TEXT] [--catalog NAME]
-                                [--embeddings-url URL --embeddings-model NAME | --client-embeddings]
+                                [--embeddings-url URL --embeddings-model NAME | --client-embeddings] [--poll S]
                                 [--http HOST:PORT [--auth-token TOKEN] [--allowed-host HOST[:PORT]]...
                                  [--max-sessions N] [--session-timeout S] [--allow-unauthenticated]]
 
@@ -21,6 +21,9 @@ the tool list is made per request from the database, and notifications are sent 
 * Live: a second connection LISTENs on storetopics_updated; a burst of notifications is coalesced (0.2 s), the
   catalog read again, and the sessions get notifications/tools/list_changed and notifications/resources/
   list_changed when what they list changed, notifications/resources/updated for the subscribed stores that changed.
+  On a hot standby (pg_is_in_recovery(): LISTEN does not work there) that connection polls instead: every --poll
+  seconds a digest of the role's catalog (tool names, content hashes, updated_at), the catalog read again when it
+  differs; once the standby is promoted it LISTENs.
 * Errors (an unknown store, an empty query, k out of range, the database down) are MCP error results or JSON-RPC
   errors; the server keeps running and reconnects.
 * HTTP: every request passes the Guard first: Host and Origin checked against the bind address, localhost,
@@ -70,6 +73,8 @@ STATEMENT_TIMEOUT = "30s"             # a search the model waits for, holding on
 POOL_SIZE = 4                         # connections for the calls (calls past it wait); LISTEN has one of its own
 COALESCE_SECONDS = 0.2                # a burst of NOTIFYs (50 uploads rendered in one pass) becomes one refresh
 KEEPALIVE_SECONDS = 60.0              # the LISTEN connection checks it is alive this often when nothing arrives
+POLL_SECONDS = 5.0                    # on a standby (no LISTEN): how often the catalog's digest is compared
+POLL_ENV = "STORETOPICS_MCP_POLL"
 RECONNECT_MAX = 30.0
 MAX_PAYLOADS = 1000                   # more notifications in one burst: "something changed", compared as a whole
 EMBED_CACHE = 128
@@ -105,6 +110,7 @@ class Options:
     embeddings_url: str | None = None
     embeddings_model: str | None = None
     client_embeddings: bool = False
+    poll: float = POLL_SECONDS            # seconds between looks at the catalog on a standby (no LISTEN there)
     # --http only
     auth_token: str | None = dataclasses.field(default=None, repr=False)
     allowed_hosts: tuple[str, ...] = ()
@@ -169,10 +175,19 @@ def options(args) -> Options:
         raise ValueError("--embeddings-model needs --embeddings-url")
     if args.embeddings_url and args.client_embeddings:
         raise ValueError("give either --embeddings-url or --client-embeddings, not both")
+    poll = getattr(args, "poll", None)
+    if poll is None:
+        raw = os.environ.get(POLL_ENV)
+        try:
+            poll = POLL_SECONDS if raw is None else float(raw)
+        except ValueError:
+            raise ValueError(f"{POLL_ENV}={raw!r} is not a valid float") from None
+    if not (math.isfinite(poll) and poll > 0):
+        raise ValueError(f"--poll (or ${POLL_ENV}) must be a positive number of seconds, not {poll}")
     opts = Options(dsn=args.dsn, prefix=DEFAULT_PREFIX if args.prefix is None else args.prefix,
                    http=parse_http(args.http) if args.http else None, catalog=args.catalog,
                    embeddings_url=args.embeddings_url, embeddings_model=args.embeddings_model,
-                   client_embeddings=args.client_embeddings)
+                   client_embeddings=args.client_embeddings, poll=poll)
     if opts.http is None:
         if _http_flags(args):
             raise ValueError(f"{', '.join(_http_flags(args))}: only with --http (stdio needs none)")
@@ -498,6 +513,15 @@ CATALOG_SQL = """SELECT c.source_id, c.source::text AS source, c.store_key, c.to
  WHERE c.description IS NOT NULL
  ORDER BY c.tool_name"""
 
+# On a standby, what the poll compares: one row, whether the server is still in recovery and a digest of what the
+# role's catalog lists (a store added, renamed, re-rendered or gone changes it).
+DIGEST_SQL = """SELECT pg_is_in_recovery() AS standby,
+       (SELECT md5(string_agg(row(c.source_id, c.store_key, c.tool_name, c.source, c.content_hash, c.updated_at)::text,
+                              ',' ORDER BY c.source_id, c.store_key))
+          FROM storetopics.catalog(%s) c WHERE c.description IS NOT NULL) AS digest"""
+RECOVERY_SQL = "SELECT pg_is_in_recovery() AS standby, NULL AS digest"
+
+
 async def read_catalog(db: Database, catalog: str | None) -> list[Store]:
     """The stores to offer, with their tool names: storetopics.catalog()'s rows."""
     features = await db.ensure()
@@ -792,13 +816,18 @@ class App:
                 continue
             try:
                 async with conn:
-                    await conn.execute(f"LISTEN {CHANNEL}")
+                    standby, mark = await self._look(conn)
+                    if not standby:
+                        await conn.execute(f"LISTEN {CHANNEL}")
                     delay = 1.0
                     if first:
                         await self.baseline()
                         first = False
                     else:
                         await self.changed(None)   # what a lost connection missed
+                    if standby:
+                        await self._poll(conn, mark)   # returns once the standby was promoted: LISTEN from then on
+                        continue
                     log.info("listening on %s (%d stores)", CHANNEL, len(self._seen or {}))
                     while True:
                         payloads = await _payloads(conn, KEEPALIVE_SECONDS, stop_after=1)
@@ -822,6 +851,41 @@ class App:
                 log.warning("LISTEN connection failed (%s: %s); reconnecting in %.0fs", type(e).__name__, e, delay)
                 await anyio.sleep(delay)
                 delay = min(delay * 2, RECONNECT_MAX)
+
+
+    async def _look(self, conn: psycopg.AsyncConnection) -> tuple[bool, str | None]:
+        """(whether the server is a standby, the digest of the role's catalog there).  The digest is read only on a
+        standby, and only when the role may run catalog() (else there is nothing to list)."""
+        standby = (await (await conn.execute("SELECT pg_is_in_recovery()")).fetchone())[0]
+        if not standby:
+            return False, None
+        with contextlib.suppress(ToolError):
+            await self.db.ensure()
+        row = await (await conn.execute(DIGEST_SQL if self.db.features.catalog else RECOVERY_SQL,
+                                        (self.opts.catalog,) if self.db.features.catalog else None)).fetchone()
+        return row[0], row[1]
+
+    async def _poll(self, conn: psycopg.AsyncConnection, mark: str | None) -> None:
+        """On a standby, where LISTEN does not work: every opts.poll seconds the digest of the role's catalog, and
+        when it differs from the last one the catalog is read again and the sessions told (App.changed).  Returns
+        when the server was promoted (the caller connects again and LISTENs)."""
+        import anyio
+        log.info("the database is a standby (in recovery; LISTEN does not work there): polling the catalog every "
+                 "%gs (--poll) (%d stores)", self.opts.poll, len(self._seen or {}))
+        while True:
+            await anyio.sleep(self.opts.poll)
+            standby, digest = await self._look(conn)
+            if not standby:
+                log.info("the standby was promoted: listening on %s from now on", CHANNEL)
+                return
+            if digest != mark:
+                mark = digest
+                try:
+                    await self.changed(None)
+                except psycopg.Error:
+                    raise
+                except Exception:   # never the end of the server: the next poll tries again
+                    log.exception("could not announce a change")
 
 
 async def _payloads(conn: psycopg.AsyncConnection, timeout: float, stop_after: int | None = None) -> set[str] | None:

@@ -280,11 +280,20 @@ class Worker:
                 if attempt == 2:
                     raise
 
-    def _connect_with_backoff(self) -> psycopg.Connection:
+    def _connect_with_backoff(self, first: bool = False) -> psycopg.Connection:
+        """Connected, with the worker's session settings, and LISTENing.  A standby (pg_is_in_recovery()) is refused
+        on the first connection (api.StoretopicsError: point the worker at the primary); met on a reconnect (a
+        failover under way), it is waited out like a server that is down."""
         delay = 0.2
         while True:
             try:
                 conn = self._connect(_Connection)
+                if api.is_standby(conn):
+                    error = api.standby_error("the worker", conn)
+                    conn.close()
+                    if first:
+                        raise error
+                    raise psycopg.OperationalError(error.message)
                 self._session(conn)
                 conn.execute("LISTEN storetopics_dirty")
                 return conn
@@ -569,7 +578,7 @@ class Worker:
         self.log(f"started (lease {self.opts.lease:g}s, poll {self.opts.poll:g}s, statement timeout {limit}"
                  f"{', once' if self.opts.once else ''}{', now: no debounce' if self.opts.now else ''})")
         try:
-            self.conn = self._connect_with_backoff()
+            self.conn = self._connect_with_backoff(first=True)
             self.conn.execute("SELECT storetopics.worker_heartbeat(%s, %s, %s, %s)",
                               (self.id, socket.gethostname(), os.getpid(), self.opts.lease))
             self._hb_thread.start()
@@ -679,7 +688,12 @@ def main(argv=None) -> int:
     except ValueError as e:
         p.error(str(e))
     st_log.setup(args.log_level, args.log_format)
-    return run(opts)
+    try:
+        return run(opts)
+    except api.StoretopicsError as e:   # (a standby): the CLI's one-line error
+        from .cli import report_error
+        report_error(e.message, e.hint)
+        return 1
 
 
 if __name__ == "__main__":
