@@ -19,8 +19,9 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 # 1. Debian packages: the PostgreSQL server and headers, PL/Python and the numpy/scikit-learn that
-#    plpython3u's interpreter (Debian's python3) imports, a venv module, and dpkg-dev for `apt-get source`.
-want=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR postgresql-plpython3-$PG_MAJOR
+#    plpython3u's interpreter (Debian's python3) imports, pg_cron (100 kB; tests/test_pg_cron.py), a venv module,
+#    and dpkg-dev for `apt-get source`.
+want=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR postgresql-plpython3-$PG_MAJOR postgresql-$PG_MAJOR-cron
       python3-numpy python3-sklearn python3-venv dpkg-dev make gcc)
 missing=()
 for p in "${want[@]}"; do

@@ -105214,9 +105214,12 @@ COMMENT ON FUNCTION storetopics.backfill(text, regclass) IS
   'Fold, cluster (where plpython3u is installed) and render every store of every source (or of one store key, one '
   'table) synchronously; returns the stores rendered.  A source that fails is reported (WARNING) and skipped.';
 
--- backfill() for one source: fold what was logged before p_started, cluster the stores whose fit is due (inside
--- the database, where plpython3u is), render the stores whose state changed.
-CREATE OR REPLACE FUNCTION storetopics._backfill_source(p_source int, p_store text, p_started timestamptz)
+-- backfill() for one source: fold what was logged before p_started (refresh(): until p_until, the rest is left
+-- pending), cluster the stores whose fit is due (inside the database, where plpython3u is), render the stores whose
+-- state changed.
+DROP FUNCTION IF EXISTS storetopics._backfill_source(int, text, timestamptz);   -- (no p_until before refresh())
+CREATE OR REPLACE FUNCTION storetopics._backfill_source(p_source int, p_store text, p_started timestamptz,
+                                                       p_until timestamptz DEFAULT 'infinity')
 RETURNS TABLE (source_id int, store text, files bigint, chunks bigint, changed boolean, clusters int)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -105227,8 +105230,9 @@ BEGIN
     v_done := storetopics.fold(p_source);
     -- Up to date as of the call: changes logged after it started do not keep it folding (and holding the
     -- source lock) for as long as writers keep writing.
-    EXIT WHEN v_done = 0 OR NOT EXISTS (SELECT 1 FROM storetopics.pending p
-                                         WHERE p.source_id = p_source AND p.logged_at < p_started);
+    EXIT WHEN v_done = 0 OR clock_timestamp() >= p_until
+              OR NOT EXISTS (SELECT 1 FROM storetopics.pending p
+                              WHERE p.source_id = p_source AND p.logged_at < p_started);
     RAISE NOTICE 'storetopics: source %: folded % files', p_source, v_done;
   END LOOP;
   FOR v_store IN SELECT d.store_key FROM storetopics.stores_due(p_source, p_store) d WHERE d.fit IS NOT NULL
@@ -105255,6 +105259,77 @@ BEGIN
      WHERE y.source_id = p_source AND (p_store IS NULL OR y.store_key = p_store) AND storetopics.render_due(y)
      ORDER BY y.store_key;
 END $$;
+
+-- refresh(): the worker's loop as one SQL call, for a scheduler inside the database (pg_cron) where no worker process
+-- can run.  It does what the worker does, by the worker's functions: the sources whose changes name no store when
+-- they are quiet (sources_to_fold), then each store claim() says is due (debounce, max_staleness, backoff, paused; a
+-- store leased to a worker is not due), one at a time: folded, clustered where plpython3u is installed and rendered
+-- as backfill() does it (_backfill_source; labels are the offline ones: no network call from SQL, an LLM labeller's
+-- labels stay due for a worker), then handed back with work_done() (a failed store keeps its summary and backs
+-- off).  No step (a table's fold, a store's pass) is started once time_budget is spent, but one is done per call
+-- at least; a step under way runs to its end (a fold stops between batches): a statement_timeout around the call is
+-- the hard limit, and a call that runs into it is rolled back whole (the stores stay dirty).  One call at a time
+-- per database (another returns at once).  It is one transaction: its leases and results show when it commits, in
+-- worker_status() as the worker 'storetopics.refresh()' (last_seen: when the last call began).  Returns the stores
+-- it passed over.
+CREATE OR REPLACE FUNCTION storetopics.refresh(time_budget interval DEFAULT interval '1 minute')
+RETURNS TABLE (source_id int, store_key text, outcome text, changed boolean)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+  v_worker constant text := 'storetopics.refresh()';
+  v_started constant timestamptz := clock_timestamp();
+  v_until constant timestamptz := clock_timestamp() + coalesce(time_budget, interval '0');
+  v_source int;
+  c record;
+  v_changed boolean;
+  v_outcome text;
+  v_steps int := 0;   -- tables folded and stores passed over
+BEGIN
+  IF NOT pg_try_advisory_xact_lock(hashtext('storetopics.refresh')) THEN
+    RAISE NOTICE 'storetopics: another refresh() is running in this database; this one does nothing';
+    RETURN;
+  END IF;
+  PERFORM storetopics.worker_heartbeat(v_worker, nullif(current_setting('application_name'), ''), pg_backend_pid(),
+                                       greatest(60, extract(epoch FROM time_budget)::float8));
+  PERFORM storetopics.verify_due();
+  FOR v_source IN SELECT f FROM storetopics.sources_to_fold() f LOOP
+    EXIT WHEN v_steps > 0 AND clock_timestamp() >= v_until;
+    v_steps := v_steps + 1;
+    BEGIN
+      LOOP
+        EXIT WHEN storetopics.fold(v_source) = 0 OR clock_timestamp() >= v_until;
+      END LOOP;
+    EXCEPTION WHEN OTHERS THEN
+      RAISE WARNING 'storetopics: source % was not folded: %', v_source, SQLERRM;
+    END;
+  END LOOP;
+  LOOP
+    EXIT WHEN v_steps > 0 AND clock_timestamp() >= v_until;
+    SELECT * INTO c FROM storetopics.claim(v_worker, greatest(60, extract(epoch FROM time_budget)::float8), 1);
+    EXIT WHEN NOT FOUND;
+    v_steps := v_steps + 1;
+    BEGIN
+      SELECT bool_or(b.changed) INTO v_changed
+        FROM storetopics._backfill_source(c.source_id, c.store_key, v_started, v_until) b;
+      v_outcome := storetopics.work_done(v_worker, c.source_id, c.store_key, c.generation, coalesce(v_changed, false));
+    EXCEPTION WHEN OTHERS THEN
+      v_changed := false;
+      v_outcome := storetopics.work_done(v_worker, c.source_id, c.store_key, c.generation, false, SQLERRM);
+      RAISE WARNING 'storetopics: store % of source % was not refreshed: %', c.store_key, c.source_id, SQLERRM;
+    END;
+    source_id := c.source_id;
+    store_key := c.store_key;
+    outcome := v_outcome;
+    changed := coalesce(v_changed, false);
+    RETURN NEXT;
+  END LOOP;
+  PERFORM storetopics.worker_stop(v_worker);
+END $$;
+COMMENT ON FUNCTION storetopics.refresh(interval) IS
+  'The worker''s loop in one SQL call, for pg_cron: the stores due by the worker''s rules (debounce, max_staleness, '
+  'backoff, pause, leases) folded, clustered where plpython3u is, rendered with offline labels, until time_budget is '
+  'spent (one step at least); one call at a time.  Shows in worker_status() as storetopics.refresh().';
 
 -- What \df+ shows a DBA.
 COMMENT ON FUNCTION storetopics.render_due(storetopics.store_state) IS
@@ -106346,4 +106421,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '626557438') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '3335187754') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -391,6 +391,29 @@ def _seconds(s: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+def scheduled(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    """The pg_cron jobs that call storetopics.refresh(), each with its last run from cron.job_run_details (status
+    'succeeded' or 'failed', when, the message: a run that failed, say at its statement_timeout, was rolled back and
+    shows nowhere else).  Empty where pg_cron is not installed in this database (it lives in cron.database_name; its
+    jobs may run in others: `database`) or the role may not read its tables (each role sees its own jobs)."""
+    if not conn.execute("SELECT coalesce(has_schema_privilege(to_regnamespace('cron'), 'USAGE'), false) "
+                        "AND to_regclass('cron.job_run_details') IS NOT NULL").fetchone()[0]:
+        return []
+    try:
+        return _rows(conn, r"""
+            SELECT j.jobid, j.jobname, j.schedule, j.database, j.active, r.status, r.start_time, r.end_time,
+                   r.return_message
+              FROM cron.job j
+              LEFT JOIN LATERAL (SELECT d.status, d.start_time, d.end_time, d.return_message
+                                   FROM cron.job_run_details d WHERE d.jobid = j.jobid
+                                  ORDER BY d.runid DESC LIMIT 1) r ON true
+             WHERE j.command ~ 'storetopics\.refresh\s*\('
+             ORDER BY j.jobid""")
+    except psycopg.Error as e:   # (an older or newer pg_cron with other columns; no right on its tables)
+        log.debug("cannot read pg_cron's jobs: %s", " ".join(str(e).split()))
+        return []
+
+
 def label_cost(conn: psycopg.Connection) -> dict[str, Any]:
     """Labelling calls, failed calls and their cost, from the ledger."""
     return _rows(conn, "SELECT count(*) AS calls, coalesce(sum(cost_usd), 0) AS usd, "

@@ -185,6 +185,14 @@ def print_worker_status(conn: psycopg.Connection, out: TextIO, multi: bool = Fal
               f"{w['source_id']}:{w['store_key']}" if w["store_key"] is not None else None,
               int(w["processed"]), int(w["regenerated"]), int(w["failures"]), int(w["label_calls"]))
              for w in workers], indent="  ") + "\n")
+    jobs = api.scheduled(conn)
+    if jobs:
+        out.write("\nScheduled refresh (pg_cron: storetopics.refresh())\n")
+        out.write(format_table(
+            ["job", "schedule", "database", "active", "last run", "took s", "status", "message"],
+            [(j["jobname"] or j["jobid"], j["schedule"], j["database"], j["active"], j["start_time"],
+              (j["end_time"] - j["start_time"]).total_seconds() if j["end_time"] and j["start_time"] else None,
+              j["status"], truncate(j["return_message"], 60)) for j in jobs], indent="  ") + "\n")
     # why each waiting store is due when it is (debounce, max_staleness, backoff, paused); what no worker has looked
     # at yet (a new store's first rows, changes that name no store) shows as 'pending'
     why = {(w["source_id"], w["store_key"]): w for w in waiting}
