@@ -2,8 +2,9 @@
 as one SQL call, and a real pg_cron job (Debian's postgresql-15-cron) that runs it on a schedule.
 
 * refresh() does only what the worker's rules make due (claim(): debounce, a paused source, a store leased to a
-  worker), at least one store per call and none started once its budget is spent, one call at a time per database;
-  it shows in worker_status() and `storetopics status` as the worker storetopics.refresh();
+  worker), one step (a table's fold, a store's pass) at least per call and none started once its budget is spent,
+  one call at a time per database; a worker role may run it, a reader may not; it shows in worker_status() and
+  `storetopics status` as the worker storetopics.refresh();
 * the recipe's job (every minute, a statement_timeout and a time budget) on a throwaway cluster with pg_cron
   preloaded: its first run renders the stores that are due, clustered inside the database (plpython3u), leaves a
   debounced source for later, and `storetopics status` shows the job's last run.  (pg_cron 1.4 schedules by the
@@ -96,6 +97,28 @@ def test_one_refresh_at_a_time(dsn, conn):
         assert any("another refresh() is running" in n for n in notices), notices
         first.commit()
     assert _refresh(conn) == [("a", "clean", True)]
+
+
+def test_a_worker_role_may_run_it_a_tenant_may_not(dsn, conn):
+    from psycopg import conninfo
+    helpers.create_chunks(conn)
+    helpers.insert_chunks(conn, [("a", 1, "notes about a", None)])
+    helpers.attach_chunks(conn, embedding=False)
+    conn.execute("SELECT storetopics.configure('chunks', '{\"debounce\": 0}')")
+    for role in ("st_refresh_worker", "st_refresh_tenant"):
+        conn.execute(f"DROP ROLE IF EXISTS {role}")   # roles are cluster-wide
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+    conn.execute("SELECT storetopics.grant_worker('st_refresh_worker')")
+    conn.execute("SELECT storetopics.grant_read('st_refresh_tenant', 'chunks')")
+    try:
+        with psycopg.connect(conninfo.make_conninfo(dsn, user="st_refresh_tenant"), autocommit=True) as t, \
+                pytest.raises(psycopg.errors.InsufficientPrivilege):
+            _refresh(t)
+        with psycopg.connect(conninfo.make_conninfo(dsn, user="st_refresh_worker"), autocommit=True) as w:
+            assert _refresh(w) == [("a", "clean", True)]
+    finally:
+        conn.execute("DROP OWNED BY st_refresh_worker, st_refresh_tenant")
+        conn.execute("DROP ROLE st_refresh_worker, st_refresh_tenant")
 
 
 def test_status_shows_the_refresh(dsn, conn):
