@@ -137,3 +137,40 @@ def test_harness_end_to_end(make_db, tmp_path, monkeypatch):
     assert f"- **kde** ({res['stores']['kde']['files']} files" in md      # every store's store_topics printed
     assert json.loads((tmp_path / "eval.json").read_text())["routing"]["queries"] == 30
     assert len(files) == 2
+
+
+def test_needle_found_is_a_new_subject_word():
+    # found: a word of the needle's subject that store_topics shows now and did not show before
+    before, after = {"haskel", "librari", "font"}, {"haskel", "librari", "font", "luatex", "lilypond", "pdf"}
+    assert needle.subject_words_new(before, after, {"lilypond", "applic", "usag", "luatex"}) == ["lilypond", "luatex"]
+    assert needle.subject_words_new(before, after, {"font", "haskel"}) == []      # shown before: not the needle's
+    assert needle.subject_words_new(before, before, {"font"}) == []
+    page = data.Package("units/units.info#Precision", "units", "14.4 Precision", "", ["a", "b"])
+    assert needle.doc_subject(page) == "14.4 Precision units"
+
+
+def test_needle_tfidf_words():
+    df = {"option": 9, "file": 10, "luatex": 0, "pdf": 2}
+    counts = {"option": 5, "file": 3, "luatex": 2, "pdf": 2, "4.4.1": 7, "x": 9}
+    # a word no host file holds outweighs a frequent word every file holds; numbers and one-letter lexemes never
+    assert needle.top_tfidf(counts, df, 10, 2) == ["luatex", "pdf"]
+    assert needle.top_tfidf(counts, df, 10, 10)[-1] == "file"        # in every file: weight 0, last
+    assert needle.top_tfidf({}, df, 10, 3) == []
+
+
+def test_doc_needle_plan_is_reproducible_and_spread():
+    def pages(store, n, chunks=1):
+        return [data.Package(f"{store}/p{i}", store, f"Page {i} of {store}", "", ["w"] * (chunks if i else 9))
+                for i in range(n)]
+    sources = {"lilypond": pages("lilypond", 6), "units": pages("units", 2), "ffmpeg": pages("ffmpeg", 1)}
+    sources["units"].append(data.Package("units/untitled", "units", "", "", ["w"]))   # no title: no subject
+    plan = needle.plan_doc_needles(("gimp", "apache"), sources, 6, 3)
+    again = needle.plan_doc_needles(("gimp", "apache"), sources, 6, 3)
+    for host in ("gimp", "apache"):
+        names = [p.name for p in plan[host]]
+        assert names == [p.name for p in again[host]] and len(set(names)) == len(names)
+        # p0 of each source has 9 chunks (over the cap), ffmpeg has no other page, units/untitled no title
+        assert len(names) == 6 and not any(n.endswith("/p0") or n == "units/untitled" for n in names)
+        # taken in turn from each source while it has pages
+        assert [p.section for p in plan[host]][:2] == ["lilypond", "units"]
+    assert [p.name for p in plan["gimp"]] != [p.name for p in plan["apache"]]      # salted by host

@@ -13,6 +13,12 @@ that topics attributes to the needle file (`distinctive[].file`).
 Flood: stores whose files each carry a person's name (a surname no other file has) or a one-off token; the
 question is whether those names/tokens flood the distinctive list.  Counted: how many one-off names/tokens
 appear in store_topics and in topics->'distinctive'.
+
+Needle on the document family (run_docs): the document catalog (evaluation/docs.py, the stores as the routing loads
+them) in its own table; each trial plants ONE page of a manual that is never in the catalog (lilypond, ffmpeg,
+wireshark, maxima, gnumeric, units) into one host store, as the Debian trials do.  Its subject, as the Debian
+needle's is its synopsis and package name: the page's title and its product's name (as lexemes).  Also counted:
+the subject widened by the page's top TF-IDF words against the host's pages, and any of its words.
 """
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..embedding import normalise
-from . import data, pg
+from . import data, docs, pg
 
 TABLE = "eval_needle"
 FLOOD_TABLE = "eval_flood"
@@ -89,6 +95,14 @@ WITH st AS (SELECT greatest(files, 1)::float8 AS n FROM storetopics.store_state
 SELECT z, r, n, apart, passes, (SELECT count(*) FROM gated WHERE passes AND file_key <> %(file)s)
   FROM gated WHERE file_key = %(file)s
 """
+
+
+def subject_words_new(before: set[str], after: set[str], subject: set[str]) -> list[str]:
+    """What makes a needle trial a hit: the lexemes of the needle's subject that store_topics shows after the needle
+    was planted and did not show before (sorted; a hit when not empty).  before/after: the lexemes of store_topics
+    before and after; subject: the lexemes of the needle's subject (Debian: synopsis + package name; documents: the
+    page's title + its product's name)."""
+    return sorted((after - before) & subject)
 
 
 def novelty(conn, source_id: int, store: str, file: str) -> dict | None:
@@ -198,6 +212,7 @@ def run(dsn: str, cfg: NeedleConfig, embedder, log=print) -> dict:
                 words = pg.lexemes(conn, p.text + " " + p.name.replace("-", " "))
                 lex_after = pg.lexemes(conn, after["store_topics"])
                 new = lex_after - lex_before
+                found = subject_words_new(lex_before, lex_after, subject)
                 attributed = [d["term"] for d in (after["topics"] or {}).get("distinctive", [])
                               if d.get("file") == fname]
                 nov = novelty(conn, source_id, s, fname)
@@ -206,8 +221,8 @@ def run(dsn: str, cfg: NeedleConfig, embedder, log=print) -> dict:
                 restored = pg.stores(conn, TABLE)[s]
                 trials.append({
                     "store": s, "needle": p.name, "needle_section": p.section, "synopsis": p.short,
-                    "subject_hit": bool(new & subject), "any_word_hit": bool(new & words),
-                    "subject_words_new": sorted(new & subject), "needle_words_new": sorted(new & words),
+                    "subject_hit": bool(found), "any_word_hit": bool(new & words),
+                    "subject_words_new": found, "needle_words_new": sorted(new & words),
                     "attributed_terms": attributed, "store_topics": after["store_topics"],
                     "restored_exactly": restored["store_topics"] == before["store_topics"]
                                         and restored["topics"] == before["topics"],
@@ -270,3 +285,173 @@ def _novelty_summary(trials: list[dict]) -> dict | None:
             "over_gate": sum(x.get("passes", x["z"] >= 3.5) for x in nv), "in_top3": sum(x["rank"] <= 3 for x in nv),
             "rank_median": float(np.median([x["rank"] for x in nv])),
             "files_over_gate_median": float(np.median([x["files_over_gate"] for x in nv]))}
+
+
+# -- the needle on the document family ------------------------------------------------------------------------------
+DOC_TABLE = "eval_needle_docs"
+# Hosts: the catalog's stores with the most pages at its chunk budget, of four kinds of document (info nodes, HTML
+# help pages, man pages, an HTML manual): gnuplot 214 pages, gimp 131, coreutils 85, apache 56.
+DOC_HOSTS = ("gnuplot", "gimp", "coreutils", "apache")
+
+
+@dataclass
+class DocNeedleConfig:
+    hosts: tuple[str, ...] = DOC_HOSTS
+    sources: tuple[str, ...] = docs.ABSTAIN     # manuals never in the catalog: where the needles come from
+    catalog: tuple[str, ...] = docs.STORES      # every store of the table (as the routing loads them)
+    trials_per_host: int = 10
+    max_chunks: int = 3          # a needle is one page of 1-3 chunks (<= ~900 words), a usual page of the hosts
+    tfidf_words: int = 5         # the page's top TF-IDF words against the host's pages (the widened subject)
+    chunk_budget: int | None = docs.CHUNK_BUDGET
+    held_share: float = 0.2
+
+
+def needle_pages(pages: list[data.Package], host: str, max_chunks: int) -> list[data.Package]:
+    """A source's pages that can be a needle in `host`, in the order of a hash salted with the host: one page of
+    1..max_chunks chunks, with a title (its subject)."""
+    ok = [p for p in pages if 1 <= len(p.chunks) <= max_chunks and docs.clean_title(p.short)]
+    return data.by_hash(ok, f"needle-{host}")
+
+
+def plan_doc_needles(hosts: tuple[str, ...], sources: dict[str, list[data.Package]], trials: int,
+                     max_chunks: int) -> dict[str, list[data.Package]]:
+    """Per host, `trials` needle pages taken in turn from each source (in the given order), each source's by hash;
+    no page twice for a host."""
+    plans = {}
+    for h in hosts:
+        pool = [needle_pages(ps, h, max_chunks) for ps in sources.values()]
+        picks, i = [], 0
+        while len(picks) < trials and any(pool):
+            lst = pool[i % len(pool)]
+            if lst:
+                picks.append(lst.pop(0))
+            i += 1
+        plans[h] = picks
+    return plans
+
+
+def top_tfidf(counts: dict[str, int], df: dict[str, int], n_files: int, k: int) -> list[str]:
+    """The k lexemes of a page that tell it apart from a store's files: count in the page x ln((1 + n) / (1 + df)),
+    df the store files holding the lexeme (a lexeme no file holds weighs most); only lexemes with two letters or
+    more (no numbers, no version strings); ties by lexeme."""
+    import math
+    import re
+    scored = [(-n * math.log((1 + n_files) / (1 + df.get(x, 0))), x) for x, n in counts.items()
+              if len(re.findall(r"[^\W\d_]", x)) >= 2]
+    return [x for _, x in sorted(scored)[:k]]
+
+
+def doc_subject(page: data.Package) -> str:
+    """The text whose lexemes are a document needle's subject: its title and its product's name (the Debian
+    needle's synopsis and package name)."""
+    return page.short + " " + page.section.replace("-", " ")
+
+
+def run_docs(dsn: str, cfg: DocNeedleConfig, embedder, log=print) -> dict:
+    """The needle on the document family: cfg.trials_per_host pages of the never-catalogued manuals planted one at
+    a time into each host store of the document catalog; found when a word of the page's subject (title, product
+    name) newly shows in store_topics; restored when the summary is byte for byte what it was after deleting it."""
+    t_start = time.perf_counter()
+    corpus = docs.read(cfg.catalog, held_share=cfg.held_share, chunk_budget=cfg.chunk_budget)
+    stored = {s: [p for p in corpus[s] if not data.is_held_out(p.name, cfg.held_share)] for s in cfg.catalog}
+    sources = docs.read(cfg.sources, chunk_budget=None)
+    plans = plan_doc_needles(cfg.hosts, sources, cfg.trials_per_host, cfg.max_chunks)
+    store_rows = [(s, p.name, c) for s in sorted(cfg.catalog) for p in stored[s] for c in p.chunks]
+    needle_rows = [(p.name, c) for h in cfg.hosts for p in plans[h] for c in p.chunks]
+    t0 = time.perf_counter()
+
+    def progress(done, total):
+        log(f"  embedded {done:,}/{total:,} new texts [{time.perf_counter() - t0:.0f}s]")
+
+    vecs = embedder([c for *_, c in store_rows] + [c for _, c in needle_rows], progress=progress)
+    sv, nv = vecs[:len(store_rows)], vecs[len(store_rows):]
+    nvec: dict[str, list] = {}
+    for (name, c), v in zip(needle_rows, nv):
+        nvec.setdefault(name, []).append((c, v))
+    t_embed = time.perf_counter() - t0
+    owner: dict[str, dict[str, list]] = {}
+    for (s, f, _), v in zip(store_rows, sv):
+        owner.setdefault(s, {}).setdefault(f, []).append(v)
+    file_vecs = {s: normalise(np.array([np.mean(vs, axis=0) for vs in fs.values()])) for s, fs in owner.items()}
+
+    trials = []
+    with pg.connect(dsn) as conn:
+        pg.create_chunks(conn, DOC_TABLE, embedder.dim)
+        pg.insert(conn, DOC_TABLE, ((s, f, c, v) for (s, f, c), v in zip(store_rows, sv)))
+        source_id = pg.attach(conn, DOC_TABLE)
+        t_backfill = pg.refresh(conn)
+        base_rows = pg.stores(conn, DOC_TABLE)
+        log(f"needle (documents): {len(cfg.catalog)} stores; hosts "
+            + ", ".join(f"{h} {base_rows[h]['files']:,} pages" for h in cfg.hosts)
+            + f"; {sum(len(v) for v in plans.values())} trials; backfill {t_backfill:.1f}s")
+        for h in cfg.hosts:
+            before = base_rows[h]
+            lex_before = pg.lexemes(conn, before["store_topics"])
+            host_counts = pg.lexeme_counts(conn, [p.text for p in stored[h]])
+            df: dict[str, int] = {}
+            for cnt in host_counts:
+                for x in cnt:
+                    df[x] = df.get(x, 0) + 1
+            for p in plans[h]:
+                fname = f"needle:{p.name}"
+                t0 = time.perf_counter()
+                pg.insert(conn, DOC_TABLE, ((h, fname, c, v) for c, v in nvec[p.name]))
+                pg.refresh(conn)
+                after = pg.stores(conn, DOC_TABLE)[h]
+                t_add = time.perf_counter() - t0
+                subject = pg.lexemes(conn, doc_subject(p))
+                counts = pg.lexeme_counts(conn, [p.text + " " + p.short])[0]
+                tfidf = top_tfidf(counts, df, len(stored[h]), cfg.tfidf_words)
+                words = set(counts) | subject
+                lex_after = pg.lexemes(conn, after["store_topics"])
+                new = lex_after - lex_before
+                found = subject_words_new(lex_before, lex_after, subject)
+                found_tfidf = subject_words_new(lex_before, lex_after, subject | set(tfidf))
+                attributed = [d["term"] for d in (after["topics"] or {}).get("distinctive", [])
+                              if d.get("file") == fname]
+                nov = novelty(conn, source_id, h, fname)
+                conn.execute(f"DELETE FROM {DOC_TABLE} WHERE file = %s", (fname,))
+                pg.refresh(conn)
+                restored = pg.stores(conn, DOC_TABLE)[h]
+                trials.append({
+                    "store": h, "needle": p.name, "needle_store": p.section, "title": p.short,
+                    "chunks": len(p.chunks), "subject": sorted(subject), "tfidf_words": tfidf,
+                    "subject_hit": bool(found), "tfidf_hit": bool(found_tfidf), "any_word_hit": bool(new & words),
+                    "subject_words_new": found, "tfidf_words_new": found_tfidf,
+                    "needle_words_new": sorted(new & words), "attributed_terms": attributed,
+                    "store_topics": after["store_topics"],
+                    "restored_exactly": restored["store_topics"] == before["store_topics"]
+                                        and restored["topics"] == before["topics"],
+                    "seconds": t_add, "novelty": nov,
+                    "isolation_rank": isolation_rank(file_vecs[h],
+                                                     normalise(np.mean([v for _, v in nvec[p.name]], axis=0)[None])[0]),
+                })
+            hits = sum(t["subject_hit"] for t in trials if t["store"] == h)
+            log(f"  {h}: subject in store_topics in {hits}/{len(plans[h])} trials")
+        conn.execute("SELECT storetopics.detach(%s::regclass)", (DOC_TABLE,))
+        conn.execute(f"DROP TABLE {DOC_TABLE}")
+    n = len(trials)
+    from .metrics import wilson
+
+    def rate(key: str) -> dict:
+        k = sum(t[key] for t in trials)
+        return {"value": k / n if n else float("nan"), "hits": k, "n": n, "ci95": list(wilson(k, n))}
+    return {
+        "config": cfg.__dict__, "store_files": {h: base_rows[h]["files"] for h in cfg.hosts},
+        "store_topics": {h: base_rows[h]["store_topics"] for h in cfg.hosts},
+        "trials": trials, "subject_rate": rate("subject_hit"), "tfidf_rate": rate("tfidf_hit"),
+        "per_store": {h: {"hits": sum(t["subject_hit"] for t in trials if t["store"] == h),
+                          "n": sum(t["store"] == h for t in trials)} for h in cfg.hosts},
+        "per_source": {s: {"hits": sum(t["subject_hit"] for t in trials if t["needle_store"] == s),
+                           "n": sum(t["needle_store"] == s for t in trials)} for s in cfg.sources},
+        "any_word_rate": sum(t["any_word_hit"] for t in trials) / n if n else float("nan"),
+        "attributed_rate": sum(bool(t["attributed_terms"]) for t in trials) / n if n else float("nan"),
+        "restored_exactly": sum(t["restored_exactly"] for t in trials),
+        "trial_seconds_median": float(np.median([t["seconds"] for t in trials])) if trials else None,
+        "novelty": _novelty_summary(trials),
+        "isolation": {"rank_median": float(np.median([t["isolation_rank"] for t in trials])),
+                      "most_isolated": sum(t["isolation_rank"] == 1 for t in trials),
+                      "top3": sum(t["isolation_rank"] <= 3 for t in trials), "trials": n} if trials else None,
+        "timings": {"embed_seconds": t_embed, "backfill_seconds": t_backfill,
+                    "total_seconds": time.perf_counter() - t_start},
+    }

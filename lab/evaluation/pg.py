@@ -111,3 +111,13 @@ def server_info(conn: psycopg.Connection) -> dict:
         "storetopics": (conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'storetopics'").fetchone()
                         or [None])[0],
     }
+
+
+def lexeme_counts(conn: psycopg.Connection, texts: Sequence[str], cfg: str = "english") -> list[dict[str, int]]:
+    """Per text, its lexemes and how often each occurs (positions in its tsvector), as `lexemes` sees them."""
+    out: list[dict[str, int]] = [{} for _ in texts]
+    rows = conn.execute("SELECT t.i, v.lexeme, cardinality(v.positions) FROM unnest(%s::text[]) WITH ORDINALITY "
+                        "AS t(txt, i), unnest(to_tsvector(%s::regconfig, t.txt)) AS v", (list(texts), cfg))
+    for i, lexeme, n in rows:
+        out[i - 1][lexeme] = n
+    return out

@@ -401,6 +401,74 @@ def abstention_section(res: dict) -> list[str]:
     return L
 
 
+def _rate(m: dict | None) -> str:
+    return f"{m['hits']}/{m['n']} = {ci(m)} %" if m and m.get("n") else "–"
+
+
+def needle_summary(res: dict) -> list[str]:
+    """Both families' needle figures side by side (the target is >= 95% found)."""
+    L = ["| family | host stores | trials | subject newly in `store_topics` (target ≥ 95%) | summary restored byte "
+         "for byte | flood: one-off values in the distinctive list |", "|---|---|---:|---|---:|---|"]
+    nd, dd = res.get("needle"), res.get("needle_docs")
+    if nd:
+        fl = nd.get("flood") or {}
+        flood = ", ".join(f"{s} {len(f['one_offs_in_distinctive'])}/{f['one_off_values']:,}" for s, f in fl.items())
+        L.append(f"| Debian sections | {', '.join(nd['store_files'])} | {nd['subject_rate']['n']} | "
+                 f"{_rate(nd['subject_rate'])} | {nd['restored_exactly']}/{nd['subject_rate']['n']} | "
+                 f"{flood or '–'} |")
+    if dd:
+        L.append(f"| document stores | {', '.join(dd['store_files'])} | {dd['subject_rate']['n']} | "
+                 f"{_rate(dd['subject_rate'])} | {dd['restored_exactly']}/{dd['subject_rate']['n']} | "
+                 f"not run |")
+    return L + [""]
+
+
+def needle_docs_section(res: dict) -> list[str]:
+    dd = res.get("needle_docs")
+    if not dd:
+        return []
+    sr, cfg = dd["subject_rate"], dd["config"]
+    L = ["### Needle in document stores", "",
+         f"The document catalog ({len(cfg['catalog'])} stores, the pages the routing loads) in its own table; hosts "
+         + ", ".join(f"{h} ({n:,} pages)" for h, n in dd["store_files"].items())
+         + f". Each trial plants ONE page of a manual that is never in the catalog "
+         f"({', '.join(cfg['sources'])}; in turn, each source's pages in the order of a hash salted with the host; "
+         f"pages of 1–{cfg['max_chunks']} chunks with a title), backfills, reads `store_topics`, deletes the page "
+         f"and backfills again. Found, as for Debian (synopsis + package name): a word of the page's title or its "
+         f"product's name newly in `store_topics`. {sr['n']} trials.", "",
+         f"- page's subject (title or product name) newly in `store_topics`: **{_rate(sr)}** (target ≥ 95%: "
+         + ("met" if sr["value"] >= 0.95 else f"missed by {pct(0.95 - sr['value'])} points") + ")",
+         "- per host: " + ", ".join(f"{h} {v['hits']}/{v['n']}" for h, v in dd["per_store"].items()),
+         "- per source: " + ", ".join(f"{s} {v['hits']}/{v['n']}" for s, v in dd["per_source"].items() if v["n"]),
+         f"- subject widened by the page's top {cfg['tfidf_words']} TF-IDF words (against the host's pages): "
+         f"{_rate(dd['tfidf_rate'])}",
+         f"- any word of the page newly in `store_topics`: {pct(dd['any_word_rate'])} %",
+         f"- trials where topics attributes distinctive terms to the page: {pct(dd['attributed_rate'])} %",
+         f"- summary restored byte for byte after deleting the page: **{dd['restored_exactly']}/{sr['n']}**",
+         f"- median time of insert + backfill + read: {dd['trial_seconds_median']:.2f} s", ""]
+    nv, iso = dd.get("novelty"), dd.get("isolation")
+    if nv:
+        L += [f"Diagnostics as for Debian: the page's median novelty z-score {nv['z_median']:.1f}; all its chunks "
+              f"outside the clusters in {nv['apart']}/{nv['trials']} trials; over the outlier gate in "
+              f"{nv['over_gate']}/{nv['trials']}, among the 3 most novel files in {nv['in_top3']}/{nv['trials']}"
+              + (f"; the most isolated file of its host by embedding in {iso['most_isolated']}/{iso['trials']}, "
+                 f"among the 3 most isolated in {iso['top3']}/{iso['trials']}" if iso else "") + ".", ""]
+    misses = [t for t in dd["trials"] if not t["subject_hit"]]
+    if misses:
+        L += ["Misses (host + page: title → new words of the page in `store_topics`):", ""]
+        for t in misses[:10]:
+            L.append(f"- {t['store']} + {t['needle_store']}: \"{t['title']}\" → "
+                     f"{', '.join(t['needle_words_new']) or 'none'}")
+        L.append("")
+    hits = [t for t in dd["trials"] if t["subject_hit"]][:3]
+    if hits:
+        L += ["Hits, for example:", ""]
+        for t in hits:
+            L.append(f"- {t['store']} + {t['needle_store']}: \"{t['title']}\" → {', '.join(t['subject_words_new'])}")
+        L.append("")
+    return L
+
+
 def plots(res: dict, out_dir: Path) -> list[str]:
     import matplotlib
     matplotlib.use("Agg")
@@ -686,9 +754,12 @@ def markdown(res: dict, images: list[str]) -> str:
             L += ["![drift](eval-drift.png)", ""]
 
     nd = res.get("needle")
+    if nd or res.get("needle_docs"):
+        L += ["## Needle", ""]
+        L += needle_summary(res)
     if nd:
         sr = nd["subject_rate"]
-        L += ["## Needle", "",
+        L += ["### Needle in Debian sections", "",
               f"Uniform stores: whole Debian sections ({', '.join(f'{s}: {n:,} packages' for s, n in nd['store_files'].items())}), "
               f"library sections by default, where every package is of one kind; mixed sections such as science or net "
               f"are not uniform (a package of another section usually has close neighbours there) and run with "
@@ -748,6 +819,7 @@ def markdown(res: dict, images: list[str]) -> str:
         for s, f in nd["flood"].items():
             L.append(f"- `{s}` store_topics: {f['store_topics']}")
         L += [""]
+    L += needle_docs_section(res)
 
     q = res.get("quality")
     L += ["## Cost and label quality", ""]

@@ -3,6 +3,7 @@
     python -m lab.evaluation all              # what `make eval` runs: routing + drift, needle + flood, label quality
     python -m lab.evaluation routing          # the routing benchmark and the drift scenario only
     python -m lab.evaluation all --quick      # a small smoke run (results go to .cache/eval-quick/ unless --out)
+    python -m lab.evaluation all --only needle-docs --out /tmp/x   # some parts only (eval.json only)
 
 The database is a throwaway cluster started for the run (or $STORETOPICS_TEST_DSN's server), with vector and
 storetopics installed like the tests do.  Embeddings: all-MiniLM-L6-v2 (extra `eval`), cached under
@@ -83,11 +84,17 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--no-cost", action="store_true", help="skip the labelling-cost phase (Anthropic labeller "
                                                            "against the local Messages API server)")
+    ap.add_argument("--only", type=lambda v: {x.strip() for x in v.split(",") if x.strip()},
+                    help=f"comma-separated parts to run ({', '.join(PARTS)}); the others are skipped and only "
+                         f"eval.json is written (report.md needs the routing part)")
     ap.add_argument("--report-only", type=Path, metavar="EVAL_JSON",
                     help="only write report.md and the plots again from an eval.json (next to it unless --out)")
     ap.add_argument("--embedder", choices=("minilm", "hash"), default="minilm",
                     help="hash: deterministic stand-in (tests the pipeline; accuracy numbers mean nothing)")
     return ap
+
+
+PARTS = ("routing", "wordnet", "docs", "needle", "cost", "quality", "needle-docs")
 
 
 def configs(args) -> tuple[routing.RoutingConfig, needle.NeedleConfig, int]:
@@ -181,6 +188,14 @@ def doc_family(dsn: str, rc: routing.RoutingConfig, emb, log=print, quick: bool 
     return out
 
 
+def doc_needle_config(quick: bool = False) -> needle.DocNeedleConfig:
+    if quick:
+        return needle.DocNeedleConfig(hosts=("apache", "postfix"), sources=("lilypond", "ffmpeg", "units"),
+                                      catalog=("apache", "lighttpd", "postfix", "exim"), trials_per_host=3,
+                                      chunk_budget=60)
+    return needle.DocNeedleConfig()
+
+
 def main(argv: list[str] | None = None) -> int:
     return run(parser().parse_args(argv))
 
@@ -217,22 +232,34 @@ def run(args: argparse.Namespace) -> int:
                                  "git": git_rev(), "sql_sha1": sql_digest(),
                                  "installed_extension_sha1": installed_sql_digest()}}
     timings: dict[str, float] = {}
+    only = getattr(args, "only", None)
+    unknown = sorted((only or set()) - set(PARTS))
+    if unknown:
+        print(f"lab.evaluation: --only: unknown part(s) {', '.join(unknown)}; the parts: {', '.join(PARTS)}",
+              file=sys.stderr)
+        return 2
+
+    def want(part: str) -> bool:
+        return only is None or part in only
+
     with pg.database(log) as dsn:
-        t0 = time.perf_counter()
-        res["routing"], pooled = routing.run(dsn, rc, emb, log)
-        timings["routing + drift"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        res["halves"] = {}
-        for name, secs in routing.HALVES.items():
-            hc = dataclasses.replace(rc, sections=tuple(s for s in secs if s in rc.sections), drift_store=None,
-                                     table=f"eval_{name}", lengths=(),
-                                     abstain_sections=tuple(s for s in routing.ABSTAIN_HALVES[name]
-                                                            if s in rc.abstain_sections))
-            if len(hc.sections) >= 2:
-                log(f"half '{name}': {', '.join(hc.sections)}")
-                res["halves"][name], _ = routing.run(dsn, hc, emb, log)
-        timings["routing, halves"] = time.perf_counter() - t0
-        if wordnet.available():
+        pooled = None
+        if want("routing"):
+            t0 = time.perf_counter()
+            res["routing"], pooled = routing.run(dsn, rc, emb, log)
+            timings["routing + drift"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            res["halves"] = {}
+            for name, secs in routing.HALVES.items():
+                hc = dataclasses.replace(rc, sections=tuple(s for s in secs if s in rc.sections), drift_store=None,
+                                         table=f"eval_{name}", lengths=(),
+                                         abstain_sections=tuple(s for s in routing.ABSTAIN_HALVES[name]
+                                                                if s in rc.abstain_sections))
+                if len(hc.sections) >= 2:
+                    log(f"half '{name}': {', '.join(hc.sections)}")
+                    res["halves"][name], _ = routing.run(dsn, hc, emb, log)
+            timings["routing, halves"] = time.perf_counter() - t0
+        if want("wordnet") and wordnet.available():
             t0 = time.perf_counter()
             wc = dataclasses.replace(rc, sections=wordnet.STORES, drift_store=None, table="eval_wordnet", lengths=(),
                                      family="wordnet", abstain_sections=())
@@ -246,10 +273,11 @@ def run(args: argparse.Namespace) -> int:
                     dsn, dataclasses.replace(wc, sections=stores, table=f"eval_wordnet_{name}"), emb, log,
                     corpus={s: corpus[s] for s in stores}, handwritten={})
             timings["routing, WordNet"] = time.perf_counter() - t0
-        else:
+        elif want("wordnet"):
             log(f"second family skipped: {wordnet.DATA_NOUN} missing (Debian package wordnet-base)")
-        res["abstention"] = abstention(res, log)
-        if docs.available():
+        if want("routing"):
+            res["abstention"] = abstention(res, log)
+        if want("docs") and docs.available():
             t0 = time.perf_counter()
             try:
                 res.update(doc_family(dsn, rc, emb, log, quick=args.quick))
@@ -257,10 +285,12 @@ def run(args: argparse.Namespace) -> int:
                 log(f"third family: FAILED: {e!r}")
                 res["docs_failed"] = repr(e)
             timings["routing, documents"] = time.perf_counter() - t0
-        else:
+        elif want("docs"):
             log(f"third family skipped: {docs.CORPUS} missing (build it with scripts/doc_corpus.py; make eval does)")
-        b = res["routing"]["before"]
+        b = res["routing"]["before"] if "routing" in res else {}
         for r in ("names", "handwritten", "keywords", "clusters", "hybrid", "centroid", *sqlroute.ROUTERS):
+            if not b:
+                break
             e = b.get(r, {})
             if e.get("available"):
                 log(f"  {r:12s} top-1 {100 * e['embedding']['top1']['value']:5.1f}%  "
@@ -269,10 +299,11 @@ def run(args: argparse.Namespace) -> int:
             else:
                 log(f"  {r:12s} not available")
         if args.what == "all":
-            t0 = time.perf_counter()
-            res["needle"] = needle.run(dsn, nc, emb, log)
-            timings["needle + flood"] = time.perf_counter() - t0
-            if not args.no_cost:
+            if want("needle"):
+                t0 = time.perf_counter()
+                res["needle"] = needle.run(dsn, nc, emb, log)
+                timings["needle + flood"] = time.perf_counter() - t0
+            if not args.no_cost and want("cost"):
                 t0 = time.perf_counter()
                 try:
                     res["cost"] = cost.run(dsn, rc, emb, log)
@@ -280,15 +311,28 @@ def run(args: argparse.Namespace) -> int:
                     log(f"cost: FAILED: {e!r}")
                     res["cost"] = {"available": False, "note": f"the run failed: {e!r}"}
                 timings["LLM cost (ledger)"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            texts, vecs, truth, files = pooled
-            res["quality"] = quality.clusterings(texts, vecs, truth, files, sample=sample,
-                                                 with_bertopic=not args.no_bertopic, log=log)
-            timings["label quality (clusterings)"] = time.perf_counter() - t0
+            if want("quality") and pooled is not None:
+                t0 = time.perf_counter()
+                texts, vecs, truth, files = pooled
+                res["quality"] = quality.clusterings(texts, vecs, truth, files, sample=sample,
+                                                     with_bertopic=not args.no_bertopic, log=log)
+                timings["label quality (clusterings)"] = time.perf_counter() - t0
+            # last: the parts above run on the same database as before this one was added (learnt surface words
+            # and lexeme ids are shared by all tables of a database)
+            if want("needle-docs") and docs.available():
+                t0 = time.perf_counter()
+                res["needle_docs"] = needle.run_docs(dsn, doc_needle_config(args.quick), emb, log)
+                timings["needle, documents"] = time.perf_counter() - t0
     res["embedder"] = {"name": emb.name, **emb.stats}
     res["elapsed_seconds"] = time.perf_counter() - t_start
     timings["total"] = res["elapsed_seconds"]
     res["timings"] = timings
+    if "routing" not in res:   # a partial run (--only without routing): the results, no report
+        import json
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "eval.json").write_text(json.dumps(res, indent=1, default=report._default) + "\n")
+        log(f"wrote {out_dir / 'eval.json'} (no report.md: --only without the routing part)")
+        return 0
     files = report.write(res, out_dir, plots_too=not args.no_plots)
     for f in files:
         log(f"wrote {f.relative_to(REPO) if f.is_relative_to(REPO) else f}")
