@@ -121,13 +121,21 @@ def test_harness_end_to_end(make_db, tmp_path, monkeypatch):
         assert co["stores"] == 1 and [p["file_events"] for p in co["phases"]] == [25, 4, 24]
         assert co["total"]["calls"] == co["server_requests"] == sum(p["calls"] for p in co["phases"])
 
+    # stability: churn in half the stores, a CLI backfill after the first round and the SQL one after the second
+    sp = data.split(data.read_sections(["math", "games", "kde"]), held_share=0.2, store_cap=25,
+                    queries_per_section=10)
+    stab = cost.stability(dsn, "debian", sp.store, emb, log=lambda *a: None, rounds=("cli", "sql"), events=10)
+    assert [r["backfill"] for r in stab["rounds"]] == ["cli", "sql"] and len(stab["touched"]) == 1
+    assert all(r["file_events"] == 10 and r["untouched"] == 2 and r["touched_changed"] == 1 for r in stab["rounds"])
+    assert stab["all"]["untouched_store_rounds"] == 4 and stab["rounds"][0]["example"]["store"] == stab["touched"][0]
+
     texts, vecs, truth, files = pooled
     q = quality.clusterings(texts, vecs, truth, files, sample=200, with_bertopic=False, log=lambda *a: None)
     assert 0 <= q["ours"]["nmi"] <= 1 and 0 <= q["ours_chunks_alone"]["nmi"] <= 1
     assert q["ours"]["method"] == quality.OURS and q["bertopic"]["available"] is False
     assert q["bertopic_file_context"]["available"] is False
 
-    out = {"routing": res, "needle": nd, "quality": q, "cost": co, "embedder": {"name": emb.name, **emb.stats},
+    out = {"routing": res, "needle": nd, "quality": q, "cost": co, "stability": {"debian": stab}, "embedder": {"name": emb.name, **emb.stats},
            "fallback_embedder": True, "elapsed_seconds": 1.0, "timings": {"total": 1.0},
            "environment": {"started": "now", "cpus": 2, "git": "test", "sql_sha1": "x"}}
     files = report.write(out, tmp_path, plots_too=False)
@@ -135,6 +143,8 @@ def test_harness_end_to_end(make_db, tmp_path, monkeypatch):
     assert "hashing stand-in" in md and "| (e) hybrid store_topics |" in md
     assert "## Every family, both query styles" in md and "**Debian sections, synopses**" in md
     assert f"- **kde** ({res['stores']['kde']['files']} files" in md      # every store's store_topics printed
+    assert "### Stability for prompt caches" in md, md[md.find("## Cost"):][:3000]
+    assert "| Debian sections | 3 (1) | 1 × 10 | sql |" in md and "| Debian sections | 3 (1) | 2 × 10 | all |" in md
     assert json.loads((tmp_path / "eval.json").read_text())["routing"]["queries"] == 30
     assert len(files) == 2
 
@@ -174,3 +184,55 @@ def test_doc_needle_plan_is_reproducible_and_spread():
         # taken in turn from each source while it has pages
         assert [p.section for p in plan[host]][:2] == ["lilypond", "units"]
     assert [p.name for p in plan["gimp"]] != [p.name for p in plan["apache"]]      # salted by host
+
+
+def test_churn_plan_touches_only_half_and_keeps_files_consistent():
+    files = {s: [f"{s}-{i}" for i in range(n)] for s, n in (("a", 40), ("b", 20), ("c", 30), ("d", 10))}
+    touched = cost.touched_half(list(files))
+    assert len(touched) == 2 and touched == cost.touched_half(list(reversed(list(files))))
+    start, plan = cost.churn_plan(files, touched, rounds=4, events=30)
+    assert start == cost.churn_plan(files, touched, rounds=4, events=30)[0]
+    for s in files:
+        if s not in touched:
+            assert sorted(start[s]) == sorted(files[s])
+    state = {s: dict(v) for s, v in start.items()}
+    for evs in plan:
+        assert len(evs) == 30 and {e[1] for e in evs} <= set(touched)
+        keys = [(e[1], e[2]) for e in evs]
+        assert len(keys) == len(set(keys))                      # a file touched at most once per round
+        assert {e[0] for e in evs} == {"add", "delete", "replace"}
+        for kind, s, key, page in evs:
+            if kind == "add":
+                assert key not in state[s]
+                state[s][key] = page
+            elif kind == "delete":
+                del state[s][key]
+            else:
+                assert key in state[s] and state[s][key] != page
+                state[s][key] = page
+        for s in touched:                                       # no page stored twice, none foreign
+            assert len(set(state[s].values())) == len(state[s]) and set(state[s].values()) <= set(files[s])
+    assert cost._allocate(10, {"a": 30, "b": 10}) == {"a": 8, "b": 2}
+    assert sum(cost._allocate(7, {"a": 1, "b": 1, "c": 1}).values()) == 7
+
+
+def test_stability_shares():
+    assert cost.text_change("Topics: a, b. 10 files.", "Topics: a, b. 10 files.")["changed"] is False
+    ch = cost.text_change("Topics: a, b. Terms: c. 10 files.", "Topics: a, b. Terms: d. 11 files.")
+    assert ch["changed"] and 0 < ch["words_changed"] < 1 and 0 < ch["prefix_kept"] < 1
+    assert ch["words_new"] == pytest.approx(2 / 7)                         # "d." and "11" of 7 distinct words
+    moved = cost.text_change("Terms: a, b, c.", "Terms: b, a, c.")          # reordered: changed, nothing new
+    assert moved["changed"] and moved["words_changed"] > 0 and moved["words_new"] == 0
+    before = {"a": "x 1", "b": "y 2", "c": "z 3", "d": "w 4", "e": "v 5"}
+    after = {"a": "x 2", "b": "y 2", "c": "z 3", "d": "w 4 changed", "e": "v 5"}
+    r = cost.stability_round(before, after, ["a", "b"], events=50)
+    assert r["untouched"] == 3 and r["untouched_changed"] == ["d"]
+    assert r["untouched_changed_share"] == pytest.approx(1 / 3)
+    assert r["untouched_changed_share_per_100_events"] == pytest.approx(2 / 3)   # 50 events: twice per 100
+    assert r["touched"] == 2 and r["touched_changed"] == 1
+    rounds = [dict(r, backfill="cli"), dict(cost.stability_round(before, before, ["a", "b"], 100), backfill="sql")]
+    s = cost.summarize_stability("t", sorted(before), ["a", "b"], rounds, 1.0)
+    assert s["all"]["untouched_changed"] == 1 and s["all"]["untouched_store_rounds"] == 6
+    # 1 changed store-round in 6 over 150 events: 1/6 of the stores per round, rounds of 75 events on average
+    assert s["all"]["untouched_changed_share_per_100_events"] == pytest.approx((1 / 6) * 100 * 2 / 150)
+    assert s["by_backfill"]["sql"]["untouched_changed"] == 0 and s["by_backfill"]["cli"]["touched_changed"] == 1

@@ -8,11 +8,21 @@ Three phases, each followed by the CLI backfill (fit when due, label what is due
   churn    10% of each store's files deleted and as many other packages of the same section inserted;
   drift    half of one store's files replaced by another section's packages.
 The routing table itself runs with the default offline labeller; its ledger is reported next to this one.
+
+Stability for prompt caches (stability()): a catalog (the Debian routing stores, the document stores) in its own
+table, half of its stores touched by churn and the other half not: rounds of file events (files added, replaced,
+deleted) in the touched stores only, each round followed by a backfill (the first rounds with the CLI path,
+storetopics.api.backfill, the others with the SQL storetopics.backfill()).  Measured per round: the share of the
+untouched stores whose store_topics text changed (a prompt that holds the catalog loses its cache from the first
+changed byte), and how much the touched stores' texts changed.
 """
 from __future__ import annotations
 
 import contextlib
+import difflib
+import hashlib
 import os
+import statistics
 import time
 
 from . import data, pg
@@ -127,3 +137,215 @@ def run(dsn: str, cfg: RoutingConfig, embedder, log=print, churn_share: float = 
             "stores": len(sections), "phases": phases, "total": total, "server_requests": requests,
             "calls_per_store_initial": phases[0]["calls"] / len(sections) if phases else None,
             "seconds": time.perf_counter() - t_start}
+
+
+# -- stability for prompt caches ------------------------------------------------------------------------------------
+KINDS = ("add", "delete", "replace")
+STABILITY_TABLE = "eval_stability"
+
+
+def _hash(*parts: object) -> str:
+    return hashlib.sha1("\0".join(map(str, parts)).encode()).hexdigest()
+
+
+def touched_half(stores: list[str] | tuple[str, ...], salt: str = "stability") -> list[str]:
+    """The stores that churn: half of them (rounded down), picked by a hash of their names; sorted."""
+    return sorted(sorted(stores, key=lambda s: _hash(salt, s))[:len(stores) // 2])
+
+
+def _allocate(total: int, sizes: dict[str, int]) -> dict[str, int]:
+    """total events over the stores in proportion to their sizes (largest remainder; ties by name)."""
+    whole = sum(sizes.values()) or 1
+    quota = {s: total * n / whole for s, n in sizes.items()}
+    out = {s: int(q) for s, q in quota.items()}
+    for s in sorted(quota, key=lambda s: (-(quota[s] - out[s]), s))[:total - sum(out.values())]:
+        out[s] += 1
+    return out
+
+
+def churn_plan(files: dict[str, list[str]], touched: list[str], rounds: int, events: int,
+               reserve_share: float = 0.15) -> tuple[dict[str, dict[str, str]], list[list[tuple]]]:
+    """The churn scenario, decided before anything runs.  files: store -> its pages (names).  Each touched store
+    keeps a reserve of its pages out at the start (reserve_share, at least 3, by hash); every round has `events` file
+    events over the touched stores, in proportion to their files, each store's cycling through add (a reserve page
+    in, under a new file key), delete (a file out; its page back to the reserve) and replace (a file's rows deleted
+    and another reserve page's rows inserted under the same key; the old page back to the reserve), a delete when
+    the reserve is empty.  A file key is touched at most once per round and a page taken out returns to the reserve
+    only when the round ends; the untouched stores get no event.  Returns (the starting state, store -> {file
+    key: page}, and per round the events (kind, store, file key, page in or None))."""
+    state: dict[str, dict[str, str]] = {}
+    reserve: dict[str, list[str]] = {}
+    for s, pages in files.items():
+        pages = sorted(pages)
+        if s in touched:
+            out = set(sorted(pages, key=lambda p: _hash("reserve", s, p))[:max(3, round(reserve_share * len(pages)))])
+            reserve[s] = [p for p in pages if p in out]
+            pages = [p for p in pages if p not in out]
+        state[s] = {p: p for p in pages}
+    start = {s: dict(v) for s, v in state.items()}
+    plan = []
+    for r in range(rounds):
+        per = _allocate(events, {s: len(state[s]) for s in touched})
+        evs = []
+        for s in touched:
+            used: set[str] = set()
+            back: list[str] = []        # pages taken out this round: back in the reserve when the round ends
+            for i in range(per[s]):
+                kind = KINDS[(i + r) % 3]
+                if kind != "delete" and not reserve[s]:
+                    kind = "delete"
+                free = [k for k in state[s] if k not in used]
+                if kind != "add" and not free:
+                    continue
+                if kind == "add":
+                    page = reserve[s].pop(0)
+                    key, n = page, 1
+                    while key in state[s] or key in used:
+                        n += 1
+                        key = f"{page}~{n}"
+                    state[s][key] = page
+                    evs.append(("add", s, key, page))
+                else:
+                    key = min(free, key=lambda k: _hash(r, i, s, k))
+                    old = state[s].pop(key)
+                    if kind == "replace":
+                        page = reserve[s].pop(0)
+                        state[s][key] = page
+                        evs.append(("replace", s, key, page))
+                    else:
+                        evs.append(("delete", s, key, None))
+                    back.append(old)
+                used.add(key)
+            reserve[s] += back
+        plan.append(evs)
+    return start, plan
+
+
+def text_change(a: str | None, b: str | None) -> dict:
+    """How much a store's text changed: changed at all; the share of its words not kept in order (1 - difflib's
+    ratio over the word sequences: a word that moved counts); the share of the new text's distinct words the old one
+    did not have (order aside); the share of the old text (characters) that stays a common prefix."""
+    a, b = a or "", b or ""
+    if a == b:
+        return {"changed": False, "words_changed": 0.0, "words_new": 0.0, "prefix_kept": 1.0}
+    wa, wb = a.split(), b.split()
+    sm = difflib.SequenceMatcher(None, wa, wb, autojunk=False)
+    prefix = len(os.path.commonprefix([a, b]))
+    return {"changed": True, "words_changed": 1.0 - sm.ratio(),
+            "words_new": len(set(wb) - set(wa)) / len(set(wb)) if wb else 0.0,
+            "prefix_kept": prefix / len(a) if a else 0.0}
+
+
+def stability_round(before: dict[str, str | None], after: dict[str, str | None], touched, events: int) -> dict:
+    """One round's figures: the untouched stores whose store_topics changed (their share, and that share per 100
+    file events), and for the touched stores how many changed and how much (medians of text_change)."""
+    touched = set(touched)
+    untouched = sorted(s for s in before if s not in touched)
+    changed_u = [s for s in untouched if (before[s] or "") != (after.get(s) or "")]
+    ch_t = {s: text_change(before[s], after.get(s)) for s in sorted(touched) if s in before}
+    share = len(changed_u) / len(untouched) if untouched else float("nan")
+    changed_t = [c for c in ch_t.values() if c["changed"]]
+    return {
+        "file_events": events, "untouched": len(untouched), "untouched_changed": changed_u,
+        "untouched_changed_share": share,
+        "untouched_changed_share_per_100_events": share * 100 / events if events else float("nan"),
+        "touched": len(ch_t), "touched_changed": len(changed_t),
+        "touched_words_changed_median": statistics.median(c["words_changed"] for c in changed_t) if changed_t
+        else 0.0,
+        "touched_words_new_median": statistics.median(c["words_new"] for c in changed_t) if changed_t else 0.0,
+        "touched_prefix_kept_median": statistics.median(c["prefix_kept"] for c in changed_t) if changed_t else 1.0,
+        "touched_per_store": ch_t,
+    }
+
+
+def _backfill(conn, path: str) -> float:
+    t0 = time.perf_counter()
+    if path == "sql":
+        conn.execute("SELECT * FROM storetopics.backfill()").fetchall()
+    else:
+        pg.refresh(conn)
+    return time.perf_counter() - t0
+
+
+def stability(dsn: str, family: str, pages: dict[str, list[data.Package]], embedder, log=print, *,
+              rounds: tuple[str, ...] = ("cli", "cli", "cli", "sql", "sql", "sql"), events: int = 100,
+              reserve_share: float = 0.15, table: str = STABILITY_TABLE) -> dict:
+    """The churn scenario on one catalog (pages: store -> its files as data.Package, all of them loaded but each
+    touched store's reserve).  rounds: the backfill path after each round, 'cli' (storetopics.api.backfill: fold,
+    fit, labels, render) or 'sql' (SELECT storetopics.backfill(): fold and render; it clusters only where plpython3u
+    is installed, which the evaluation's database is not)."""
+    t_start = time.perf_counter()
+    stores = sorted(pages)
+    by_name = {s: {p.name: p for p in pages[s]} for s in stores}
+    touched = touched_half(stores)
+    start, plan = churn_plan({s: list(by_name[s]) for s in stores}, touched, len(rounds), events, reserve_share)
+    texts = sorted({c for s in stores for p in pages[s] for c in p.chunks})
+    vec = dict(zip(texts, embedder(texts)))
+    results = []
+    with pg.connect(dsn) as conn:
+        pg.create_chunks(conn, table, embedder.dim)
+        pg.insert(conn, table, ((s, key, c, vec[c]) for s in stores for key, page in start[s].items()
+                                for c in by_name[s][page].chunks))
+        pg.attach(conn, table)
+        t0 = pg.refresh(conn)
+        rows = pg.stores(conn, table)
+        texts_now = {s: r["store_topics"] for s, r in rows.items()}
+        n_files = {s: r["files"] for s, r in rows.items()}
+        initial = texts_now
+        log(f"stability ({family}): {len(stores)} stores, {len(touched)} touched ({', '.join(touched)}); "
+            f"initial backfill {t0:.1f}s")
+        for r, (path, evs) in enumerate(zip(rounds, plan), 1):
+            for s in touched:
+                gone = [k for kind, st, k, _ in evs if st == s and kind != "add"]
+                if gone:
+                    pg.delete_files(conn, table, s, gone)
+            pg.insert(conn, table, ((s, key, c, vec[c]) for kind, s, key, page in evs if page is not None
+                                    for c in by_name[s][page].chunks))
+            secs = _backfill(conn, path)
+            after = {s: row["store_topics"] for s, row in pg.stores(conn, table).items()}
+            rr = stability_round(texts_now, after, touched, len(evs))
+            rr.update({"round": r, "backfill": path, "backfill_seconds": secs,
+                       "events": {k: sum(e[0] == k for e in evs) for k in KINDS}})
+            if r == 1 and rr["touched_changed"]:   # for the report: the touched store of the median change
+                ch = sorted((v["words_changed"], st) for st, v in rr["touched_per_store"].items() if v["changed"])
+                ex = ch[(len(ch) - 1) // 2][1]
+                rr["example"] = {"store": ex, "file_events": sum(e[1] == ex for e in evs),
+                                 "files_before": n_files.get(ex), "before": texts_now[ex], "after": after[ex]}
+            results.append(rr)
+            log(f"  round {r} ({len(evs)} file events, {path} backfill {secs:.1f}s): untouched changed "
+                f"{len(rr['untouched_changed'])}/{rr['untouched']}, touched changed {rr['touched_changed']}/"
+                f"{rr['touched']} (median {rr['touched_words_changed_median']:.0%} of words)")
+            texts_now = after
+        conn.execute("SELECT storetopics.detach(%s::regclass)", (table,))
+        conn.execute(f"DROP TABLE {table}")
+    out = summarize_stability(family, stores, touched, results, time.perf_counter() - t_start)
+    whole = stability_round(initial, texts_now, touched, sum(r["file_events"] for r in results))
+    out["cumulative"] = {k: v for k, v in whole.items() if k != "touched_per_store"}
+    out["initial_backfill_seconds"] = t0
+    return out
+
+
+def summarize_stability(family: str, stores: list[str], touched: list[str], rounds: list[dict],
+                        seconds: float) -> dict:
+    """The rounds' figures pooled: per backfill path and over all rounds, the untouched stores changed per 100 file
+    events (changed store-rounds / untouched store-rounds, scaled by the events), and the touched stores' medians."""
+    def pool(rs: list[dict]) -> dict | None:
+        if not rs:
+            return None
+        ev = sum(r["file_events"] for r in rs)
+        n_u = sum(r["untouched"] for r in rs)
+        k_u = sum(len(r["untouched_changed"]) for r in rs)
+        share = k_u / n_u if n_u else float("nan")
+        return {"rounds": len(rs), "file_events": ev, "untouched_store_rounds": n_u, "untouched_changed": k_u,
+                "untouched_changed_share": share,
+                "untouched_changed_share_per_100_events": share * 100 * len(rs) / ev if ev else float("nan"),
+                "touched_store_rounds": sum(r["touched"] for r in rs),
+                "touched_changed": sum(r["touched_changed"] for r in rs),
+                "touched_words_changed_median": statistics.median(r["touched_words_changed_median"] for r in rs),
+                "touched_words_new_median": statistics.median(r["touched_words_new_median"] for r in rs),
+                "touched_prefix_kept_median": statistics.median(r["touched_prefix_kept_median"] for r in rs)}
+    paths = sorted({r["backfill"] for r in rounds})
+    return {"family": family, "stores": len(stores), "touched": touched,
+            "untouched": [s for s in stores if s not in touched], "rounds": rounds,
+            "all": pool(rounds), "by_backfill": {p: pool([r for r in rounds if r["backfill"] == p]) for p in paths},
+            "seconds": seconds}

@@ -469,6 +469,51 @@ def needle_docs_section(res: dict) -> list[str]:
     return L
 
 
+def stability_section(res: dict) -> list[str]:
+    st = res.get("stability")
+    if not st:
+        return []
+    L = ["", "### Stability for prompt caches", "",
+         "A prompt that holds the catalog (the MCP tool list, a system prompt) keeps its cache only while the texts "
+         "before the change stay byte for byte the same. Each catalog below was built again in its own table; half "
+         "of its stores (by hash) then churned in rounds of file events (files added, replaced by another of the "
+         "store's files, deleted; in proportion to the stores' files) and the other half got none; after each round "
+         "a backfill (the first rounds `storetopics.api.backfill`, the CLI path; the last rounds SQL "
+         "`storetopics.backfill()`, which here does not re-cluster: no plpython3u). Goal: ≤ 5% of the untouched "
+         "stores' texts change per 100 file events.", "",
+         "| catalog | stores (touched) | rounds × file events | backfill | untouched stores changed per 100 file "
+         "events | touched stores changed | touched: words changed or moved (median) | touched: new words "
+         "(median) | touched: text kept as common prefix (median) |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    names = {"debian": "Debian sections", "docs": "document stores"}
+    for fam, f in st.items():
+        for path, agg in [*f["by_backfill"].items(), ("all", f["all"])]:
+            if not agg:
+                continue
+            L.append(f"| {names.get(fam, fam)} | {f['stores']} ({len(f['touched'])}) | {agg['rounds']} × "
+                     f"{agg['file_events'] // max(agg['rounds'], 1)} | {path} | "
+                     f"{pct(agg['untouched_changed_share_per_100_events'])} % ({agg['untouched_changed']}/"
+                     f"{agg['untouched_store_rounds']} store-rounds) | {agg['touched_changed']}/"
+                     f"{agg['touched_store_rounds']} | {pct(agg['touched_words_changed_median'])} % | "
+                     f"{pct(agg.get('touched_words_new_median'))} % | {pct(agg['touched_prefix_kept_median'])} % |")
+    L.append("")
+    for fam, f in st.items():
+        cu = f.get("cumulative") or {}
+        ok = all((a or {}).get("untouched_changed_share_per_100_events", 1) <= 0.05 for a in [f["all"]])
+        L.append(f"- {names.get(fam, fam)}: touched {', '.join(f['touched'])}; untouched {', '.join(f['untouched'])}"
+                 f". Goal ≤ 5% per 100 file events: **{'met' if ok else 'missed'}**"
+                 + (f"; after all {cu['file_events']:,} events, {len(cu['untouched_changed'])}/{cu['untouched']} "
+                    f"untouched stores differ from their first text"
+                    + (f" ({', '.join(cu['untouched_changed'])})" if cu['untouched_changed'] else "") if cu else "")
+                 + ".")
+    for fam, f in st.items():
+        ex = next((r["example"] for r in f["rounds"] if r.get("example")), None)
+        if ex:
+            L += ["", f"{names.get(fam, fam).capitalize()}, round 1, the touched store of the median change: "
+                      f"`{ex['store']}` ({ex['files_before']} files, {ex['file_events']} file events in the round):",
+                  "", f"- before: {ex['before']}", f"- after: {ex['after']}"]
+    return L + [""]
+
+
 def plots(res: dict, out_dir: Path) -> list[str]:
     import matplotlib
     matplotlib.use("Agg")
@@ -856,6 +901,7 @@ def markdown(res: dict, images: list[str]) -> str:
                   f"calls per 1,000 file events: {per:.1f} → **{'met' if per <= 50 else 'missed'}**.", ""]
     elif co:
         L += [f"- Anthropic labeller against the local Messages API server: not measured ({co.get('note')})."]
+    L += stability_section(res)
     dbc = r.get("db_clusters", {})
     L += ["- Clusters held by the database: " + (f"{dbc['stores_with_clusters']} stores have clusters."
                                                    if dbc.get("available") else f"none ({dbc.get('note')}).")]

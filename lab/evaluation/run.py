@@ -3,7 +3,7 @@
     python -m lab.evaluation all              # what `make eval` runs: routing + drift, needle + flood, label quality
     python -m lab.evaluation routing          # the routing benchmark and the drift scenario only
     python -m lab.evaluation all --quick      # a small smoke run (results go to .cache/eval-quick/ unless --out)
-    python -m lab.evaluation all --only needle-docs --out /tmp/x   # some parts only (eval.json only)
+    python -m lab.evaluation all --only needle-docs,stability --out /tmp/x   # some parts only (eval.json only)
 
 The database is a throwaway cluster started for the run (or $STORETOPICS_TEST_DSN's server), with vector and
 storetopics installed like the tests do.  Embeddings: all-MiniLM-L6-v2 (extra `eval`), cached under
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from .. import embedding
-from . import cost, docs, metrics, needle, pg, quality, report, routing, sqlroute, wordnet
+from . import cost, data, docs, metrics, needle, pg, quality, report, routing, sqlroute, wordnet
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
@@ -94,7 +94,7 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-PARTS = ("routing", "wordnet", "docs", "needle", "cost", "quality", "needle-docs")
+PARTS = ("routing", "wordnet", "docs", "needle", "cost", "quality", "needle-docs", "stability")
 
 
 def configs(args) -> tuple[routing.RoutingConfig, needle.NeedleConfig, int]:
@@ -194,6 +194,24 @@ def doc_needle_config(quick: bool = False) -> needle.DocNeedleConfig:
                                       catalog=("apache", "lighttpd", "postfix", "exim"), trials_per_host=3,
                                       chunk_budget=60)
     return needle.DocNeedleConfig()
+
+
+def stability(dsn: str, rc: routing.RoutingConfig, emb, log=print, quick: bool = False) -> dict:
+    """The churn scenario of cost.stability on the Debian routing stores (the files the routing loads) and on the
+    document stores (the pages the routing loads)."""
+    rounds, events = (("cli", "sql"), 30) if quick else (("cli", "cli", "cli", "sql", "sql", "sql"), 100)
+    sp = data.split(data.read_sections(rc.sections), held_share=rc.held_share, store_cap=rc.store_cap,
+                    queries_per_section=rc.queries_per_section)
+    out = {"debian": cost.stability(dsn, "debian", sp.store, emb, log, rounds=rounds, events=events,
+                                    table="eval_stability_debian")}
+    if docs.available():
+        stores, budget = (("apache", "lighttpd", "postfix", "exim"), 60) if quick else (docs.STORES,
+                                                                                        docs.CHUNK_BUDGET)
+        corpus = docs.read(stores, held_share=rc.held_share, chunk_budget=budget)
+        pages = {s: [p for p in corpus[s] if not data.is_held_out(p.name, rc.held_share)] for s in stores}
+        out["docs"] = cost.stability(dsn, "docs", pages, emb, log, rounds=rounds, events=events,
+                                     table="eval_stability_docs")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -317,12 +335,16 @@ def run(args: argparse.Namespace) -> int:
                 res["quality"] = quality.clusterings(texts, vecs, truth, files, sample=sample,
                                                      with_bertopic=not args.no_bertopic, log=log)
                 timings["label quality (clusterings)"] = time.perf_counter() - t0
-            # last: the parts above run on the same database as before this one was added (learnt surface words
+            # last: the parts above run on the same database as before these two were added (learnt surface words
             # and lexeme ids are shared by all tables of a database)
             if want("needle-docs") and docs.available():
                 t0 = time.perf_counter()
                 res["needle_docs"] = needle.run_docs(dsn, doc_needle_config(args.quick), emb, log)
                 timings["needle, documents"] = time.perf_counter() - t0
+            if want("stability"):
+                t0 = time.perf_counter()
+                res["stability"] = stability(dsn, rc, emb, log, quick=args.quick)
+                timings["stability (churn in half the stores)"] = time.perf_counter() - t0
     res["embedder"] = {"name": emb.name, **emb.stats}
     res["elapsed_seconds"] = time.perf_counter() - t_start
     timings["total"] = res["elapsed_seconds"]
