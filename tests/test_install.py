@@ -17,8 +17,10 @@ SEARCH_PATH = "search_path=pg_catalog, pg_temp"
 # Functions without a SET search_path: SQL-standard bodies (RETURN ...), parsed and bound to their objects when
 # created, so the caller's search_path cannot change what they call; a SET clause would stop the planner from
 # inlining them (they run per row in fold()).  Any other function must set search_path.
-BOUND_AT_CREATION: set[str] = set()   # every function pins its search_path
-PUBLIC_EXECUTE = {"usable_text(text)", "showable_term(text)", "_human_count(bigint)", "tsvector_or_null(regconfig,text)",
+# functions that do not pin their search_path: a SQL-standard body is bound when it is created, and the planner
+# inlines these into the statements that call them (fold's recount)
+BOUND_AT_CREATION: set[str] = {"dehyphenated(text)"}
+PUBLIC_EXECUTE = {"usable_text(text)", "dehyphenated(text)", "showable_term(text)", "_human_count(bigint)", "tsvector_or_null(regconfig,text)",
                   "max_store_key()", "tool_name(text,text)",
                   # checks every caller itself: contents go only to roles that may SELECT the chunk table
                   "search(integer,text,text,integer,vector)"}
@@ -142,9 +144,11 @@ def test_functions_are_hardened(make_db, how):
         conn.execute("CREATE SCHEMA evil")
         conn.execute("CREATE FUNCTION evil.octet_length(text) RETURNS int LANGUAGE sql RETURN 0")
         conn.execute("CREATE FUNCTION evil.length(text) RETURNS int LANGUAGE sql RETURN 5")
+        conn.execute("CREATE FUNCTION evil.strpos(text, text) RETURNS int LANGUAGE sql RETURN 0")
         conn.execute("SET search_path = evil, pg_catalog")
         assert conn.execute("SELECT storetopics.usable_text(repeat('x', 2000000)), storetopics.showable_term('ab'), "
-                            "storetopics._human_count(12345)").fetchone() == (False, False, "12k")
+                            "storetopics._human_count(12345), storetopics.dehyphenated(E'destina-\\n    tion')"
+                            ).fetchone() == (False, False, "12k", "destination")
         conn.execute("RESET search_path")
 
         # What PUBLIC may execute: only the pure helpers (NULL proacl would mean the default: PUBLIC may).

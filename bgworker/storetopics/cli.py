@@ -32,6 +32,7 @@ import psycopg
 from . import __version__, api, config
 from . import install as st_install
 from . import log as st_log
+from .errors import report_error
 from .progress import Progress
 
 log = logging.getLogger("storetopics.cli")
@@ -508,18 +509,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--source", metavar="TABLE")
     s.set_defaults(func=cmd_show)
     return p
-
-
-def report_error(message: str, hint: str | None = None, stream: TextIO | None = None) -> None:
-    stream = stream if stream is not None else sys.stderr
-    message = _one_line(message)
-    if message.startswith("storetopics: "):
-        message = message[len("storetopics: "):]
-    line = f"storetopics: error: {message}"
-    if hint:
-        line += f" (hint: {_one_line(hint)})"
-    stream.write(line + "\n")
-    stream.flush()
 
 
 def _pg_hint(e: psycopg.Error) -> str | None:

@@ -9,7 +9,9 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from types import ModuleType
+from typing import TextIO
 
 
 class StoretopicsError(Exception):
@@ -44,3 +46,16 @@ def require(module: str, extra: str, what: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as e:
         raise MissingExtra(what, extra, e.name or module) from e
+
+
+def report_error(message: str, hint: str | None = None, stream: TextIO | None = None) -> None:
+    """An error as the command line shows it: one line, `storetopics: error: <message> (hint: <hint>)`."""
+    stream = stream if stream is not None else sys.stderr
+    message = " ".join(message.split())
+    if message.startswith("storetopics: "):
+        message = message[len("storetopics: "):]
+    line = f"storetopics: error: {message}"
+    if hint:
+        line += f" (hint: {' '.join(hint.split())})"
+    stream.write(line + "\n")
+    stream.flush()

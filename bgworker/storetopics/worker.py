@@ -691,7 +691,7 @@ def main(argv=None) -> int:
     try:
         return run(opts)
     except api.StoretopicsError as e:   # (a standby): the CLI's one-line error
-        from .cli import report_error
+        from .errors import report_error
         report_error(e.message, e.hint)
         return 1
 
