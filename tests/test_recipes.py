@@ -1,4 +1,4 @@
-"""The README's recipes for tables people design themselves, exactly as written there:
+"""The recipes of docs/recipes.md for tables people design themselves, as written there:
 
 * hand-rolled: stores(id, name, store_topics) <- files(id, store_id, name) <- chunks(file_id ON DELETE CASCADE);
   only files knows the store, files move between stores by UPDATE files SET store_id, and each store's summary is
@@ -21,7 +21,7 @@ CREATE TABLE chunks (id bigserial PRIMARY KEY, file_id bigint NOT NULL REFERENCE
                      content text NOT NULL, embedding vector(3));
 CREATE INDEX ON chunks (file_id);
 """
-# The README's recipe, verbatim.
+# docs/recipes.md's recipe (its index comes before it there; tests/test_docs.py runs it as written).
 HAND_ATTACH = """
 SELECT storetopics.attach('public.chunks',
   store_key   => '(SELECT f.store_id FROM public.files f WHERE f.id = c.file_id)',

@@ -112,7 +112,7 @@ def test_a_reader_gets_the_primarys_answers_on_the_standby(replica):
 
 def test_replica_lag_from_a_render_on_the_primary_to_the_standbys_catalog(replica):
     """A store rendered on the primary (SQL backfill(), committed) until the standby's catalog() lists it, 20 times.
-    The number is printed (pytest -s) and in README.md, Beyond one machine."""
+    The number is printed (pytest -s) and in docs/scaling.md."""
     router_standby = replica.as_(replica.standby, "router")
     lags = []
     with psycopg.connect(replica.primary, autocommit=True) as p, \
