@@ -9,6 +9,7 @@ per file, prepared with the tables, rows and small embeddings its examples use (
   stdio must list a tool per store to an MCP client;
 * ```python: exec'd, each block in a namespace of its own;
 * `<!-- run: fresh database -->`: the block runs in an empty database of its own (the install examples);
+  `<!-- run: pg_cron -->`: in a database `app` with storetopics, on a cluster with pg_cron preloaded;
 * ```text is output; every other block is marked `<!-- not run: why -->`.
 
 In every block, `postgresql[+driver]://ROLE@db-host/app` is the file's database as ROLE (`admin` and `app`: the
@@ -39,6 +40,7 @@ from psycopg import conninfo
 
 from lab import testing
 from storetopics import cli as st_cli
+from storetopics import install as st_install
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -85,6 +87,10 @@ class Block:
         return self.directive == "run: fresh database"
 
     @property
+    def pg_cron(self) -> bool:
+        return self.directive == "run: pg_cron"
+
+    @property
     def skipped(self) -> bool:
         return bool(self.directive and self.directive.startswith("not run:"))
 
@@ -124,7 +130,7 @@ def test_every_block_runs_or_says_why_not():
                 continue
             assert b.lang in RUNNABLE, (f"{b.where}: a ```{b.lang or '(no language)'} block neither runs nor is "
                                         f"marked <!-- not run: why -->")
-            assert b.directive is None or b.role or b.fresh, f"{b.where}: unknown directive {b.directive!r}"
+            assert b.directive is None or b.role or b.fresh or b.pg_cron, f"{b.where}: unknown directive {b.directive!r}"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -402,6 +408,20 @@ def _argv(cmd: str) -> list[str]:
 
 
 @contextlib.contextmanager
+def pg_cron_database():
+    """A database `app` with storetopics, on a cluster of its own whose pg_cron scheduler runs in `app`."""
+    if not testing.pg_cron_installed():
+        pytest.skip("pg_cron is not installed (make setup installs postgresql-15-cron)")
+    with testing.cluster(testing.pg_cron_settings("app")) as pg:
+        admin = pg.dsn("postgres")
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE app")
+        dsn = pg.dsn("app")
+        st_install.install(dsn, extension=True, log=lambda *a: None)
+        yield dsn
+
+
+@contextlib.contextmanager
 def database(pg_admin_dsn: str, template: str | None):
     name = testing.create_database(pg_admin_dsn, template=template, prefix="docs")
     try:
@@ -427,6 +447,11 @@ def test_the_examples_run_as_written(path, pg_admin_dsn, templates):
                 if b.fresh:
                     with database(pg_admin_dsn, None) as fresh:
                         getattr(Runner(fresh), b.lang)(b)
+                elif b.pg_cron:
+                    with pg_cron_database() as app:
+                        getattr(Runner(app), b.lang)(b)
+                        with psycopg.connect(app) as conn:
+                            assert conn.execute("SELECT count(*) FROM cron.job").fetchone()[0] == 1
                 else:
                     getattr(Runner(dsn), b.lang)(b)
                 RAN[b.lang] += 1
