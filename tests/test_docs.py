@@ -336,12 +336,11 @@ class Runner:
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             time.sleep(LONG_RUNNING_SECONDS)
+            deadline = time.monotonic() + 30
+            while worker and not self.worker_alive() and time.monotonic() < deadline:
+                time.sleep(0.5)
             assert proc.poll() is None, f"{b.where}: `{line}` stopped ({proc.returncode}):\n{proc.communicate()}"
-            if worker:
-                with psycopg.connect(self.dsn) as conn:
-                    alive = conn.execute("SELECT count(*) FROM storetopics.worker_status() "
-                                         "WHERE alive AND stopped_at IS NULL").fetchone()[0]
-                assert alive >= 1, f"{b.where}: `{line}` runs but no worker is alive in worker_status()"
+            assert not worker or self.worker_alive(), f"{b.where}: `{line}` runs, but no worker is alive"
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -349,6 +348,11 @@ class Runner:
         assert proc.returncode in (0, -signal.SIGTERM, 128 + signal.SIGTERM), (
             f"{b.where}: `{line}` exited {proc.returncode} on SIGTERM\n{err}")
         assert "Traceback" not in err, f"{b.where}: `{line}`\n{err}"
+
+    def worker_alive(self) -> bool:
+        with psycopg.connect(self.dsn) as conn:
+            return conn.execute("SELECT count(*) FROM storetopics.worker_status() "
+                                "WHERE alive AND stopped_at IS NULL").fetchone()[0] > 0
 
     def mcp_stdio(self, b: Block, line: str) -> None:
         """An MCP client's first steps over stdio: initialize, then tools/list: a search tool per store."""
