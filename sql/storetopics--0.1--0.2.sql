@@ -103178,7 +103178,7 @@ RETURN jsonb_build_object(
   'max_staleness', 600,          -- ... but never longer than this under a continuous stream
   'paused', false,
   'replica_capture', false,      -- capture triggers ENABLE ALWAYS: also rows written in session_replication_role
-                                 -- replica (logical replication's apply, pg_restore); see README
+                                 -- replica (logical replication's apply, pg_restore); see docs/sql.md
   'verify_every', 3600,          -- seconds between the worker's count checks of a source (verify()); 0: never
   'catalog', NULL,               -- the stores a router chooses among, whose terms a summary is contrasted with:
                                  -- NULL, the stores of this source; a name, the stores of every source that has it
@@ -106421,4 +106421,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '3335187754') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '359324999') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
