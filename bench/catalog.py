@@ -10,11 +10,11 @@ The probe store is identical in both (the same files, texts and vectors): a few 
 words of real text (Debian package descriptions, data/debian).  A small store is a few files of one Debian
 section's descriptions (stores are dealt the 34 sections round-robin, so neighbours share a vocabulary, as real
 stores of one application do).  Both tables are loaded with binary COPY, attached (which logs a resync), and folded
-completely with storetopics.fold(); then `storetopics.backfill(store_key => 'probe')` clusters and renders the
+completely with storetopics._fold(); then `storetopics.backfill(store_key => 'probe')` clusters and renders the
 probe in both.  The 9,990 other stores are folded (they are the catalog's background, catalog_terms) but not
 rendered: rendering them is not what is measured.
 
-Then the probe store is rendered with `SELECT storetopics.render(source, 'probe')` — the call backfill() and the
+Then the probe store is rendered with `SELECT storetopics._render(source, 'probe')` — the call backfill() and the
 worker (work_render) make — repeatedly, the two catalogs interleaved A B, B A, A B, ... (after one untimed warm-up
 each).  Each render recomputes everything (keywords, contrast with the catalog, packing) and writes only when the
 text changed (here: never after the first).  Reported: each side's median, the ratio large/small taken within
@@ -154,7 +154,7 @@ def load(conn, name: str, rows: list[tuple], vecs: np.ndarray, offset: int) -> N
 
 def timed_render(conn, source: int, store: str) -> tuple[float, float | None, bool | None]:
     c0, t0 = backend_cpu(conn), time.perf_counter()
-    changed = conn.execute("SELECT storetopics.render(%s, %s)", (source, store)).fetchone()[0]
+    changed = conn.execute("SELECT storetopics._render(%s, %s)", (source, store)).fetchone()[0]
     secs = time.perf_counter() - t0
     c1 = backend_cpu(conn)
     return secs, (None if c0 is None or c1 is None else c1 - c0), changed
@@ -172,7 +172,7 @@ def explain_contrast(conn, sources: dict[str, int], log) -> dict[str, str]:
                      "auto_explain.log_nested_statements": "on", "auto_explain.log_buffers": "on",
                      "auto_explain.log_level": "notice", "client_min_messages": "notice"}.items():
             conn.execute(f"SET {k} = '{v}'")
-        conn.execute("SELECT storetopics.render(%s, %s)", (sid, PROBE))
+        conn.execute("SELECT storetopics._render(%s, %s)", (sid, PROBE))
         conn.execute("SET auto_explain.log_min_duration = -1")
         conn.execute("SET client_min_messages = warning")
         conn.remove_notice_handler(handler)
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                     settle(conn)
                     t0 = time.perf_counter()
                     calls = 0
-                    while conn.execute("SELECT storetopics.fold(%s)", (sources[side],)).fetchone()[0] > 0:
+                    while conn.execute("SELECT storetopics._fold(%s)", (sources[side],)).fetchone()[0] > 0:
                         calls += 1
                     t_fold = time.perf_counter() - t0
                     load_s[side] = {"rows": len(probe) + len(rows), "copy_seconds": round(t_copy, 2),
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                 # surface words; later ones are the steady state, like the probe's
                 for sid in sources.values():
                     for s in shared_stores:
-                        conn.execute("SELECT storetopics.render(%s, %s)", (sid, s))
+                        conn.execute("SELECT storetopics._render(%s, %s)", (sid, s))
                 # -- the probe, interleaved ---------------------------------------------------------------------
                 settle(conn)
                 for side in ("small", "large"):
@@ -374,7 +374,7 @@ def markdown(out: dict, cfg: Config, started: dt.datetime) -> str:
     rows = [f"# Catalog benchmark ({started:%Y-%m-%d %H:%M} UTC, {env['cpus']} CPUs)", "",
             f"PostgreSQL {env['server_version']}, pgvector {env['vector']}, storetopics {env['storetopics']} "
             f"(git {env['git']}, sql sha1 {env['sql_sha1']}), total {out['elapsed_seconds']:.0f} s. "
-            "`storetopics.render(source, store)` of the same store in a catalog of "
+            "`storetopics._render(source, store)` of the same store in a catalog of "
             f"{sz['small']['stores']:,} stores and in one of {sz['large']['stores']:,}, interleaved (A B, B A, ...); "
             "ratio = median of the large/small ratios of adjacent renders. See bench/README.md.", "",
             "| what | 10-store catalog | large catalog | ratio | target | PASS/MISS |",

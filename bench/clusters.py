@@ -1,7 +1,7 @@
 """`make bench` (clusters): the cluster signal measured side by side in one run.
 
 1. Backfill of a 1M-chunk, 384-d store (synthetic vectors around 20 centres, 100k files of 10 chunks): the keyword
-   fold, then clustering inside Postgres (storetopics.cluster via plpython3u: sample <= 50k, KMeans with K by
+   fold, then clustering inside Postgres (storetopics._cluster via plpython3u: sample <= 50k, KMeans with K by
    silhouette, full reassignment of the 1M chunks by pgvector), then labelling with the Anthropic labeller against
    the local Messages API server.  Wall time, the backend's peak memory (VmHWM), LLM calls vs K.
 2. LLM calls for a 100-file store vs a 100k-file store with the same structure: the same number (one per cluster).
@@ -152,7 +152,7 @@ def main(argv=None) -> int:
                 source = conn.execute("SELECT storetopics.attach('big', 'store', 'file', 'content', 'embedding', "
                                       "settings => '{\"labeller\": \"anthropic\"}')").fetchone()[0]
                 t0 = time.perf_counter()
-                while conn.execute("SELECT storetopics.fold(%s, 20000)", (source,)).fetchone()[0]:
+                while conn.execute("SELECT storetopics._fold(%s, 20000)", (source,)).fetchone()[0]:
                     pass
                 fold_s = time.perf_counter() - t0
                 log(f"  keyword fold of {args.chunks:,} short chunks: {fold_s:.1f}s (table {size})")
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 register_vector(conn)
                 t0 = time.perf_counter()
-                report = conn.execute("SELECT storetopics.cluster(%s, 'big')", (source,)).fetchone()[0]
+                report = conn.execute("SELECT storetopics._cluster(%s, 'big')", (source,)).fetchone()[0]
                 fit_s = time.perf_counter() - t0
                 peak = backend_peak_kb(conn)
                 log(f"  clustering inside Postgres: {fit_s:.1f}s, backend peak {peak / 1024 if peak else -1:.0f} MB, "
@@ -188,17 +188,17 @@ def main(argv=None) -> int:
                 # -- 3. stability: other seeds on unchanged data -------------------------------------------------
                 log("3. stability: re-fit the same data with seeds 1, 2, 3")
                 before = {r[0]: r[1] for r in conn.execute(
-                    "SELECT cluster_id, coalesce(label, storetopics.offline_label(keywords)) FROM storetopics.clusters "
+                    "SELECT cluster_id, coalesce(label, storetopics._offline_label(keywords)) FROM storetopics.clusters "
                     "WHERE source_id = %s AND store_key = 'big'", (source,))}
                 calls0 = label_calls(conn, source, "big")
                 changed = []
                 for seed in (1, 2, 3):
                     conn.execute("SELECT storetopics.configure('big', %s)", (json.dumps({"seed": seed}),))
                     t0 = time.perf_counter()
-                    rep = conn.execute("SELECT storetopics.cluster(%s, 'big')", (source,)).fetchone()[0]
+                    rep = conn.execute("SELECT storetopics._cluster(%s, 'big')", (source,)).fetchone()[0]
                     refresh.label(conn, source, "big")
                     now = {r[0]: r[1] for r in conn.execute(
-                        "SELECT cluster_id, coalesce(label, storetopics.offline_label(keywords)) "
+                        "SELECT cluster_id, coalesce(label, storetopics._offline_label(keywords)) "
                         "FROM storetopics.clusters WHERE source_id = %s AND store_key = 'big'", (source,))}
                     # a label changes for a router when its text is gone (kept, reused and inherited labels stay)
                     lost = sum(1 for lab in before.values() if lab not in set(now.values()))

@@ -739,7 +739,7 @@ def bench_catchup(conn, tables: Tables, cfg: Config, chunks: list[Chunk], explai
             total.extra.update(stores=len(out), files=int(folded[0]), chunks=int(folded[1]),
                                counted_terms=int(folded[2]))
         fresh()
-        secs_fold.append(timed("fold", "SELECT storetopics.fold(%s)", (sid,), until_zero=True))
+        secs_fold.append(timed("fold", "SELECT storetopics._fold(%s)", (sid,), until_zero=True))
         secs_render.append(timed("render", "SELECT * FROM storetopics.backfill()"))
         log(f"  rep {rep + 1}/{cfg.catchup_reps}: backfill {secs_total[-1]:.2f} s, fold {secs_fold[-1]:.2f} s, "
             f"render {secs_render[-1]:.2f} s (backend CPU s: "
@@ -771,7 +771,7 @@ def bench_catchup(conn, tables: Tables, cfg: Config, chunks: list[Chunk], explai
     new_file = max(c.file_id for c in chunks) + 1
     with conn.cursor() as cur, cur.copy(f"COPY {name} ({COLUMNS}) FROM STDIN") as cp:
         cp.write("".join(c.copy_line(store=store, file_id=new_file) for c in donor).encode())
-    conn.execute("SELECT storetopics.fold(%s)", (sid,))
+    conn.execute("SELECT storetopics._fold(%s)", (sid,))
     settle(conn)
     t0 = time.perf_counter()
     rendered = conn.execute("SELECT count(*) FROM storetopics.backfill()").fetchone()[0]
@@ -867,7 +867,7 @@ def explain_fold(conn, name: str, sid: int, log) -> None:
                  "auto_explain.log_level": "notice", "client_min_messages": "notice"}.items():
         conn.execute(f"SET {k} = '{v}'")
     t0 = time.perf_counter()
-    while conn.execute("SELECT storetopics.fold(%s)", (sid,)).fetchone()[0] > 0:
+    while conn.execute("SELECT storetopics._fold(%s)", (sid,)).fetchone()[0] > 0:
         pass
     t_fold = time.perf_counter() - t0
     t0 = time.perf_counter()

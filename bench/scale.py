@@ -10,7 +10,7 @@ For each size, a fresh database in one throwaway cluster:
    WORDS_FILLER words drawn (Zipf, s = 1) from the 5,000 commonest words of the Debian descriptions.  Rows are
    generated outside the timed COPY.
 2. Backfill, step by step as `storetopics backfill`'s pass does it, each step in a fresh connection (so each
-   backend's VmHWM is that step's own): fold (`storetopics.fold(source)` until 0), fit (`storetopics.cluster` of every
+   backend's VmHWM is that step's own): fold (`storetopics._fold(source)` until 0), fit (`storetopics._cluster` of every
    store whose fit is due, inside Postgres via plpython3u), words (`refresh_words`), labels (`refresh.label`, the
    Anthropic labeller through the SDK against the local Messages API server), render (`refresh.render`).  Peak
    memory: each step's backend VmHWM, and the largest VmHWM of any server process (parallel workers included)
@@ -282,17 +282,17 @@ def run_size(admin: str, chunks: int, events: int, llm_env: dict, log) -> dict:
 
             def fold(c):
                 n = calls = 0
-                while (k := c.execute("SELECT storetopics.fold(%s)", (source,)).fetchone()[0]):
+                while (k := c.execute("SELECT storetopics._fold(%s)", (source,)).fetchone()[0]):
                     n += k
                     calls += 1
                 return {"files": n, "calls": calls}
 
             def fit(c):
                 reports = {}
-                for (store,) in c.execute("SELECT store_key FROM storetopics.stores_due(%s) WHERE fit IS NOT NULL "
+                for (store,) in c.execute("SELECT store_key FROM storetopics._stores_due(%s) WHERE fit IS NOT NULL "
                                           "ORDER BY store_key", (source,)).fetchall():
                     t0 = time.perf_counter()
-                    rep = c.execute("SELECT storetopics.cluster(%s, %s)", (source, store)).fetchone()[0]
+                    rep = c.execute("SELECT storetopics._cluster(%s, %s)", (source, store)).fetchone()[0]
                     reports[store] = {"seconds": round(time.perf_counter() - t0, 2), "k": rep.get("k"),
                                       "sampling": rep.get("sampling")}
                 return {"stores": reports}
@@ -303,7 +303,7 @@ def run_size(admin: str, chunks: int, events: int, llm_env: dict, log) -> dict:
 
             def words(c):
                 for s in stores(c):
-                    c.execute("SELECT storetopics.refresh_words(%s, %s)", (source, s))
+                    c.execute("SELECT storetopics._refresh_words(%s, %s)", (source, s))
 
             def labels(c):
                 calls = 0
@@ -355,21 +355,21 @@ def run_size(admin: str, chunks: int, events: int, llm_env: dict, log) -> dict:
             next_file += 1
             anatomy = {}
             t0 = time.perf_counter()
-            anatomy["fold"] = conn.execute("SELECT storetopics.fold(%s)", (source,)).fetchone()[0]
+            anatomy["fold"] = conn.execute("SELECT storetopics._fold(%s)", (source,)).fetchone()[0]
             anatomy["fold_s"] = round(time.perf_counter() - t0, 3)
             t0 = time.perf_counter()
-            anatomy["fit_due"] = conn.execute("SELECT storetopics.fit_due(%s, 'big')", (source,)).fetchone()[0]
-            conn.execute("SELECT storetopics.refresh_words(%s, 'big')", (source,))
+            anatomy["fit_due"] = conn.execute("SELECT storetopics._fit_due(%s, 'big')", (source,)).fetchone()[0]
+            conn.execute("SELECT storetopics._refresh_words(%s, 'big')", (source,))
             anatomy["refresh_words_s"] = round(time.perf_counter() - t0, 3)
             # (in one transaction, as the pass renders: the second render packs what the first computed)
             with conn.transaction():
                 t0 = time.perf_counter()
-                first = conn.execute("SELECT storetopics.render(%s, 'big', true)", (source,)).fetchone()[0]
+                first = conn.execute("SELECT storetopics._render(%s, 'big', true)", (source,)).fetchone()[0]
                 anatomy["render_s"] = round(time.perf_counter() - t0, 3)
                 if first is None:    # new words to count with tiktoken, then render again (what the pass does)
                     t0 = time.perf_counter()
                     anatomy["counted"] = refresh.count_tokens(conn, source, "big")
-                    conn.execute("SELECT storetopics.render(%s, 'big', false)", (source,))
+                    conn.execute("SELECT storetopics._render(%s, 'big', false)", (source,))
                     anatomy["count_and_render_again_s"] = round(time.perf_counter() - t0, 3)
             out["one_upload_pass"] = anatomy
             log(f"  one upload's pass, step by step: {anatomy}")

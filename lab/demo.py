@@ -116,8 +116,7 @@ def recreate_table(conn: psycopg.Connection) -> None:
         if conn.execute("SELECT to_regclass(%s) IS NOT NULL", (TABLE,)).fetchone()[0]:
             conn.execute("SELECT storetopics.detach(%s::regclass)", (TABLE,))
         # Sources whose table was dropped without detach (e.g. by hand) would make every backfill fail.
-        conn.execute("SELECT storetopics.detach_source(s.id) FROM storetopics.sources s "
-                     "WHERE NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = s.chunks)")
+        conn.execute("SELECT * FROM storetopics.detach_dropped()")
         conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
         conn.execute(f"""CREATE TABLE {TABLE} (
                            id bigserial PRIMARY KEY,

@@ -276,7 +276,7 @@ def ctfidf(cluster_terms: dict[int, dict[str, int]], top: int = 10, min_count: i
 
 
 # ------------------------------------------------------------------------------------------------------------
-# One store's fit, end to end: read the sample (storetopics._fit_input), fit, match, write (storetopics.apply_fit).
+# One store's fit, end to end: read the sample (storetopics._fit_input), fit, match, write (storetopics._apply_fit).
 # The same code runs inside Postgres (plpython3u: PlpyDatabase) and in the worker/CLI (psycopg: PsycopgDatabase).
 # ------------------------------------------------------------------------------------------------------------
 class PlpyDatabase:
@@ -410,7 +410,7 @@ def fit_store(db, source: int, store: str) -> str:
                 "single_theme": bool(f.single_theme), "sample": n, "seed": seed, "dim": int(x.shape[1]),
                 "space": space_fingerprint(x, cfg.get("embedding_model")), "method": row["method"],
                 "seconds": round(time.monotonic() - t0, 3), "clusters": clusters}
-    out = db.one("SELECT storetopics.apply_fit($1, $2, $3::jsonb) AS r", ["int", "text", "jsonb"],
+    out = db.one("SELECT storetopics._apply_fit($1, $2, $3::jsonb) AS r", ["int", "text", "jsonb"],
                  [source, store, json.dumps(fit_json)])["r"]
     report = _jsonish(out)
     report["seconds"] = round(time.monotonic() - t0, 3)

@@ -109,7 +109,6 @@ SELECT c.relname, coalesce(obj_description(c.oid, 'pg_class'), ''),
   FROM pg_class c
  WHERE c.relnamespace = 'storetopics'::regnamespace AND c.relkind = 'v'
  ORDER BY 1"""
-WORKER_PREFIX = "For the worker"
 
 
 def _tidy(sql_text: str) -> str:
@@ -132,21 +131,14 @@ def sql_reference(dsn: str) -> str:
     with psycopg.connect(dsn) as conn:
         functions = conn.execute(PUBLIC_FUNCTIONS).fetchall()
         views = conn.execute(VIEWS).fetchall()
-    user = [f for f in functions if not f[3].startswith(WORKER_PREFIX)]
-    worker = [f for f in functions if f[3].startswith(WORKER_PREFIX)]
     out = [BEGIN, "", "### Views", ""]
     for name, comment, columns in views:
         out += [f"#### `storetopics.{name}`", "", comment, "", "Columns: " + ", ".join(f"`{c}`" for c in columns)
                 + ".", ""]
-    for title, rows in (("### Functions", user), ("### The worker's functions", worker)):
-        out += [title, ""]
-        if rows is worker:
-            out += ["What `storetopics worker`, `storetopics backfill` and `storetopics.refresh()` call; listed so "
-                    "that nothing in the schema is undocumented. Executable by administrators and "
-                    "`grant_worker` roles.", ""]
-        for name, args, result, comment in rows:
-            out += [f"#### `storetopics.{name}`", "", "```text", *_signature(name, _tidy(args)),
-                    f"  RETURNS {result}", "```", "", comment, ""]
+    out += ["### Functions", ""]
+    for name, args, result, comment in functions:
+        out += [f"#### `storetopics.{name}`", "", "```text", *_signature(name, _tidy(args)),
+                f"  RETURNS {result}", "```", "", comment, ""]
     out.append(END)
     return "\n".join(out)
 

@@ -100538,13 +100538,50 @@ IENvbnZleW9y 100255
 $cl100k$, '\n') AS l WHERE l <> '';
 ANALYZE storetopics.cl100k;
 
+-- incremental/0.2/009-public-api.sql
+-- storetopics 0.2: one public API.  What a DBA, an application or a router calls keeps a plain name; the worker's
+-- protocol and the helpers become internal (`_`-prefixed; workers run them, tenants are not granted them).  The
+-- idempotent part makes them under their new names; 0.1's go here.
+
+-- Bodies bound at creation call these two (0.1's work_status() and keywords()): renamed, so that what depends on
+-- them follows; the idempotent part then replaces them and their callers.
+DO $$
+BEGIN
+  IF to_regprocedure('storetopics.failing_after()') IS NOT NULL THEN
+    ALTER FUNCTION storetopics.failing_after() RENAME TO _failing_after;
+  END IF;
+  IF to_regprocedure('storetopics.showable_term(text)') IS NOT NULL THEN
+    ALTER FUNCTION storetopics.showable_term(text) RENAME TO _showable_term;
+  END IF;
+END $$;
+
+DROP FUNCTION IF EXISTS storetopics.apply_fit(int, text, jsonb);
+DROP FUNCTION IF EXISTS storetopics.claim(text, float8, int);
+DROP FUNCTION IF EXISTS storetopics.cluster(int, text);
+DROP FUNCTION IF EXISTS storetopics.detach_source(int);   -- detach_dropped() forgets a dropped table's source
+DROP FUNCTION IF EXISTS storetopics.fit_due(int, text);
+DROP FUNCTION IF EXISTS storetopics.fold(int, int);
+DROP FUNCTION IF EXISTS storetopics.keywords(int, text, int, int);
+DROP FUNCTION IF EXISTS storetopics.label_ok(text);
+DROP FUNCTION IF EXISTS storetopics.lease_held(text, int, text);
+DROP FUNCTION IF EXISTS storetopics.next_due();
+DROP FUNCTION IF EXISTS storetopics.offline_label(text[]);
+DROP FUNCTION IF EXISTS storetopics.record_label(int, text, int, text, text, text, text, int, int, text);
+DROP FUNCTION IF EXISTS storetopics.refresh_words(int, text);
+DROP FUNCTION IF EXISTS storetopics.render_due(storetopics.store_state);
+DROP FUNCTION IF EXISTS storetopics.sources_to_fold();
+DROP FUNCTION IF EXISTS storetopics.usable_text(text);
+DROP FUNCTION IF EXISTS storetopics.work_done(text, int, text, bigint, boolean, text, int);
+DROP FUNCTION IF EXISTS storetopics.worker_heartbeat(text, text, int, float8, int, text);
+DROP FUNCTION IF EXISTS storetopics.worker_stop(text);
+
 -- idempotent/010-helpers.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Helpers
 -- ------------------------------------------------------------------------------------------------------------
 -- Text worth tokenising: not NULL, has a letter or digit, no control characters (binary junk), and small enough
 -- for a tsvector (1 MB).  Other rows are counted as skipped.
-CREATE OR REPLACE FUNCTION storetopics.usable_text(t text) RETURNS boolean
+CREATE OR REPLACE FUNCTION storetopics._usable_text(t text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN t IS NOT NULL AND octet_length(t) < 1048576 AND t ~ '[[:alnum:]]' AND t !~ '[\x01-\x08\x0e-\x1f]';
 
@@ -100552,14 +100589,14 @@ RETURN t IS NOT NULL AND octet_length(t) < 1048576 AND t ~ '[[:alnum:]]' AND t !
 -- turned into text have them) are joined again, so that neither half is counted as a word of its own.  A byte search
 -- first: only a text with a hyphen before a line break is rewritten.  (No SET search_path, so that the planner inlines
 -- it into fold's recount: its body is bound when it is created, every name in it schema-qualified.)
-CREATE OR REPLACE FUNCTION storetopics.dehyphenated(t text) RETURNS text
+CREATE OR REPLACE FUNCTION storetopics._dehyphenated(t text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN pg_catalog.strpos(t, E'-\n') OPERATOR(pg_catalog.=) 0
                  AND pg_catalog.strpos(t, E'\u2010\n') OPERATOR(pg_catalog.=) 0 THEN t
             ELSE pg_catalog.regexp_replace(t, E'([[:alpha:]])[-\u2010][ \t]*\n[ \t]*([[:lower:]])', E'\\1\\2', 'g') END;
 
 -- A term worth showing to a person: letters (any script), at least 3 of them, maybe inner hyphens or apostrophes.
-CREATE OR REPLACE FUNCTION storetopics.showable_term(t text) RETURNS boolean
+CREATE OR REPLACE FUNCTION storetopics._showable_term(t text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN t ~ '^[[:alpha:]][[:alpha:]''-]*[[:alpha:]]$' AND length(t) >= 3 AND length(t) <= 40;
 
@@ -100661,10 +100698,10 @@ RETURN coalesce((SELECT format('c.%I = ANY ($1::%s[])', a.attname, a.atttypid::r
 
 -- to_tsvector, or NULL for unusable text or text whose tsvector would pass 1 MB (one subtransaction per call: the
 -- slow path of a fold batch that hit such a row; parallel unsafe: workers may not start subtransactions).
-CREATE OR REPLACE FUNCTION storetopics.tsvector_or_null(cfg regconfig, t text) RETURNS tsvector
+CREATE OR REPLACE FUNCTION storetopics._tsvector_or_null(cfg regconfig, t text) RETURNS tsvector
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-  IF NOT storetopics.usable_text(t) THEN
+  IF NOT storetopics._usable_text(t) THEN
     RETURN NULL;
   END IF;
   RETURN to_tsvector(cfg, t);
@@ -100683,13 +100720,13 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN (SELECT m.value FROM storetopics.meta m WHERE m.key = 'build');
 
 -- What \df+ shows a DBA.
-COMMENT ON FUNCTION storetopics.usable_text(text) IS
+COMMENT ON FUNCTION storetopics._usable_text(text) IS
   'Whether a text is worth tokenising: not NULL, has a letter or digit, no control characters, under 1 MB. Other rows are counted as skipped.';
-COMMENT ON FUNCTION storetopics.showable_term(text) IS
+COMMENT ON FUNCTION storetopics._showable_term(text) IS
   'Whether a term is worth showing: 3-40 letters, maybe inner hyphens or apostrophes.';
-COMMENT ON FUNCTION storetopics.dehyphenated(text) IS
+COMMENT ON FUNCTION storetopics._dehyphenated(text) IS
   'The text with words a line break hyphenated joined again (destina-/tion), as storetopics counts it.';
-COMMENT ON FUNCTION storetopics.tsvector_or_null(regconfig, text) IS
+COMMENT ON FUNCTION storetopics._tsvector_or_null(regconfig, text) IS
   'to_tsvector, or NULL for unusable text or a text whose tsvector would pass 1 MB.';
 
 -- idempotent/015-screen.sql
@@ -100697,8 +100734,8 @@ COMMENT ON FUNCTION storetopics.tsvector_or_null(regconfig, text) IS
 -- Screen: one filter for every text a router LLM reads
 -- ------------------------------------------------------------------------------------------------------------
 -- Labels, phrases and ranked terms come from documents anyone could write, and a router LLM reads them on every
--- turn: they must read as data, never as instructions.  storetopics.screen(text) says why a text must not be shown
--- (NULL: it may be); storetopics.screen_words(text[]) gives the positions of the words of a ranked list to leave out.
+-- turn: they must read as data, never as instructions.  storetopics._screen(text) says why a text must not be shown
+-- (NULL: it may be); storetopics._screen_words(text[]) gives the positions of the words of a ranked list to leave out.
 -- The checks read three normal forms of the text:
 --   d  _screen_normal: NFKC (full-width, mathematical and circled letters, ligatures read as the letters they show),
 --                      invisible characters removed, diacritics removed, lower case: the text as a reader sees it;
@@ -101430,7 +101467,7 @@ END $$;
 -- why: one answer for every caller (render, the labeller's last check, a person looking at a rejected label).  The
 -- reasons are tried in this order; the first that applies is given.  NULL in, NULL out: there is nothing to show.
 -- A text that is empty or blank once invisible characters are gone is not a label: 'empty'.
-CREATE OR REPLACE FUNCTION storetopics.screen(t text) RETURNS text
+CREATE OR REPLACE FUNCTION storetopics._screen(t text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   d text;
@@ -101452,7 +101489,7 @@ BEGIN
               ELSE storetopics._screen_command(d, m, s) END;
 END $$;
 
-COMMENT ON FUNCTION storetopics.screen(text) IS
+COMMENT ON FUNCTION storetopics._screen(text) IS
   'NULL when the text may be shown to a router LLM, else why not: control characters, invisible characters, empty, '
   'mixed scripts, role marker, url, markup, routing command, instruction.  NULL for NULL (nothing to show).';
 
@@ -101462,7 +101499,7 @@ COMMENT ON FUNCTION storetopics.screen(text) IS
 -- over adjacent command words ("route", "always", "here", "instructions" ...), which read as part of it
 -- ("instructions, route, always choose").  A list that screen() passes as a whole needs only the first step, so an
 -- ordinary list costs one screen() per word and one for the list.
-CREATE OR REPLACE FUNCTION storetopics.screen_words(words text[]) RETURNS int[]
+CREATE OR REPLACE FUNCTION storetopics._screen_words(words text[]) RETURNS int[]
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   dropped int[] := '{}';
@@ -101482,7 +101519,7 @@ DECLARE
 BEGIN
   IF cardinality(words) = 0 THEN RETURN '{}'; END IF;
   FOR i IN array_lower(words, 1) .. array_upper(words, 1) LOOP
-    IF coalesce(btrim(words[i]), '') = '' OR storetopics.screen(words[i]) IS NOT NULL THEN
+    IF coalesce(btrim(words[i]), '') = '' OR storetopics._screen(words[i]) IS NOT NULL THEN
       dropped := dropped || i;
     ELSE
       kept := kept || i;
@@ -101490,13 +101527,13 @@ BEGIN
     END IF;
   END LOOP;
   n := coalesce(cardinality(kept), 0);
-  IF n < 2 OR storetopics.screen(phrase) IS NULL THEN RETURN dropped; END IF;
+  IF n < 2 OR storetopics._screen(phrase) IS NULL THEN RETURN dropped; END IF;
   reach := array_fill(NULL::int, ARRAY[n + 1]);
   FOR i IN 1 .. n - 1 LOOP
     phrase := words[kept[i]];
     FOR j IN i + 1 .. n LOOP
       phrase := phrase || ' ' || words[kept[j]];
-      IF storetopics.screen(phrase) IS NOT NULL THEN reach[i] := j; EXIT; END IF;
+      IF storetopics._screen(phrase) IS NOT NULL THEN reach[i] := j; EXIT; END IF;
     END LOOP;
   END LOOP;
   hit := array_fill(false, ARRAY[n]);
@@ -101519,7 +101556,7 @@ BEGIN
                 ORDER BY p);
 END $$;
 
-COMMENT ON FUNCTION storetopics.screen_words(text[]) IS
+COMMENT ON FUNCTION storetopics._screen_words(text[]) IS
   'The 1-based positions of the words of a ranked term list to leave out: each unsafe alone (screen()), or part of '
   'an instruction the words spell when read in order.  NULL for NULL; NULL and blank elements are left out.';
 
@@ -101559,7 +101596,7 @@ RETURN format('IF pg_catalog.pg_get_userbyid(%s::pg_catalog.oid) OPERATOR(pg_cat
 -- The store key as storetopics keeps it: the expression's text, NULL when it is longer than 500 characters (keys are
 -- bounded by design: they are the primary keys of the state tables; such rows are counted as skipped, like a NULL
 -- key).  The key is computed once per row, in a function scan, because expressions may be subqueries.
-CREATE OR REPLACE FUNCTION storetopics.max_store_key() RETURNS int
+CREATE OR REPLACE FUNCTION storetopics._max_store_key() RETURNS int
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN 500;
 
@@ -101839,18 +101876,18 @@ DECLARE
   terms text := $q$
     SELECT k.s AS store_key, (%2$s)::text AS file_key, l.term, sum(l.n)::int AS n, count(*)::int AS rows
       FROM %1$s AS c
-     CROSS JOIN LATERAL unnest(ARRAY[CASE WHEN char_length((%3$s)::text) <= storetopics.max_store_key()
+     CROSS JOIN LATERAL unnest(ARRAY[CASE WHEN char_length((%3$s)::text) <= storetopics._max_store_key()
                                           THEN (%3$s)::text END]) AS k(s)
      CROSS JOIN LATERAL (SELECT x.lexeme, cardinality(x.positions) FROM unnest(%4$s) AS x
                          UNION ALL
                          SELECT NULL, %5$s) AS l(term, n)
      WHERE %6$s
      GROUP BY 1, 2, 3$q$;
-  -- the text as it is counted (storetopics.dehyphenated)
-  td text := format('storetopics.dehyphenated(%s)', t);
-  fast_tsv text := format('CASE WHEN k.s IS NOT NULL AND storetopics.usable_text(%s) THEN to_tsvector(%L::regconfig, %s) END',
+  -- the text as it is counted (storetopics._dehyphenated)
+  td text := format('storetopics._dehyphenated(%s)', t);
+  fast_tsv text := format('CASE WHEN k.s IS NOT NULL AND storetopics._usable_text(%s) THEN to_tsvector(%L::regconfig, %s) END',
                           t, src.ts_config, td);
-  slow_tsv text := format('storetopics.tsvector_or_null(%L::regconfig, CASE WHEN k.s IS NOT NULL THEN %s END)',
+  slow_tsv text := format('storetopics._tsvector_or_null(%L::regconfig, CASE WHEN k.s IS NOT NULL THEN %s END)',
                           src.ts_config, td);
   means text := '';
   assign text[] := '{"", "", "", "", "", ""}';
@@ -101963,9 +102000,9 @@ END$f$,
     format('SELECT DISTINCT (%s)::text, (%s)::text FROM %s AS c', s, f, tbl),
     format('SELECT (%s)::text, count(*) FROM %s AS c GROUP BY 1', f, tbl),
     format('SELECT count(*) FROM %s AS c WHERE (%s) IS NULL', tbl, f),
-    format(terms, tbl, f, s, fast_tsv, format('(NOT storetopics.usable_text(%s))::int', t), by_files),
+    format(terms, tbl, f, s, fast_tsv, format('(NOT storetopics._usable_text(%s))::int', t), by_files),
     format(terms, tbl, f, s, slow_tsv,
-           format('(%s IS NULL AND (k.s IS NOT NULL OR NOT storetopics.usable_text(%s)))::int', slow_tsv, t), by_files),
+           format('(%s IS NULL AND (k.s IS NOT NULL OR NOT storetopics._usable_text(%s)))::int', slow_tsv, t), by_files),
     format('SELECT (%s)::text FROM %s AS c WHERE %s AND %s', td, tbl, by_files, by_store),
     format('SELECT %s, (%s)::text, left(%s, 1000) FROM %s AS c WHERE %s', storetopics._chunk_ref_sql(src.chunks),
            f, t, tbl, storetopics._chunk_lookup_sql(src.chunks)),
@@ -101976,14 +102013,14 @@ END$f$,
        ORDER BY hashtext(%s || ':' || ($3 ->> 'seed')), 1
        LIMIT ($3 ->> 'limit')::int$q$, by_store, e, f, storetopics._chunk_ref_sql(src.chunks)),
     format($q$
-      SELECT x.f, x.t FROM (SELECT (%1$s)::text AS f, left((storetopics.dehyphenated(%2$s))::text, 1500) AS t,
+      SELECT x.f, x.t FROM (SELECT (%1$s)::text AS f, left((storetopics._dehyphenated(%2$s))::text, 1500) AS t,
                                    row_number() OVER (PARTITION BY (%1$s)::text
                                                       ORDER BY pg_catalog.md5((%2$s)::text), %3$s) AS r
                               FROM %4$s AS c WHERE %5$s AND %6$s) x
        WHERE x.r <= 3$q$, f, t, storetopics._chunk_ref_sql(src.chunks), tbl, by_files, by_store),
     format(search, format('pg_catalog.to_tsvector(%L::pg_catalog.regconfig, %s)', src.ts_config, t), nearest, f,
            storetopics._chunk_ref_sql(src.chunks), t, src.ts_config, tbl, by_store),
-    format(search, format('storetopics.tsvector_or_null(%L::pg_catalog.regconfig, %s)', src.ts_config, t), nearest, f,
+    format(search, format('storetopics._tsvector_or_null(%L::pg_catalog.regconfig, %s)', src.ts_config, t), nearest, f,
            storetopics._chunk_ref_sql(src.chunks), t, src.ts_config, tbl, by_store),
     assign[2], assign[3], assign[4]);
 END $$;
@@ -102197,7 +102234,7 @@ BEGIN
 END $$;
 
 -- What \df+ shows a DBA.
-COMMENT ON FUNCTION storetopics.max_store_key() IS
+COMMENT ON FUNCTION storetopics._max_store_key() IS
   'The longest store key kept, in characters (500); rows with a longer one are counted as skipped.';
 
 -- idempotent/030-attach.sql
@@ -102553,7 +102590,7 @@ BEGIN
 END $$;
 
 -- Detach by source id (also when the table is gone).  The caller must be able to act as the source's owner.
-CREATE OR REPLACE FUNCTION storetopics.detach_source(p_source int) RETURNS boolean
+CREATE OR REPLACE FUNCTION storetopics._detach_source(p_source int) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   src storetopics.sources;
@@ -102570,15 +102607,35 @@ BEGIN
   PERFORM storetopics._forget_source(p_source);
   RETURN true;
 END $$;
-COMMENT ON FUNCTION storetopics.detach_source(int) IS
+COMMENT ON FUNCTION storetopics._detach_source(int) IS
   'Detach a source by id (also when its table was dropped): triggers, generated functions and state go.';
 
 CREATE OR REPLACE FUNCTION storetopics.detach(chunks regclass) RETURNS boolean
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-RETURN coalesce((SELECT storetopics.detach_source(s.id) FROM storetopics.sources s WHERE s.chunks = detach.chunks),
+RETURN coalesce((SELECT storetopics._detach_source(s.id) FROM storetopics.sources s WHERE s.chunks = detach.chunks),
                 false);
 COMMENT ON FUNCTION storetopics.detach(regclass) IS
   'Detach a table: its triggers, generated functions and summaries go; the table is left as it is.';
+
+-- A table dropped where no event trigger saw it (managed Postgres, where extensions may not make event triggers)
+-- leaves its source behind: its stores are left out of every read until this forgets it.  The caller's own sources
+-- (those it may act as the owner of); returns the ids they had.
+CREATE OR REPLACE FUNCTION storetopics.detach_dropped() RETURNS SETOF int
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_source int;
+BEGIN
+  FOR v_source IN SELECT s.id FROM storetopics.sources s
+                   WHERE NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = s.chunks)
+                     AND storetopics._may_act_as(s.owner)
+                   ORDER BY s.id LOOP
+    IF storetopics._detach_source(v_source) THEN
+      RETURN NEXT v_source;
+    END IF;
+  END LOOP;
+END $$;
+COMMENT ON FUNCTION storetopics.detach_dropped() IS
+  'Forget the caller''s sources whose tables were dropped without an event trigger seeing it; returns their ids.';
 
 -- Forget a source's state and recount everything on the next fold, after making its functions and triggers again
 -- from its tables as they are now (renamed columns followed, partitions added since covered): what recovers a
@@ -102714,7 +102771,7 @@ BEGIN
   EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.attach(regclass, text, text, text, text, regconfig, jsonb, '
                  'regclass, text, regclass, text, text), storetopics.attach_check(regclass, text, text, text, text, '
                  'regconfig, jsonb, regclass, text, regclass, text, text), storetopics.detach(regclass), '
-                 'storetopics.detach_source(int), '
+                 'storetopics.detach_dropped(), '
                  'storetopics.resync(regclass), storetopics.verify(regclass), storetopics.settings(regclass), '
                  'storetopics.configure(regclass, jsonb), storetopics.pause(regclass), storetopics.resume(regclass), '
                  'storetopics.grant_read(regrole, regclass) TO %I', role_name);
@@ -102787,22 +102844,22 @@ COMMENT ON FUNCTION storetopics.grant_read(regrole, regclass) IS
 -- (jit off here and in apply_fit: compiling the assignment's expressions cost more than it saved.  Custom plans: a
 -- batch's file keys are an array; planned as a constant, `= ANY` is hashed, as a parameter of a generic plan it is
 -- searched row by row.  bench/README.md has the figures.)
-CREATE OR REPLACE FUNCTION storetopics.fold(p_source int, max_files int DEFAULT 5000) RETURNS int
+CREATE OR REPLACE FUNCTION storetopics._fold(p_source int, max_files int DEFAULT 5000) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET jit = off
   SET plan_cache_mode = force_custom_plan AS $$
 BEGIN
   BEGIN
-    RETURN storetopics._fold(p_source, max_files);
+    RETURN storetopics._fold_once(p_source, max_files);
   EXCEPTION WHEN data_exception OR cardinality_violation THEN
     -- a key expression raised for some row: the source is read row by row from now on, and the fold runs again
     IF NOT storetopics._read_row_by_row(p_source, SQLERRM) THEN
       RAISE;
     END IF;
   END;
-  RETURN storetopics._fold(p_source, max_files);
+  RETURN storetopics._fold_once(p_source, max_files);
 END $$;
 
-CREATE OR REPLACE FUNCTION storetopics._fold(p_source int, max_files int) RETURNS int
+CREATE OR REPLACE FUNCTION storetopics._fold_once(p_source int, max_files int) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   src storetopics.sources := storetopics._fold_source(p_source);
@@ -102844,7 +102901,7 @@ BEGIN
   RETURN true;
 END $$;
 
-COMMENT ON FUNCTION storetopics.fold(int, int) IS
+COMMENT ON FUNCTION storetopics._fold(int, int) IS
   'Recount up to max_files files of a source whose rows changed and apply the difference to its stores; returns '
   'the number of files recounted (0: nothing pending).  Exact and idempotent; safe from any number of sessions.';
 
@@ -102867,7 +102924,7 @@ BEGIN
   END IF;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'storetopics: the table of source % was dropped', p_source USING ERRCODE = 'undefined_table',
-      HINT = format('Forget it with SELECT storetopics.detach_source(%s).', p_source);
+      HINT = format('Forget it with SELECT storetopics._detach_source(%s).', p_source);
   ELSIF v_owner <> src.owner THEN
     RAISE EXCEPTION 'storetopics: source %: the owner of % is now %, not % who attached it', p_source, src.chunks,
       v_owner::regrole, src.owner USING ERRCODE = 'insufficient_privilege',
@@ -103495,7 +103552,7 @@ END $$;
 -- Whether a store's clustering is due, and why: 'no fit' (enough vectors, never fitted), 'outliers' (outliers since
 -- the fit pass refit_outliers of the store), 'dimension' (most vectors have another dimension than the fit), or
 -- NULL when the current fit still holds.
-CREATE OR REPLACE FUNCTION storetopics.fit_due(p_source int, p_store text) RETURNS text
+CREATE OR REPLACE FUNCTION storetopics._fit_due(p_source int, p_store text) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN (
   SELECT CASE
@@ -103608,7 +103665,7 @@ END $$;
 -- input was read, nothing is written.  Returns a jsonb report.
 -- (Joins between a store's files and the pass's result are hashed: right after a big fold file_terms has no
 -- statistics yet, and the planner's nested loop over both was orders of magnitude slower.)
-CREATE OR REPLACE FUNCTION storetopics.apply_fit(p_source int, p_store text, p_fit jsonb) RETURNS jsonb
+CREATE OR REPLACE FUNCTION storetopics._apply_fit(p_source int, p_store text, p_fit jsonb) RETURNS jsonb
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET enable_nestloop = off SET jit = off
 AS $$
 DECLARE
@@ -103719,7 +103776,7 @@ BEGIN
          fit_space = p_fit ->> 'space', fit_seconds = (p_fit ->> 'seconds')::real, fit_chunks = v_assigned,
          version = version + 1
    WHERE source_id = p_source AND store_key = p_store;
-  PERFORM storetopics.refresh_words(p_source, p_store);   -- every cluster's words, for the labeller
+  PERFORM storetopics._refresh_words(p_source, p_store);   -- every cluster's words, for the labeller
   RETURN jsonb_build_object('applied', true, 'generation', st.fit_generation + 1, 'k', (p_fit ->> 'k')::int,
                             'kept', v_kept, 'new', coalesce(cardinality(v_new), 0), 'inherited', v_inherited,
                             'removed', v_removed,
@@ -103758,7 +103815,7 @@ BEGIN
     -- term) pair, the lexemes cost an index probe and a showable_term call each)
     SELECT t.term_id, x.lexeme
       FROM storetopics.store_terms t JOIN storetopics.lexemes x ON x.id = t.term_id
-     WHERE t.source_id = p_source AND t.store_key = p_store AND storetopics.showable_term(x.lexeme)
+     WHERE t.source_id = p_source AND t.store_key = p_store AND storetopics._showable_term(x.lexeme)
   ), tot AS (
     SELECT ct.term_id, sum(ct.n) AS total FROM ct GROUP BY 1
   ), sizes AS (
@@ -103810,7 +103867,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN (SELECT count(*) FROM unnest(a[1:5]) w WHERE w <> ALL (coalesce(b[1:15], '{}')))
      + (SELECT count(*) FROM unnest(b[1:5]) w WHERE w <> ALL (coalesce(a[1:15], '{}')));
 
-CREATE OR REPLACE FUNCTION storetopics.refresh_words(p_source int, p_store text) RETURNS int
+CREATE OR REPLACE FUNCTION storetopics._refresh_words(p_source int, p_store text) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   st storetopics.store_state;
@@ -103848,7 +103905,7 @@ END $$;
 -- The offline label: the cluster's first three words (c-TF-IDF order) that say something new: a word is skipped
 -- when it repeats one already taken, or is a part or a compound of one ("octave", "forge", "octave-forge").
 -- Deterministic, no network.
-CREATE OR REPLACE FUNCTION storetopics.offline_label(words text[]) RETURNS text
+CREATE OR REPLACE FUNCTION storetopics._offline_label(words text[]) RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   w text;
@@ -103856,7 +103913,7 @@ DECLARE
   parts text[] := '{}';
 BEGIN
   FOREACH w IN ARRAY coalesce(words, '{}') LOOP
-    CONTINUE WHEN NOT storetopics.showable_term(w);
+    CONTINUE WHEN NOT storetopics._showable_term(w);
     CONTINUE WHEN lower(w) = ANY (parts) OR regexp_split_to_array(lower(w), '-') && parts;
     taken := taken || w;
     parts := parts || lower(w) || regexp_split_to_array(lower(w), '-');
@@ -103868,7 +103925,7 @@ END $$;
 
 -- A label as stored must look like one: 3-48 characters, 2-5 words.  What it says is screen()'s business, and
 -- whether it speaks of the cluster _grounded's.
-CREATE OR REPLACE FUNCTION storetopics.label_ok(label text) RETURNS boolean
+CREATE OR REPLACE FUNCTION storetopics._label_ok(label text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN label IS NOT NULL AND length(label) BETWEEN 3 AND 48
    AND cardinality(regexp_split_to_array(trim(label), '\s+')) BETWEEN 2 AND 5;
@@ -103903,7 +103960,7 @@ RETURN ARRAY(SELECT st.store_key || ': ' || (SELECT string_agg(c ->> 'term', ', 
 -- Clusters whose label is due from the configured labeller (none with the offline labeller, whose label is derived
 -- from the words): new or changed clusters whose retry time has come.  What a labeller may see of a cluster: its
 -- words and representative chunks, never the corpus.
-CREATE OR REPLACE FUNCTION storetopics.labels_due(p_source int, p_store text)
+CREATE OR REPLACE FUNCTION storetopics._labels_due(p_source int, p_store text)
 RETURNS TABLE (cluster_id int, keywords text[], representatives jsonb, share float8, failures int,
                siblings text[], others text[])
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
@@ -103913,7 +103970,7 @@ BEGIN ATOMIC
                                        WHERE k2.source_id = p_source AND k2.store_key = p_store), 1),
          k.label_failures,
          -- what the store's other clusters are about, so a label says what sets this one apart
-         ARRAY(SELECT coalesce(k3.label, k3.phrase, storetopics.offline_label(k3.keywords))
+         ARRAY(SELECT coalesce(k3.label, k3.phrase, storetopics._offline_label(k3.keywords))
                  FROM storetopics.clusters k3
                 WHERE k3.source_id = p_source AND k3.store_key = p_store AND k3.cluster_id <> k.cluster_id
                   AND k3.chunks > 0
@@ -103954,7 +104011,7 @@ RETURN now() + make_interval(secs => least(3600, 30 * 2 ^ least(failures, 20)) *
 --   outcome 'error':    no answer (network, rate limit, server error): the old label stays, a retry is scheduled
 --                       with exponential backoff and jitter (30 s doubling, capped at one hour).
 -- Returns whether the cluster still existed.
-CREATE OR REPLACE FUNCTION storetopics.record_label(p_source int, p_store text, p_cluster int, p_outcome text, p_label text,
+CREATE OR REPLACE FUNCTION storetopics._record_label(p_source int, p_store text, p_cluster int, p_outcome text, p_label text,
                                          p_labeller text, p_model text DEFAULT NULL, p_input_tokens int DEFAULT 0,
                                          p_output_tokens int DEFAULT 0, p_detail text DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -103963,8 +104020,8 @@ DECLARE
   v_detail text := p_detail;
 BEGIN
   IF v_outcome = 'ok' THEN
-    v_detail := CASE WHEN NOT storetopics.label_ok(p_label) THEN 'not a 2-5 word label'
-                     WHEN storetopics.screen(p_label) IS NOT NULL THEN 'screened: ' || storetopics.screen(p_label)
+    v_detail := CASE WHEN NOT storetopics._label_ok(p_label) THEN 'not a 2-5 word label'
+                     WHEN storetopics._screen(p_label) IS NOT NULL THEN 'screened: ' || storetopics._screen(p_label)
                      WHEN NOT storetopics._grounded(p_source, p_store, p_cluster, p_label)
                        THEN 'not grounded: a word of it is not in the cluster''s words or chunks' END;
     v_outcome := CASE WHEN v_detail IS NULL THEN 'ok' ELSE 'rejected' END;
@@ -103997,7 +104054,7 @@ END $$;
 
 -- Clustering inside the database, where plpython3u is installed (storetopics._fit_in_database, created at install
 -- time then).  Elsewhere the worker or the CLI (`storetopics backfill`) runs the same Python outside Postgres.
-CREATE OR REPLACE FUNCTION storetopics.cluster(p_source int, p_store text) RETURNS jsonb
+CREATE OR REPLACE FUNCTION storetopics._cluster(p_source int, p_store text) RETURNS jsonb
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_result jsonb;
@@ -104013,21 +104070,21 @@ BEGIN
 END $$;
 
 -- What \df+ shows a DBA.
-COMMENT ON FUNCTION storetopics.fit_due(int, text) IS
+COMMENT ON FUNCTION storetopics._fit_due(int, text) IS
   'Why a store needs a (re-)fit now: no fit, outliers, dimension; NULL while its fit holds.';
-COMMENT ON FUNCTION storetopics.apply_fit(int, text, jsonb) IS
+COMMENT ON FUNCTION storetopics._apply_fit(int, text, jsonb) IS
   'Write a fit computed from _fit_input (clusters matched to the old ones keep their rows and labels) and assign every chunk of the store; compare-and-set on the fit generation. Returns a report.';
-COMMENT ON FUNCTION storetopics.refresh_words(int, text) IS
+COMMENT ON FUNCTION storetopics._refresh_words(int, text) IS
   'Recompute a store''s cluster words and offline phrases from the current counts and run the keyword gate; returns how many labels became due.';
-COMMENT ON FUNCTION storetopics.offline_label(text[]) IS
+COMMENT ON FUNCTION storetopics._offline_label(text[]) IS
   'The fallback offline label: a cluster''s first three words that say something new.';
-COMMENT ON FUNCTION storetopics.label_ok(text) IS
+COMMENT ON FUNCTION storetopics._label_ok(text) IS
   'Whether a label has a label''s shape: 3-48 characters, 2-5 words (what it says is screen()''s business).';
-COMMENT ON FUNCTION storetopics.labels_due(int, text) IS
+COMMENT ON FUNCTION storetopics._labels_due(int, text) IS
   'The clusters whose label is due from the configured LLM labeller, with what it may see: words, representatives, the other clusters and stores.';
-COMMENT ON FUNCTION storetopics.record_label(int, text, int, text, text, text, text, int, int, text) IS
+COMMENT ON FUNCTION storetopics._record_label(int, text, int, text, text, text, text, int, int, text) IS
   'Record a labelling call in the ledger and, when the label passes label_ok, screen() and the grounding check, store it; errors schedule a retry with backoff.';
-COMMENT ON FUNCTION storetopics.cluster(int, text) IS
+COMMENT ON FUNCTION storetopics._cluster(int, text) IS
   'Re-fit one store''s clusters inside the database (needs plpython3u); elsewhere the worker or `storetopics backfill` fits.';
 
 -- idempotent/065-phrases.sql
@@ -104428,7 +104485,7 @@ RETURN coalesce((SELECT mode() WITHIN GROUP (ORDER BY storetopics._script(x.lexe
 --       theme).
 -- No merge joins: the planner cannot know how long the arrays are, so it sorted every (file, term) pair of the store
 -- by term to merge them with the store's terms; hashing the terms streams the pairs instead (bench/README.md).
-CREATE OR REPLACE FUNCTION storetopics.keywords(p_source int, p_store text, n_dominant int DEFAULT 10,
+CREATE OR REPLACE FUNCTION storetopics._keywords(p_source int, p_store text, n_dominant int DEFAULT 10,
                                      n_distinctive int DEFAULT 8)
 RETURNS TABLE (kind text, rank int, lexeme text, score float8, files int, total bigint, file_key text)
 LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off
@@ -104446,7 +104503,7 @@ BEGIN ATOMIC
     SELECT 'dominant'::text AS kind, t.term, t.total::float8 AS score, t.files, t.total, NULL::text AS file_key
       -- ranked first, then the test, until n pass (OFFSET 0 keeps the test above the sort, off most terms)
       FROM (SELECT * FROM terms ORDER BY total DESC, term OFFSET 0) t
-     WHERE storetopics.showable_term(t.term)
+     WHERE storetopics._showable_term(t.term)
        AND storetopics._noise(t.term, t.files, t.total, t.total_sq, t.n::bigint, t.words, t.script) IS NULL
      ORDER BY t.total DESC, t.term LIMIT n_dominant
   ), novelty AS (
@@ -104491,7 +104548,7 @@ BEGIN ATOMIC
                 JOIN outliers o ON o.file_key = u.file_key
                 JOIN terms t ON t.term_id = u.term_id
               OFFSET 0) w
-       WHERE storetopics.showable_term(w.term) AND w.idf > 0
+       WHERE storetopics._showable_term(w.term) AND w.idf > 0
          AND storetopics._noise(w.term, w.files, w.total, w.total_sq, w.store_files::bigint, w.store_words,
                                 w.script) IS NULL) x
      WHERE x.r <= 3
@@ -104503,7 +104560,7 @@ BEGIN ATOMIC
                    t.words, t.script FROM terms t
              WHERE t.files >= 3 AND t.total_sq >= 2 * t.total AND t.idf > 0
              ORDER BY 2 DESC, 1 OFFSET 0) t
-     WHERE storetopics.showable_term(t.term)
+     WHERE storetopics._showable_term(t.term)
        AND storetopics._noise(t.term, t.files, t.total, t.total_sq, t.n::bigint, t.words, t.script) IS NULL
        AND t.term NOT IN (SELECT d.term FROM dominant d)
        AND t.term NOT IN (SELECT o.term FROM outlier_terms o)
@@ -104563,7 +104620,7 @@ BEGIN
                     -- end are punctuation, not part of the word)
                     FROM (SELECT r, count(*) AS n
                             FROM unnest(v_texts) t, regexp_split_to_table(lower(t), '[^[:alpha:]''-]+') r
-                           WHERE storetopics.usable_text(t) GROUP BY r) r,
+                           WHERE storetopics._usable_text(t) GROUP BY r) r,
                          LATERAL (SELECT btrim(r.r, '''-')
                                   UNION ALL
                                   SELECT btrim(p, '''') FROM regexp_split_to_table(r.r, '-') p) AS x(word)
@@ -104596,12 +104653,12 @@ RETURN CASE WHEN n < 10000 THEN n::text
 CREATE OR REPLACE FUNCTION storetopics._screened(words text[], what text, OUT kept text[], OUT dropped jsonb)
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  v_drop int[] := coalesce(storetopics.screen_words(words), '{}');
+  v_drop int[] := coalesce(storetopics._screen_words(words), '{}');
 BEGIN
   kept := ARRAY(SELECT w FROM unnest(words) WITH ORDINALITY AS u(w, i) WHERE i <> ALL (v_drop) ORDER BY i);
   dropped := coalesce((SELECT jsonb_agg(jsonb_build_object('in', what, 'text', w, 'reason',
-                                                           coalesce(storetopics.screen(w),
-                                                                    storetopics.screen(array_to_string(words, ' ')),
+                                                           coalesce(storetopics._screen(w),
+                                                                    storetopics._screen(array_to_string(words, ' ')),
                                                                     'instruction')) ORDER BY i)
                          FROM unnest(words) WITH ORDINALITY AS u(w, i) WHERE i = ANY (v_drop)), '[]');
 END $$;
@@ -104611,9 +104668,9 @@ END $$;
 CREATE OR REPLACE FUNCTION storetopics._shown_label(label text, phrase text, words text[], offline boolean)
 RETURNS text
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
-RETURN CASE WHEN NOT offline AND label IS NOT NULL AND storetopics.screen(label) IS NULL THEN label
-            WHEN phrase IS NOT NULL AND storetopics.screen(phrase) IS NULL THEN phrase
-            WHEN storetopics.screen(storetopics.offline_label(words)) IS NULL THEN storetopics.offline_label(words) END;
+RETURN CASE WHEN NOT offline AND label IS NOT NULL AND storetopics._screen(label) IS NULL THEN label
+            WHEN phrase IS NOT NULL AND storetopics._screen(phrase) IS NULL THEN phrase
+            WHEN storetopics._screen(storetopics._offline_label(words)) IS NULL THEN storetopics._offline_label(words) END;
 
 -- The terms that tell a store apart from the other stores of its catalog, best first: a term counts by the share of
 -- the store's files that hold it, p, against its share of the other stores' files, q (half a file added to both
@@ -104623,7 +104680,7 @@ RETURN CASE WHEN NOT offline AND label IS NOT NULL AND storetopics.screen(label)
 -- the catalog's size from its sources' store_count and file_count), one index probe per term of the store and no
 -- other store's row read, whatever the catalog's size (bench/catalog.py measures it).  A store alone
 -- in its catalog has nothing to be told apart from: its terms rank by p.
-CREATE OR REPLACE FUNCTION storetopics.contrast_terms(p_source int, p_store text, n int DEFAULT 60)
+CREATE OR REPLACE FUNCTION storetopics._contrast_terms(p_source int, p_store text, n int DEFAULT 60)
 RETURNS TABLE (lexeme text, score float8, files int, share float8, rest_share float8)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
@@ -104655,7 +104712,7 @@ BEGIN ATOMIC
   -- ranked first, then tested in that order until n pass (OFFSET 0 keeps the test above the sort): showable_term
   -- is a call per term, and a store has tens of thousands of terms
   SELECT r.lexeme, r.score, r.files, r.p, r.q FROM ranked r
-   WHERE storetopics.showable_term(r.lexeme)
+   WHERE storetopics._showable_term(r.lexeme)
      AND storetopics._noise(r.lexeme, r.files, r.total, r.total_sq, r.store_files::bigint, r.store_words,
                             r.script) IS NULL
    ORDER BY r.score DESC, r.lexeme
@@ -104680,7 +104737,7 @@ RETURN ARRAY(SELECT DISTINCT ' ' || x.c FROM regexp_split_to_table(p_text, ' ') 
               ORDER BY 1);
 
 -- Records token counts the worker or the CLI took with the real tokenizer.
-CREATE OR REPLACE FUNCTION storetopics.record_token_counts(p_chunks text[], p_tokens int[]) RETURNS int
+CREATE OR REPLACE FUNCTION storetopics._record_token_counts(p_chunks text[], p_tokens int[]) RETURNS int
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   INSERT INTO storetopics.token_counts (chunk, tokens)
@@ -104737,7 +104794,7 @@ END $$;
 -- worker and the CLI count them with tiktoken and render again, in the same transaction, which packs what the first
 -- call computed (pg_temp.storetopics_candidate, dropped at commit: the store's row stays locked in between, so
 -- nothing it was computed from can change) instead of computing it again.
-CREATE OR REPLACE FUNCTION storetopics.render(p_source int, p_store text, count_first boolean DEFAULT false)
+CREATE OR REPLACE FUNCTION storetopics._render(p_source int, p_store text, count_first boolean DEFAULT false)
 RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -104825,7 +104882,7 @@ DECLARE
   v_s record;
   v_topics_from text;   -- what the topic list is made of: clusters, the labeller's store labels, mined phrases
 BEGIN
-  PERFORM storetopics.refresh_words(src.id, st.store_key);   -- the clusters' words and phrases, from the current counts
+  PERFORM storetopics._refresh_words(src.id, st.store_key);   -- the clusters' words and phrases, from the current counts
   PERFORM storetopics._render_terms(src, st.store_key);         -- pg_temp.storetopics_kw: dominant, distinctive, contrast
   SELECT array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'contrast'),
          array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'),
@@ -104843,7 +104900,7 @@ BEGIN
     FROM pg_temp.storetopics_kw k;
   DROP TABLE pg_temp.storetopics_kw;
 
-  -- Everything rendered is user text a router reads: screened (storetopics.screen), what is dropped is recorded.
+  -- Everything rendered is user text a router reads: screened (storetopics._screen), what is dropped is recorded.
   SELECT * INTO v_s FROM storetopics._screened(v_terms, 'terms');
   v_terms := v_s.kept;
   v_screened := v_screened || v_s.dropped;
@@ -104861,9 +104918,9 @@ BEGIN
            'outliers', k.outliers - k.outliers_at_fit) ORDER BY k.chunks DESC, k.cluster_id), '[]'),
          array_agg(lower(coalesce(k.shown, '') || ' ' || array_to_string(k.keywords, ' '))),
          v_screened
-           || coalesce(jsonb_agg(jsonb_build_object('in', 'label', 'text', k.label, 'reason', storetopics.screen(k.label))
+           || coalesce(jsonb_agg(jsonb_build_object('in', 'label', 'text', k.label, 'reason', storetopics._screen(k.label))
                                  ORDER BY k.chunks DESC, k.cluster_id)
-                         FILTER (WHERE k.label IS NOT NULL AND storetopics.screen(k.label) IS NOT NULL), '[]')
+                         FILTER (WHERE k.label IS NOT NULL AND storetopics._screen(k.label) IS NOT NULL), '[]')
            || coalesce((SELECT jsonb_agg(d ORDER BY k2.chunks DESC, k2.cluster_id, o)
                           FROM pg_temp.storetopics_shown k2, jsonb_array_elements(k2.dropped) WITH ORDINALITY AS x(d, o)),
                        '[]')
@@ -104881,7 +104938,7 @@ BEGIN
                            WHERE t.share >= 0.02 AND t.label IS NOT NULL
                            ORDER BY t.share DESC, t.first LIMIT 8);
   ELSIF src.embedding IS NULL THEN
-    -- the LLM labeller's labels for the store (storetopics.record_store_labels), else the phrases mined offline
+    -- the LLM labeller's labels for the store (storetopics._record_store_labels), else the phrases mined offline
     v_topics_from := CASE WHEN v_cfg ->> 'labeller' <> 'offline' AND cardinality(st.store_labels) > 0
                           THEN 'labeller' ELSE 'phrases' END;
     SELECT * INTO v_s FROM storetopics._screened(
@@ -104935,7 +104992,7 @@ BEGIN
   SELECT array_agg(c.lexeme ORDER BY c.score DESC, c.lexeme), array_agg(c.score ORDER BY c.score DESC, c.lexeme),
          array_agg(c.files ORDER BY c.score DESC, c.lexeme)
     INTO v_lexemes, v_scores, v_files
-    FROM storetopics.contrast_terms(p_source, p_store, n) c;
+    FROM storetopics._contrast_terms(p_source, p_store, n) c;
   PERFORM storetopics._learn_words(p_source, p_store, coalesce(v_lexemes, '{}'));
   RETURN QUERY
     SELECT (row_number() OVER (ORDER BY x.i))::int, x.lexeme, x.word, x.score, x.files
@@ -104955,11 +105012,11 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   CREATE TEMP TABLE storetopics_kw ON COMMIT DROP AS
   SELECT k.kind, k.rank, k.lexeme, NULL::text AS word, k.score, k.files, k.total, k.file_key
-    FROM storetopics.keywords(src.id, p_store) k
+    FROM storetopics._keywords(src.id, p_store) k
   UNION ALL
   SELECT 'contrast', (row_number() OVER (ORDER BY c.score DESC, c.lexeme))::int, c.lexeme, NULL, c.score, c.files,
          NULL, NULL
-    FROM storetopics.contrast_terms(src.id, p_store, 80) c;
+    FROM storetopics._contrast_terms(src.id, p_store, 80) c;
   PERFORM storetopics._learn_words(src.id, p_store, ARRAY(SELECT DISTINCT k.lexeme FROM pg_temp.storetopics_kw k));
   UPDATE pg_temp.storetopics_kw SET word = storetopics._show(src.ts_config, lexeme);
   DELETE FROM pg_temp.storetopics_kw k USING pg_temp.storetopics_kw k2
@@ -104981,13 +105038,13 @@ BEGIN
 END $$;
 
 -- What \df+ shows a DBA.
-COMMENT ON FUNCTION storetopics.keywords(int, text, int, int) IS
+COMMENT ON FUNCTION storetopics._keywords(int, text, int, int) IS
   'A store''s dominant (by count) and distinctive (outlier files, dense terms) terms, exact, deterministic.';
-COMMENT ON FUNCTION storetopics.contrast_terms(int, text, int) IS
+COMMENT ON FUNCTION storetopics._contrast_terms(int, text, int) IS
   'The terms that tell a store apart from the other stores of its catalog, best first (p ln(p/q) over file shares), exact.';
-COMMENT ON FUNCTION storetopics.record_token_counts(text[], int[]) IS
+COMMENT ON FUNCTION storetopics._record_token_counts(text[], int[]) IS
   'Record cl100k token counts of summary chunks, counted by the worker or the CLI with tiktoken.';
-COMMENT ON FUNCTION storetopics.render(int, text, boolean) IS
+COMMENT ON FUNCTION storetopics._render(int, text, boolean) IS
   'Render a store''s summary (store_topics, topics) from its state within 200 cl100k tokens; returns whether it changed (NULL with count_first while token counts are missing).';
 
 -- idempotent/075-store-labels.sql
@@ -105028,7 +105085,7 @@ END $$;
 
 -- What the labeller is given for a keyword-only store whose labels are due (no row otherwise): its first 30
 -- contrastive terms as people write them, the phrases mined from its files, and the catalog's other stores.
-CREATE OR REPLACE FUNCTION storetopics.store_labels_due(p_source int, p_store text)
+CREATE OR REPLACE FUNCTION storetopics._store_labels_due(p_source int, p_store text)
 RETURNS TABLE (terms text[], phrases text[], others text[], files bigint, failures int)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -105057,7 +105114,7 @@ END $$;
 --               terms move;
 --   'error':    no answer: the old labels stay, a retry is scheduled with backoff.
 -- Returns the labels the store holds now (NULL when the store is gone).
-CREATE OR REPLACE FUNCTION storetopics.record_store_labels(p_source int, p_store text, p_outcome text, p_labels text[],
+CREATE OR REPLACE FUNCTION storetopics._record_store_labels(p_source int, p_store text, p_outcome text, p_labels text[],
                                                 p_labeller text, p_model text DEFAULT NULL, p_input_tokens int DEFAULT 0,
                                                 p_output_tokens int DEFAULT 0, p_detail text DEFAULT NULL)
 RETURNS text[]
@@ -105088,8 +105145,8 @@ BEGIN
                    coalesce(array_to_string(v_words[1:30], ' '), '') || ' ' || coalesce(array_to_string(st.phrases, ' '), '')));
     FOREACH l IN ARRAY coalesce(p_labels, '{}') LOOP
       l := trim(l);
-      v_why := CASE WHEN NOT storetopics.label_ok(l) THEN 'not a 2-5 word label'
-                    WHEN storetopics.screen(l) IS NOT NULL THEN 'screened: ' || storetopics.screen(l)
+      v_why := CASE WHEN NOT storetopics._label_ok(l) THEN 'not a 2-5 word label'
+                    WHEN storetopics._screen(l) IS NOT NULL THEN 'screened: ' || storetopics._screen(l)
                     WHEN NOT tsvector_to_array(to_tsvector(v_cfg, l)) <@ v_grounds
                       THEN 'not grounded: a word of it is not in the store''s terms or phrases'
                     WHEN lower(l) = ANY (ARRAY(SELECT lower(k) FROM unnest(v_kept) k)) THEN 'repeated'
@@ -105125,9 +105182,9 @@ BEGIN
 END $$;
 
 -- What \df+ shows a DBA.
-COMMENT ON FUNCTION storetopics.store_labels_due(int, text) IS
+COMMENT ON FUNCTION storetopics._store_labels_due(int, text) IS
   'For a keyword-only store whose labels are due from the configured LLM labeller: what it may see (contrastive terms, mined phrases, the other stores); no row otherwise.';
-COMMENT ON FUNCTION storetopics.record_store_labels(int, text, text, text[], text, text, int, int, text) IS
+COMMENT ON FUNCTION storetopics._record_store_labels(int, text, text, text[], text, text, int, int, text) IS
   'Record the call for a keyword-only store''s labels in the ledger and keep each label that passes label_ok, screen() and the grounding check; errors schedule a retry with backoff. Returns the labels held.';
 
 -- idempotent/080-backfill.sql
@@ -105140,14 +105197,14 @@ COMMENT ON FUNCTION storetopics.record_store_labels(int, text, text, text[], tex
 -- A store's summary is due for rendering when what it is rendered from changed since (fold, fit, labels and
 -- settings bump store_state.version; a counter, not a clock, so no commit order can hide a change), or when the
 -- store was emptied (render then removes it).
-CREATE OR REPLACE FUNCTION storetopics.render_due(st storetopics.store_state) RETURNS boolean
+CREATE OR REPLACE FUNCTION storetopics._render_due(st storetopics.store_state) RETURNS boolean
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN st.rendered_version <> st.version OR st.files <= 0;
 
 -- The sources a backfill concerns (all, one table, or those that hold or may come to hold a store key), one row
 -- each: present is false for a table dropped without detach (skipped, with a warning); resync when the source is
 -- to be recounted whole (attach, TRUNCATE).  The SQL backfill() and the CLI's select the same way.
-CREATE OR REPLACE FUNCTION storetopics.backfill_sources(p_store text DEFAULT NULL, p_source regclass DEFAULT NULL)
+CREATE OR REPLACE FUNCTION storetopics._backfill_sources(p_store text DEFAULT NULL, p_source regclass DEFAULT NULL)
 RETURNS TABLE (source_id int, chunks regclass, resync boolean, present boolean)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
@@ -105166,13 +105223,13 @@ END;
 -- NULL), words (the clusters' words predate the store's last change: refresh_words() runs the keyword gate), label
 -- (a cluster's label is due from an LLM labeller now), render (render_due()).  One pass over each such store, in
 -- this order, is what backfill() (SQL), `storetopics backfill` and the worker do.
-CREATE OR REPLACE FUNCTION storetopics.stores_due(p_source int, p_store text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION storetopics._stores_due(p_source int, p_store text DEFAULT NULL)
 RETURNS TABLE (store_key text, fit text, words boolean, label boolean, render boolean)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   SELECT d.store_key, d.fit, d.words, d.label, d.render
     FROM (SELECT st.store_key,
-                 CASE WHEN st.files > 0 THEN storetopics.fit_due(st.source_id, st.store_key) END AS fit,
+                 CASE WHEN st.files > 0 THEN storetopics._fit_due(st.source_id, st.store_key) END AS fit,
                  st.words_version <> st.version
                    AND EXISTS (SELECT 1 FROM storetopics.clusters k
                                 WHERE k.source_id = st.source_id AND k.store_key = st.store_key) AS words,
@@ -105180,10 +105237,10 @@ BEGIN ATOMIC
                    AND (EXISTS (SELECT 1 FROM storetopics.clusters k
                                  WHERE k.source_id = st.source_id AND k.store_key = st.store_key AND k.label_needed
                                    AND k.chunks > 0 AND coalesce(k.label_retry_at, '-infinity') <= now())
-                        -- a keyword-only store's labels (storetopics.store_labels_due)
+                        -- a keyword-only store's labels (storetopics._store_labels_due)
                         OR (st.store_label_needed AND coalesce(st.store_label_retry_at, '-infinity') <= now()))
                    AS label,
-                 storetopics.render_due(st) AS render
+                 storetopics._render_due(st) AS render
             FROM storetopics.store_state st
            WHERE st.source_id = p_source AND (p_store IS NULL OR st.store_key = p_store)) d
    WHERE d.fit IS NOT NULL OR d.words OR d.label OR d.render
@@ -105197,7 +105254,7 @@ DECLARE
   s record;
   v_started timestamptz := clock_timestamp();
 BEGIN
-  FOR s IN SELECT x.source_id AS id, x.chunks FROM storetopics.backfill_sources(backfill.store_key, backfill.source) x
+  FOR s IN SELECT x.source_id AS id, x.chunks FROM storetopics._backfill_sources(backfill.store_key, backfill.source) x
             WHERE x.present LOOP
     -- One source's failure (its owner lacks a right its expressions need, a row that cannot be read) is that
     -- source's alone: its work is rolled back, the others go on.
@@ -105227,7 +105284,7 @@ DECLARE
   v_done int;
 BEGIN
   LOOP
-    v_done := storetopics.fold(p_source);
+    v_done := storetopics._fold(p_source);
     -- Up to date as of the call: changes logged after it started do not keep it folding (and holding the
     -- source lock) for as long as writers keep writing.
     EXIT WHEN v_done = 0 OR clock_timestamp() >= p_until
@@ -105235,12 +105292,12 @@ BEGIN
                               WHERE p.source_id = p_source AND p.logged_at < p_started);
     RAISE NOTICE 'storetopics: source %: folded % files', p_source, v_done;
   END LOOP;
-  FOR v_store IN SELECT d.store_key FROM storetopics.stores_due(p_source, p_store) d WHERE d.fit IS NOT NULL
+  FOR v_store IN SELECT d.store_key FROM storetopics._stores_due(p_source, p_store) d WHERE d.fit IS NOT NULL
                   ORDER BY d.store_key LOOP
     IF to_regprocedure('storetopics._fit_in_database(int, text)') IS NOT NULL THEN
       -- clustering inside the database; labels are the offline ones (no network call inside a transaction)
       BEGIN
-        PERFORM storetopics.cluster(p_source, v_store.store_key);
+        PERFORM storetopics._cluster(p_source, v_store.store_key);
       EXCEPTION WHEN OTHERS THEN
         RAISE WARNING 'storetopics: clustering store % of source % failed, its summary keeps the keywords: %',
           v_store.store_key, p_source, SQLERRM;
@@ -105252,11 +105309,11 @@ BEGIN
     END IF;
   END LOOP;
   RETURN QUERY
-    SELECT y.source_id, y.store_key, y.files, y.chunks, storetopics.render(y.source_id, y.store_key),
+    SELECT y.source_id, y.store_key, y.files, y.chunks, storetopics._render(y.source_id, y.store_key),
            (SELECT count(*)::int FROM storetopics.clusters k
              WHERE k.source_id = y.source_id AND k.store_key = y.store_key AND k.chunks > 0)
       FROM storetopics.store_state y
-     WHERE y.source_id = p_source AND (p_store IS NULL OR y.store_key = p_store) AND storetopics.render_due(y)
+     WHERE y.source_id = p_source AND (p_store IS NULL OR y.store_key = p_store) AND storetopics._render_due(y)
      ORDER BY y.store_key;
 END $$;
 
@@ -105290,15 +105347,15 @@ BEGIN
     RAISE NOTICE 'storetopics: another refresh() is running in this database; this one does nothing';
     RETURN;
   END IF;
-  PERFORM storetopics.worker_heartbeat(v_worker, nullif(current_setting('application_name'), ''), pg_backend_pid(),
+  PERFORM storetopics._worker_heartbeat(v_worker, nullif(current_setting('application_name'), ''), pg_backend_pid(),
                                        greatest(60, extract(epoch FROM time_budget)::float8));
-  PERFORM storetopics.verify_due();
-  FOR v_source IN SELECT f FROM storetopics.sources_to_fold() f LOOP
+  PERFORM storetopics._verify_due();
+  FOR v_source IN SELECT f FROM storetopics._sources_to_fold() f LOOP
     EXIT WHEN v_steps > 0 AND clock_timestamp() >= v_until;
     v_steps := v_steps + 1;
     BEGIN
       LOOP
-        EXIT WHEN storetopics.fold(v_source) = 0 OR clock_timestamp() >= v_until;
+        EXIT WHEN storetopics._fold(v_source) = 0 OR clock_timestamp() >= v_until;
       END LOOP;
     EXCEPTION WHEN OTHERS THEN
       RAISE WARNING 'storetopics: source % was not folded: %', v_source, SQLERRM;
@@ -105306,16 +105363,16 @@ BEGIN
   END LOOP;
   LOOP
     EXIT WHEN v_steps > 0 AND clock_timestamp() >= v_until;
-    SELECT * INTO c FROM storetopics.claim(v_worker, greatest(60, extract(epoch FROM time_budget)::float8), 1);
+    SELECT * INTO c FROM storetopics._claim(v_worker, greatest(60, extract(epoch FROM time_budget)::float8), 1);
     EXIT WHEN NOT FOUND;
     v_steps := v_steps + 1;
     BEGIN
       SELECT bool_or(b.changed) INTO v_changed
         FROM storetopics._backfill_source(c.source_id, c.store_key, v_started, v_until) b;
-      v_outcome := storetopics.work_done(v_worker, c.source_id, c.store_key, c.generation, coalesce(v_changed, false));
+      v_outcome := storetopics._work_done(v_worker, c.source_id, c.store_key, c.generation, coalesce(v_changed, false));
     EXCEPTION WHEN OTHERS THEN
       v_changed := false;
-      v_outcome := storetopics.work_done(v_worker, c.source_id, c.store_key, c.generation, false, SQLERRM);
+      v_outcome := storetopics._work_done(v_worker, c.source_id, c.store_key, c.generation, false, SQLERRM);
       RAISE WARNING 'storetopics: store % of source % was not refreshed: %', c.store_key, c.source_id, SQLERRM;
     END;
     source_id := c.source_id;
@@ -105324,7 +105381,7 @@ BEGIN
     changed := coalesce(v_changed, false);
     RETURN NEXT;
   END LOOP;
-  PERFORM storetopics.worker_stop(v_worker);
+  PERFORM storetopics._worker_stop(v_worker);
 END $$;
 COMMENT ON FUNCTION storetopics.refresh(interval) IS
   'The worker''s loop in one SQL call, for pg_cron: the stores due by the worker''s rules (debounce, max_staleness, '
@@ -105332,11 +105389,11 @@ COMMENT ON FUNCTION storetopics.refresh(interval) IS
   'spent (one step at least); one call at a time.  Shows in worker_status() as storetopics.refresh().';
 
 -- What \df+ shows a DBA.
-COMMENT ON FUNCTION storetopics.render_due(storetopics.store_state) IS
+COMMENT ON FUNCTION storetopics._render_due(storetopics.store_state) IS
   'Whether a store''s summary must be rendered again (its state changed since, or it emptied).';
-COMMENT ON FUNCTION storetopics.backfill_sources(text, regclass) IS
+COMMENT ON FUNCTION storetopics._backfill_sources(text, regclass) IS
   'The sources a backfill of (store key, table) concerns, with whether each is to be recounted whole and whether its table still exists.';
-COMMENT ON FUNCTION storetopics.stores_due(int, text) IS
+COMMENT ON FUNCTION storetopics._stores_due(int, text) IS
   'The stores of a source with work due (fit, words, label, render): what one refresh pass does to each.';
 
 -- idempotent/090-worker.sql
@@ -105345,7 +105402,7 @@ COMMENT ON FUNCTION storetopics.stores_due(int, text) IS
 -- ------------------------------------------------------------------------------------------------------------
 -- Stores whose labelling calls failed this many times in a row, or whose passes failed this many times, show as
 -- 'failing' (they keep being retried, with backoff, and recover by themselves).
-CREATE OR REPLACE FUNCTION storetopics.failing_after() RETURNS int
+CREATE OR REPLACE FUNCTION storetopics._failing_after() RETURNS int
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 RETURN 3;
 
@@ -105356,7 +105413,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN EXISTS (SELECT 1 FROM storetopics.pending p
                 WHERE p.source_id = p_source AND (p.store_key = p_store OR p.store_key IS NULL))
     OR EXISTS (SELECT 1 FROM storetopics.store_state st
-                WHERE st.source_id = p_source AND st.store_key = p_store AND storetopics.render_due(st))
+                WHERE st.source_id = p_source AND st.store_key = p_store AND storetopics._render_due(st))
     OR (storetopics._settings(p_source) ->> 'labeller' <> 'offline'
         AND (EXISTS (SELECT 1 FROM storetopics.clusters k
                       WHERE k.source_id = p_source AND k.store_key = p_store AND k.label_needed AND k.chunks > 0
@@ -105381,12 +105438,12 @@ BEGIN
   WITH seen AS (
     SELECT p.source_id, p.store_key, min(p.logged_at) AS first, max(p.logged_at) AS last, true AS logged
       FROM storetopics.pending p
-     WHERE p.store_key IS NOT NULL AND char_length(p.store_key) <= storetopics.max_store_key()   -- else never a store
+     WHERE p.store_key IS NOT NULL AND char_length(p.store_key) <= storetopics._max_store_key()   -- else never a store
      GROUP BY 1, 2
     UNION ALL
     SELECT st.source_id, st.store_key, coalesce(st.folded_at, now()), coalesce(st.folded_at, now()), false
       FROM storetopics.store_state st
-     WHERE storetopics.render_due(st)
+     WHERE storetopics._render_due(st)
     UNION ALL
     SELECT k.source_id, k.store_key, min(k.label_retry_at), min(k.label_retry_at), true
       FROM storetopics.clusters k
@@ -105438,8 +105495,7 @@ RETURN CASE WHEN w.dirty_since IS NULL THEN NULL
 
 -- Sources whose logged changes name no store (deletes, TRUNCATE, attach, keys unknown when logged), debounced like
 -- stores (p_now: at once, `worker --now`): the worker folds them, and the stores the fold touched become dirty.
-DROP FUNCTION IF EXISTS storetopics.sources_to_fold();   -- (0.1: no p_now)
-CREATE OR REPLACE FUNCTION storetopics.sources_to_fold(p_now boolean DEFAULT false) RETURNS SETOF int
+CREATE OR REPLACE FUNCTION storetopics._sources_to_fold(p_now boolean DEFAULT false) RETURNS SETOF int
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   SELECT p.source_id
@@ -105457,7 +105513,7 @@ END;
 
 -- Register a worker, or beat its heart: last_seen, the store it works on, and its leases extended by p_lease
 -- seconds.  Returns how many leases it still holds.
-CREATE OR REPLACE FUNCTION storetopics.worker_heartbeat(p_worker text, p_host text DEFAULT NULL, p_pid int DEFAULT NULL,
+CREATE OR REPLACE FUNCTION storetopics._worker_heartbeat(p_worker text, p_host text DEFAULT NULL, p_pid int DEFAULT NULL,
                                              p_lease float8 DEFAULT 60, p_source int DEFAULT NULL,
                                              p_store text DEFAULT NULL) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -105487,8 +105543,7 @@ END $$;
 -- store of its source) is served when nothing else is waiting, so it holds the others up by the one pass in flight
 -- at most, however many stores it has.  p_now (`worker --now`): a dirty store is due at once, debounce and
 -- max_staleness aside (the backoff of a failed pass still holds).
-DROP FUNCTION IF EXISTS storetopics.claim(text, float8, int);   -- (0.1: no p_now)
-CREATE OR REPLACE FUNCTION storetopics.claim(p_worker text, p_lease float8 DEFAULT 60, p_limit int DEFAULT 1,
+CREATE OR REPLACE FUNCTION storetopics._claim(p_worker text, p_lease float8 DEFAULT 60, p_limit int DEFAULT 1,
                                              p_now boolean DEFAULT false)
 RETURNS TABLE (source_id int, store_key text, generation bigint, takeover boolean)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -105521,7 +105576,7 @@ END $$;
 -- Seconds until a store or a source can next be claimed (0: now; NULL: nothing dirty): how long a worker with
 -- nothing to do may sleep before polling again (it also wakes on NOTIFY storetopics_dirty).  (NULL stays NULL:
 -- greatest(0, NULL) is 0, which had an idle worker poll every 50 ms.)
-CREATE OR REPLACE FUNCTION storetopics.next_due() RETURNS float8
+CREATE OR REPLACE FUNCTION storetopics._next_due() RETURNS float8
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN (SELECT greatest(0, extract(epoch FROM d.due - now()))
           FROM (SELECT min(greatest(storetopics._work_due_at(w, cfg), coalesce(w.lease_expires, '-infinity'))) AS due
@@ -105533,7 +105588,7 @@ RETURN (SELECT greatest(0, extract(epoch FROM d.due - now()))
          WHERE d.due IS NOT NULL);
 
 -- Whether p_worker still holds the lease on a store (checked before each labelling call and by work_render).
-CREATE OR REPLACE FUNCTION storetopics.lease_held(p_worker text, p_source int, p_store text) RETURNS boolean
+CREATE OR REPLACE FUNCTION storetopics._lease_held(p_worker text, p_source int, p_store text) RETURNS boolean
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN EXISTS (SELECT 1 FROM storetopics.work w
                 WHERE w.source_id = p_source AND w.store_key = p_store AND w.leased_by = p_worker
@@ -105542,7 +105597,7 @@ RETURN EXISTS (SELECT 1 FROM storetopics.work w
 -- render() for a lease holder: NULL (nothing written) when the lease was lost, e.g. the worker stalled past its
 -- expiry and another worker took the store over, or, with count_first, when token counts are missing (see render).
 -- The work row stays locked until the render commits.
-CREATE OR REPLACE FUNCTION storetopics.work_render(p_worker text, p_source int, p_store text,
+CREATE OR REPLACE FUNCTION storetopics._work_render(p_worker text, p_source int, p_store text,
                                                   count_first boolean DEFAULT false) RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -105552,7 +105607,7 @@ BEGIN
   IF NOT FOUND THEN
     RETURN NULL;
   END IF;
-  RETURN storetopics.render(p_source, p_store, count_first);
+  RETURN storetopics._render(p_source, p_store, count_first);
 END $$;
 
 -- A pass over a store ended: release the lease.  Compare-and-set: the store becomes clean only if its generation
@@ -105560,7 +105615,7 @@ END $$;
 -- during the pass are due after their own debounce).  A failed pass (p_error) keeps it dirty and backs off
 -- exponentially with jitter (5 s doubling, capped at 10 minutes).  Returns 'clean', 'dirty', 'failed' or NULL
 -- when the lease was no longer held (another worker has the store: nothing is written).
-CREATE OR REPLACE FUNCTION storetopics.work_done(p_worker text, p_source int, p_store text, p_generation bigint,
+CREATE OR REPLACE FUNCTION storetopics._work_done(p_worker text, p_source int, p_store text, p_generation bigint,
                                       p_changed boolean DEFAULT false, p_error text DEFAULT NULL,
                                       p_label_calls int DEFAULT 0) RETURNS text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -105604,7 +105659,7 @@ BEGIN
 END $$;
 
 -- A worker stopping (SIGTERM) gives its leases back at once: the stores stay dirty and another worker takes them.
-CREATE OR REPLACE FUNCTION storetopics.worker_stop(p_worker text) RETURNS int
+CREATE OR REPLACE FUNCTION storetopics._worker_stop(p_worker text) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_n int;
@@ -105627,8 +105682,8 @@ RETURNS TABLE (source regclass, source_id int, store_key text, state text, dirty
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
 SELECT s.chunks AS source, x.source_id, x.store_key,
-       CASE WHEN coalesce(w.attempts, 0) >= storetopics.failing_after()
-              OR coalesce(k.label_failures, 0) >= storetopics.failing_after() THEN 'failing'
+       CASE WHEN coalesce(w.attempts, 0) >= storetopics._failing_after()
+              OR coalesce(k.label_failures, 0) >= storetopics._failing_after() THEN 'failing'
             WHEN w.leased_by IS NOT NULL AND w.lease_expires >= now() THEN 'working'
             WHEN w.dirty_since IS NOT NULL OR storetopics._store_dirty(x.source_id, x.store_key) THEN 'dirty'
             ELSE 'idle' END AS state,
@@ -105680,7 +105735,7 @@ SELECT s.chunks, x.source_id, x.store_key, CASE WHEN NOT (cfg ->> 'paused')::boo
                     THEN 'debounce' ELSE 'max_staleness' END
           FROM (SELECT q.source_id, q.store_key, min(q.logged_at) AS first, max(q.logged_at) AS last
                   FROM storetopics.pending q
-                 WHERE q.store_key IS NULL OR char_length(q.store_key) <= storetopics.max_store_key()
+                 WHERE q.store_key IS NULL OR char_length(q.store_key) <= storetopics._max_store_key()
                  GROUP BY 1, 2) p
          WHERE p.store_key IS NULL
             OR NOT EXISTS (SELECT 1 FROM storetopics.work w
@@ -105708,7 +105763,7 @@ END;
 -- The periodic count check (verify()): sources whose last check is older than their settings.verify_every seconds
 -- get a count-check event; their next fold compares every file's live chunk count with the folded one.  Called by
 -- the worker on every tick (cheap: one row per source).  Returns how many sources were asked.
-CREATE OR REPLACE FUNCTION storetopics.verify_due() RETURNS int
+CREATE OR REPLACE FUNCTION storetopics._verify_due() RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_n int;
@@ -105725,31 +105780,31 @@ BEGIN
   GET DIAGNOSTICS v_n = ROW_COUNT;
   RETURN v_n;
 END $$;
-COMMENT ON FUNCTION storetopics.verify_due() IS
+COMMENT ON FUNCTION storetopics._verify_due() IS
   'For the worker: ask a count check (see verify()) of every source whose last one is older than verify_every.';
 
 -- What \df+ shows a DBA.
-COMMENT ON FUNCTION storetopics.failing_after() IS
+COMMENT ON FUNCTION storetopics._failing_after() IS
   'Failures in a row after which a store shows as failing (3).';
-COMMENT ON FUNCTION storetopics.sources_to_fold(boolean) IS
+COMMENT ON FUNCTION storetopics._sources_to_fold(boolean) IS
   'For the worker: sources whose logged changes name no store (deletes, TRUNCATE, attach), debounced (p_now: all).';
-COMMENT ON FUNCTION storetopics.worker_heartbeat(text, text, int, float8, int, text) IS
+COMMENT ON FUNCTION storetopics._worker_heartbeat(text, text, int, float8, int, text) IS
   'For the worker: register or beat a worker''s heart and extend its leases; returns how many it holds.';
-COMMENT ON FUNCTION storetopics.claim(text, float8, int, boolean) IS
+COMMENT ON FUNCTION storetopics._claim(text, float8, int, boolean) IS
   'For the worker: lease up to p_limit due stores (FOR UPDATE SKIP LOCKED; p_now: every dirty store is due); '
   'returns them with their generation.';
 COMMENT ON FUNCTION storetopics.work_due() IS
   'What waits for a worker: each dirty store (and each source with changes that name no store), when it is due and '
   'why: debounce, max_staleness, backoff or paused.';
-COMMENT ON FUNCTION storetopics.next_due() IS
+COMMENT ON FUNCTION storetopics._next_due() IS
   'For the worker: seconds until a store can next be claimed (NULL: nothing dirty).';
-COMMENT ON FUNCTION storetopics.lease_held(text, int, text) IS
+COMMENT ON FUNCTION storetopics._lease_held(text, int, text) IS
   'For the worker: whether it still holds its lease on a store.';
-COMMENT ON FUNCTION storetopics.work_render(text, int, text, boolean) IS
+COMMENT ON FUNCTION storetopics._work_render(text, int, text, boolean) IS
   'For the worker: render() if the lease is still held (NULL otherwise).';
-COMMENT ON FUNCTION storetopics.work_done(text, int, text, bigint, boolean, text, int) IS
+COMMENT ON FUNCTION storetopics._work_done(text, int, text, bigint, boolean, text, int) IS
   'For the worker: a pass ended; release the lease (compare-and-set on the generation); a failure backs off.';
-COMMENT ON FUNCTION storetopics.worker_stop(text) IS
+COMMENT ON FUNCTION storetopics._worker_stop(text) IS
   'For the worker: give its leases back (SIGTERM).';
 COMMENT ON FUNCTION storetopics.work_status() IS
   'Per store: idle, dirty, working or failing, with the last error, passes and LLM cost.';
@@ -105801,11 +105856,11 @@ WITH src AS (
                                    FROM storetopics.pending x WHERE x.source_id = src.id GROUP BY 1) p
 ), dirty AS (
   SELECT x.source_id, x.store_key FROM pend x
-   WHERE x.store_key IS NOT NULL AND char_length(x.store_key) <= storetopics.max_store_key()   -- else never a store
+   WHERE x.store_key IS NOT NULL AND char_length(x.store_key) <= storetopics._max_store_key()   -- else never a store
   UNION
   SELECT st.source_id, st.store_key FROM storetopics.store_state st
    WHERE st.source_id IN (SELECT src.id FROM src)
-     AND (storetopics.render_due(st)
+     AND (storetopics._render_due(st)
           OR EXISTS (SELECT 1 FROM pend x WHERE x.source_id = st.source_id AND x.store_key IS NULL))
   UNION
   SELECT w.source_id, w.store_key FROM storetopics.work w
@@ -105818,15 +105873,15 @@ WITH src AS (
    WHERE st.store_label_needed AND st.store_label_retry_at <= now() AND src.cfg ->> 'labeller' <> 'offline'
 ), failing AS (
   SELECT w.source_id, w.store_key FROM storetopics.work w
-   WHERE w.source_id IN (SELECT src.id FROM src) AND w.attempts >= storetopics.failing_after()
+   WHERE w.source_id IN (SELECT src.id FROM src) AND w.attempts >= storetopics._failing_after()
   UNION
   SELECT k.source_id, k.store_key FROM storetopics.clusters k
    WHERE k.source_id IN (SELECT src.id FROM src) AND k.label_needed AND k.chunks > 0
-     AND k.label_failures >= storetopics.failing_after()
+     AND k.label_failures >= storetopics._failing_after()
   UNION
   SELECT st.source_id, st.store_key FROM storetopics.store_state st
    WHERE st.source_id IN (SELECT src.id FROM src) AND st.store_label_needed
-     AND st.store_label_failures >= storetopics.failing_after()
+     AND st.store_label_failures >= storetopics._failing_after()
 )
 SELECT src.chunks::text, src.id, st.stores, coalesce(p.n, 0)::bigint,
        coalesce(extract(epoch FROM now() - p.oldest), 0)::float8,
@@ -105925,11 +105980,11 @@ COMMENT ON VIEW storetopics.status IS
 -- The one place the rule is written: catalog() names the stores with it, and the Python helpers ask it for the
 -- name of a store that has no summary yet.  The letters are spelled out, so that only ASCII ones pass, whatever
 -- the collation.
-CREATE OR REPLACE FUNCTION storetopics.tool_name(store_key text, suffix text DEFAULT '') RETURNS text
+CREATE OR REPLACE FUNCTION storetopics._tool_name(store_key text, suffix text DEFAULT '') RETURNS text
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN left('search_' || regexp_replace(lower(store_key), '[^abcdefghijklmnopqrstuvwxyz0123456789_-]', '_', 'g'),
             64 - length(suffix)) || suffix;
-COMMENT ON FUNCTION storetopics.tool_name(text, text) IS
+COMMENT ON FUNCTION storetopics._tool_name(text, text) IS
   'The tool name of a store key (search_<key>, [a-z0-9_-], at most 64 characters with the suffix).';
 
 -- Names the stores of a source that have no tool name yet, once and for good: tool_name(store key) when no store has
@@ -105945,9 +106000,9 @@ DECLARE
 BEGIN
   FOR r IN SELECT st.store_key FROM storetopics.store_state st
             WHERE st.source_id = p_source AND st.tool_name IS NULL ORDER BY st.store_key COLLATE "C" LOOP
-    FOREACH v_name IN ARRAY ARRAY[storetopics.tool_name(r.store_key),
-                                  storetopics.tool_name(r.store_key, '_' || p_source),
-                                  storetopics.tool_name(r.store_key, '_' || p_source || '_' || left(md5(r.store_key), 8))]
+    FOREACH v_name IN ARRAY ARRAY[storetopics._tool_name(r.store_key),
+                                  storetopics._tool_name(r.store_key, '_' || p_source),
+                                  storetopics._tool_name(r.store_key, '_' || p_source || '_' || left(md5(r.store_key), 8))]
     LOOP
       BEGIN
         UPDATE storetopics.store_state SET tool_name = v_name WHERE source_id = p_source AND store_key = r.store_key;
@@ -105987,14 +106042,14 @@ END;
 -- first chunk counted with a leading space like the others; NULL while some chunk has not been counted with the
 -- real tokenizer), when it last changed, and md5 of the text (changes only when the text does: a prompt cache
 -- key).
-CREATE OR REPLACE FUNCTION storetopics.catalog(p_catalog text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION storetopics.catalog(name text DEFAULT NULL)
 RETURNS TABLE (catalog text, source regclass, source_id int, store_key text, tool_name text, description text,
                tokens int, updated_at timestamptz, content_hash text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
 SELECT r.catalog, s.chunks, r.source_id, r.store_key, r.tool_name, st.store_topics, t.tokens, st.updated_at,
        md5(st.store_topics)
-  FROM storetopics._readable_stores(p_catalog) r
+  FROM storetopics._readable_stores(catalog.name) r
   JOIN storetopics.sources s ON s.id = r.source_id
   JOIN storetopics.store_state st ON st.source_id = r.source_id AND st.store_key = r.store_key
   -- the sum over the text's chunks of their counts, as render counted them: a section's last item, which ends in
@@ -106044,7 +106099,7 @@ END $$;
 -- its label as the summary shows it.
 -- search: the score reaches the store's source's route_threshold (settings); false on every row means no store
 -- holds the query: abstain.  Rows: the k best stores, best first (ties: source, store key).
-CREATE OR REPLACE FUNCTION storetopics.route(query_embedding vector, k int DEFAULT 3, p_catalog text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION storetopics.route(query_embedding vector, k int DEFAULT 3, catalog text DEFAULT NULL)
 RETURNS TABLE (source_id int, store_key text, tool_name text, score float8, cluster_id int, label text,
                distance float8, within_radius boolean, search boolean)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
@@ -106067,7 +106122,7 @@ BEGIN
   SELECT coalesce(array_agg(r.source_id), '{}'), coalesce(array_agg(r.store_key), '{}'),
          coalesce(array_agg(r.tool_name), '{}'), coalesce(array_agg(DISTINCT r.source_id), '{}')
     INTO v_ids, v_keys, v_names, v_sources
-    FROM storetopics._readable_stores(p_catalog) r;
+    FROM storetopics._readable_stores(route.catalog) r;
   RETURN QUERY EXECUTE format($q$
     WITH vis AS (
       SELECT r.source_id, r.store_key, r.tool_name FROM unnest($6::int[], $7::text[], $8::text[])
@@ -106110,7 +106165,7 @@ BEGIN
          ORDER BY ln(y.chunks) - 20 * y.d DESC, y.cluster_id LIMIT 1) b
       JOIN storetopics.store_state st ON st.source_id = t.source_id AND st.store_key = t.store_key
      ORDER BY t.score DESC, t.source_id, t.store_key$q$, vs)
-    USING query_embedding, k, p_catalog, v_dims, v_norm, v_ids, v_keys, v_names, v_sources;
+    USING query_embedding, k, route.catalog, v_dims, v_norm, v_ids, v_keys, v_names, v_sources;
 END $$;
 COMMENT ON FUNCTION storetopics.route(vector, int, text) IS
   'Where to search for a query embedding: the k stores (of those the caller may read) whose clusters hold it best, '
@@ -106135,7 +106190,7 @@ COMMENT ON FUNCTION storetopics.route(vector, int, text) IS
 -- query lexeme (the words a store has no row for score ln(1/2) each: only the rows it has are read).  label: the query's word that
 -- weighs most for the store, as people write it (NULL when none weighs for it); cluster_id, distance and
 -- within_radius are NULL.  search: the score reaches the source's route_text_threshold.
-CREATE OR REPLACE FUNCTION storetopics.route_text(query text, k int DEFAULT 3, p_catalog text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION storetopics.route_text(query text, k int DEFAULT 3, catalog text DEFAULT NULL)
 RETURNS TABLE (source_id int, store_key text, tool_name text, score float8, cluster_id int, label text,
                distance float8, within_radius boolean, search boolean)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
@@ -106144,7 +106199,7 @@ BEGIN
   RETURN QUERY
   WITH vis AS MATERIALIZED (
     SELECT r.source_id, r.store_key, r.tool_name, s.ts_config, greatest(st.words, 1)::float8 AS words
-      FROM storetopics._readable_stores(p_catalog) r
+      FROM storetopics._readable_stores(route_text.catalog) r
       JOIN storetopics.sources s ON s.id = r.source_id
       JOIN storetopics.store_state st ON st.source_id = r.source_id AND st.store_key = r.store_key
   ), ql AS MATERIALIZED (
@@ -106152,7 +106207,7 @@ BEGIN
     -- any source has ever held); tsvector_or_null: NULL for a text fold would not count either
     SELECT c.cfg, l.lexeme, coalesce(cardinality(l.positions), 1)::float8 AS n, x.id AS term_id
       FROM (SELECT DISTINCT v.ts_config AS cfg FROM vis v) c
-     CROSS JOIN LATERAL unnest(storetopics.tsvector_or_null(c.cfg, query)) AS l
+     CROSS JOIN LATERAL unnest(storetopics._tsvector_or_null(c.cfg, query)) AS l
       LEFT JOIN storetopics.lexemes x ON x.lexeme = l.lexeme
   ), qn AS MATERIALIZED (
     SELECT ql.cfg, sum(ql.n) AS n, array_agg(ql.term_id) FILTER (WHERE ql.term_id IS NOT NULL) AS ids
@@ -106257,13 +106312,13 @@ BEGIN
 END $$;
 
 -- The k best chunks of one store for a query: full-text (websearch_to_tsquery with the source's text search
--- configuration, ts_rank) always; with p_embedding, also the nearest chunks by cosine distance (when the source has
+-- configuration, ts_rank) always; with query_embedding, also the nearest chunks by cosine distance (when the source has
 -- an embedding column; rows of another dimension are left out), fused by reciprocal rank.  content is cut at 1,000
 -- characters; chunk names the row (its primary key, else its ctid); rank orders the rows (ts_rank, or the fused
 -- score with an embedding); text_rank is ts_rank (NULL: found by vector only), distance the cosine distance (NULL:
 -- found by text only).
-CREATE OR REPLACE FUNCTION storetopics.search(p_source int, p_store text, p_query text, p_k int DEFAULT 5,
-                                              p_embedding vector DEFAULT NULL)
+CREATE OR REPLACE FUNCTION storetopics.search(chunks regclass, store_key text, query text, k int DEFAULT 5,
+                                              query_embedding vector DEFAULT NULL)
 RETURNS TABLE (file_key text, chunk text, content text, rank float8, text_rank float8, distance float8)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -106272,21 +106327,21 @@ DECLARE
   v_refusal text;
   v_reader text;
 BEGIN
-  IF p_query IS NULL OR btrim(p_query) = '' THEN
+  IF search.query IS NULL OR btrim(search.query) = '' THEN
     RAISE EXCEPTION 'storetopics: the search query is empty' USING ERRCODE = 'invalid_parameter_value',
       HINT = 'Give words to look for, e.g. ''kitchen tiles'' or ''"exact phrase" -excluded''.';
   END IF;
-  IF char_length(p_query) > 10000 THEN
+  IF char_length(search.query) > 10000 THEN
     RAISE EXCEPTION 'storetopics: the search query is longer than 10,000 characters'
       USING ERRCODE = 'program_limit_exceeded';
   END IF;
-  IF p_k IS NULL OR p_k < 1 OR p_k > 50 THEN
-    RAISE EXCEPTION 'storetopics: k must be between 1 and 50, not %', coalesce(p_k::text, 'NULL')
+  IF search.k IS NULL OR search.k < 1 OR search.k > 50 THEN
+    RAISE EXCEPTION 'storetopics: k must be between 1 and 50, not %', coalesce(search.k::text, 'NULL')
       USING ERRCODE = 'invalid_parameter_value';
   END IF;
-  SELECT * INTO src FROM storetopics.sources s WHERE s.id = p_source;
+  SELECT * INTO src FROM storetopics.sources s WHERE s.chunks = search.chunks;
   IF NOT FOUND THEN
-    RAISE EXCEPTION 'storetopics: no source %', coalesce(p_source::text, 'NULL') USING ERRCODE = 'undefined_object',
+    RAISE EXCEPTION 'storetopics: % is not attached', coalesce(search.chunks::text, 'NULL') USING ERRCODE = 'undefined_object',
       HINT = 'storetopics.stores lists the sources and stores you may search.';
   END IF;
   v_refusal := storetopics._search_refusal(src);
@@ -106297,20 +106352,20 @@ BEGIN
   -- the store, as storetopics.stores shows it to the caller (the view tests current_user; here that is the
   -- extension's owner, so the same test is made for the caller)
   IF NOT EXISTS (SELECT 1 FROM storetopics.store_state st
-                  WHERE st.source_id = src.id AND st.store_key = p_store)
+                  WHERE st.source_id = src.id AND st.store_key = search.store_key)
      OR NOT (pg_has_role(v_caller, src.owner, 'USAGE')
              OR EXISTS (SELECT 1 FROM storetopics.grants g
                          WHERE (g.source_id IS NULL OR g.source_id = src.id) AND pg_has_role(v_caller, g.role, 'USAGE')))
   THEN
-    RAISE EXCEPTION 'storetopics: source % (%) has no store %', src.id, src.chunks, coalesce(quote_literal(p_store), 'NULL')
+    RAISE EXCEPTION 'storetopics: % has no store %', src.chunks, coalesce(quote_literal(search.store_key), 'NULL')
       USING ERRCODE = 'undefined_object', HINT = 'storetopics.stores lists the stores you may search.';
   END IF;
   v_reader := storetopics._reader(src.id);   -- made again from the current templates after an upgrade
   RETURN QUERY EXECUTE format('SELECT * FROM %s(''search'', NULL, $1, $2) AS r(file_key text, chunk text, '
                               'content text, rank float8, text_rank float8, distance float8)', v_reader)
-    USING p_store, jsonb_build_object('query', p_query, 'k', p_k, 'embedding', p_embedding::text);
+    USING search.store_key, jsonb_build_object('query', search.query, 'k', search.k, 'embedding', search.query_embedding::text);
 END $$;
-COMMENT ON FUNCTION storetopics.search(int, text, text, int, vector) IS
+COMMENT ON FUNCTION storetopics.search(regclass, text, text, int, vector) IS
   'The k (1-50) best chunks of a store for a query: full-text (websearch syntax, ts_rank), fused with the nearest '
   'chunks by cosine distance when an embedding is given.  The caller needs SELECT on the chunk table and a store it '
   'may see; the attacher''s expressions run as the table''s owner.';
@@ -106322,14 +106377,14 @@ COMMENT ON FUNCTION storetopics.search(int, text, text, int, vector) IS
 REVOKE ALL ON ALL TABLES IN SCHEMA storetopics FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA storetopics FROM PUBLIC;
 -- pure helpers: the generated readers use them as the tables' owners
-GRANT EXECUTE ON FUNCTION storetopics.usable_text(text), storetopics.dehyphenated(text), storetopics.showable_term(text),
-  storetopics._human_count(bigint), storetopics.tsvector_or_null(regconfig, text), storetopics.max_store_key(),
-  storetopics.tool_name(text, text)
+GRANT EXECUTE ON FUNCTION storetopics._usable_text(text), storetopics._dehyphenated(text), storetopics._showable_term(text),
+  storetopics._human_count(bigint), storetopics._tsvector_or_null(regconfig, text), storetopics._max_store_key(),
+  storetopics._tool_name(text, text)
   TO PUBLIC;
 -- search() returns the chunks themselves, so it is executable by PUBLIC only because it checks every caller itself
 -- (SELECT on the chunk table, no row-level security it would bypass, a store the caller may see) before the
 -- source's reader runs; a role still needs USAGE on the schema, which owners, readers and workers have.
-GRANT EXECUTE ON FUNCTION storetopics.search(int, text, text, int, vector) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION storetopics.search(regclass, text, text, int, vector) TO PUBLIC;
 
 -- The roles that hold rights get what this version gives them (an upgrade's new functions included): workers and
 -- readers from storetopics.grants, attachers are the roles that may run attach(), and each attached table's owner
@@ -106421,4 +106476,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '359324999') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2690210261') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

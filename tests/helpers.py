@@ -1,7 +1,7 @@
 """Shared test helpers: a chunk table like an application's, and an independent recount to compare with.
 
 `recount(conn, source_id)` computes what storetopics should hold for a source FROM SCRATCH, with plain SQL over the
-application's table (the same tokenisation: to_tsvector(cfg, content) for rows where storetopics.usable_text(content),
+application's table (the same tokenisation: to_tsvector(cfg, content) for rows where storetopics._usable_text(content),
 a term's count = sum(cardinality(positions))).  `state(conn, source_id)` reads what storetopics holds, in the same
 shape.  A test brings storetopics up to date (backfill) and asserts `state(...) == recount(...)`.
 
@@ -79,16 +79,16 @@ def _source(conn: psycopg.Connection, source_id: int) -> dict:
                        "FROM storetopics.sources WHERE id = %s", (source_id,)).fetchone()
     assert row is not None, f"no source {source_id}"
     src = dict(zip(("chunks", "store_sql", "file_sql", "content_sql", "ts_config"), row))
-    has_bound = conn.execute("SELECT to_regprocedure('storetopics.max_store_key()') IS NOT NULL").fetchone()[0]
-    src["max_store_key"] = conn.execute("SELECT storetopics.max_store_key()").fetchone()[0] if has_bound else None
-    src["dehyphenated"] = conn.execute("SELECT to_regprocedure('storetopics.dehyphenated(text)') IS NOT NULL"
+    has_bound = conn.execute("SELECT to_regprocedure('storetopics._max_store_key()') IS NOT NULL").fetchone()[0]
+    src["max_store_key"] = conn.execute("SELECT storetopics._max_store_key()").fetchone()[0] if has_bound else None
+    src["dehyphenated"] = conn.execute("SELECT to_regprocedure('storetopics._dehyphenated(text)') IS NOT NULL"
                                        ).fetchone()[0]
     return src
 
 
 def _rows_sql(src: dict) -> str:
     """Every row of the application's table as (ctid, store, file, content), keys as text; a store key longer than
-    storetopics.max_store_key() characters is no store (NULL; 0.1 had no bound)."""
+    storetopics._max_store_key() characters is no store (NULL; 0.1 had no bound)."""
     bound = f"CASE WHEN char_length(r.s) <= {src['max_store_key']} THEN r.s END" if src["max_store_key"] else "r.s"
     return (f"SELECT r.row_id, {bound} AS s, r.f, r.t "
             f"FROM (SELECT c.ctid AS row_id, ({src['store_sql']})::text AS s, ({src['file_sql']})::text AS f, "
@@ -103,10 +103,10 @@ def recount(conn: psycopg.Connection, source_id: int) -> dict:
     # Per (row, term) counts of the usable rows whose keys are both known.  A row whose tsvector would pass 1 MB
     # cannot be tokenised at all: then do it row by row and count such rows as unusable (skipped).
     # the text as storetopics counts it: words a line break hyphenated joined (since 0.2)
-    text = "storetopics.dehyphenated(r.t)" if src["dehyphenated"] else "r.t"
+    text = "storetopics._dehyphenated(r.t)" if src["dehyphenated"] else "r.t"
     tokenise = (f"SELECT r.row_id, r.s, r.f, l.lexeme AS term, cardinality(l.positions) AS n "
                 f"FROM ({rows}) r, unnest(to_tsvector('{cfg}'::regconfig, {text})) l "
-                f"WHERE r.s IS NOT NULL AND r.f IS NOT NULL AND storetopics.usable_text(r.t)")
+                f"WHERE r.s IS NOT NULL AND r.f IS NOT NULL AND storetopics._usable_text(r.t)")
     too_big: set[str] = set()
     with conn.transaction():
         conn.execute("CREATE TEMP TABLE recount_terms (row_id tid, s text, f text, term text, n int) ON COMMIT DROP")
@@ -115,7 +115,7 @@ def recount(conn: psycopg.Connection, source_id: int) -> dict:
                 conn.execute(f"INSERT INTO recount_terms {tokenise}")
         except psycopg.errors.ProgramLimitExceeded:
             for (row_id,) in conn.execute(f"SELECT r.row_id::text FROM ({rows}) r WHERE r.s IS NOT NULL "
-                                          f"AND r.f IS NOT NULL AND storetopics.usable_text(r.t)").fetchall():
+                                          f"AND r.f IS NOT NULL AND storetopics._usable_text(r.t)").fetchall():
                 try:
                     with conn.transaction():
                         conn.execute(f"INSERT INTO recount_terms {tokenise} AND r.row_id = %s::tid", (row_id,))
@@ -124,7 +124,7 @@ def recount(conn: psycopg.Connection, source_id: int) -> dict:
         conn.execute("CREATE TEMP TABLE recount_bad (row_id tid) ON COMMIT DROP")
         for row_id in too_big:
             conn.execute("INSERT INTO recount_bad VALUES (%s::tid)", (row_id,))
-        unusable = "(NOT storetopics.usable_text(r.t) OR r.row_id IN (SELECT row_id FROM recount_bad))"
+        unusable = "(NOT storetopics._usable_text(r.t) OR r.row_id IN (SELECT row_id FROM recount_bad))"
 
         file_rows = conn.execute(f"""
             SELECT r.f, r.s, count(*), count(*) FILTER (WHERE {unusable})

@@ -41,7 +41,7 @@ def _insert(conn, rows):
 def test_huge_tsvector_text_really_overflows(conn):
     text = _huge_tsvector_text(1)
     assert len(text.encode()) < 1_000_000
-    assert conn.execute("SELECT storetopics.usable_text(%s)", (text,)).fetchone()[0] is True
+    assert conn.execute("SELECT storetopics._usable_text(%s)", (text,)).fetchone()[0] is True
     with pytest.raises(psycopg.errors.ProgramLimitExceeded):
         conn.execute("SELECT to_tsvector('english', %s)", (text,))
 
@@ -71,7 +71,7 @@ def test_bad_rows_in_one_statement_are_skipped_and_good_rows_counted(conn):
     assert sorted(helpers.pending(conn, src), key=repr) == sorted(
         [(src, None, None, True), (src, "s", "1", False), (src, "s", "4", False), (src, None, "2", False),
          (src, "s", None, False), (src, "t", "3", False)], key=repr)
-    conn.execute("SELECT storetopics.fold(%s)", (src,))      # fast path fails on the batch, slow path counts it
+    conn.execute("SELECT storetopics._fold(%s)", (src,))      # fast path fails on the batch, slow path counts it
     helpers.backfill(conn)
 
     st = helpers.state(conn, src)

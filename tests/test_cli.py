@@ -276,12 +276,12 @@ def test_backfill_skips_a_table_dropped_while_attached(dsn, conn, capsys):
     rc, out, err = run(capsys, "--dsn", dsn, "backfill")
     assert rc == 0, err
     assert "10 files folded" in out and "was dropped without being detached" in err
-    assert conn.execute("SELECT storetopics.detach_source(%s)", (gone,)).fetchone()[0] is True
+    assert conn.execute("SELECT array_agg(s) FROM storetopics.detach_dropped() s").fetchone()[0] == [gone]
     assert conn.execute("SELECT count(*) FROM storetopics.sources").fetchone()[0] == 1
 
 
 def test_a_table_dropped_where_no_event_trigger_sees_it_leaves_every_reader(dsn, conn, capsys):
-    """The managed path (no event triggers): a dropped table's source stays until detach_source().  Its stores leave
+    """The managed path (no event triggers): a dropped table's source stays until detach_dropped().  Its stores leave
     the stores view, catalog() (so the MCP tool list) and route(); status shows the source with a note and the
     detach hint; the worker skips it and says so once, backfill skips it (issue 31)."""
     conn.execute("ALTER EVENT TRIGGER storetopics_forget_dropped_tables DISABLE")
@@ -303,21 +303,22 @@ def test_a_table_dropped_where_no_event_trigger_sees_it_leaves_every_reader(dsn,
     assert {r[0] for r in conn.execute("SELECT store_key FROM storetopics.stores")} == {"fruit", "space", "tools"}
     assert "moons" not in {r[0] for r in conn.execute("SELECT store_key FROM storetopics.route_text('moons "
                                                       "orbit planets titan europa', 4)")}
-    assert conn.execute("SELECT storetopics.next_due()").fetchone()[0] is None     # nothing a worker could do
+    assert conn.execute("SELECT storetopics._next_due()").fetchone()[0] is None     # nothing a worker could do
 
     rc, out, err = run(capsys, "--dsn", dsn, "status")
     assert rc == 0, err
-    assert re.search(rf"source {gone} .*was dropped without being detached.*storetopics\.detach_source\({gone}\)",
+    assert re.search(rf"source {gone} .*was dropped without being detached.*storetopics\.detach_dropped\(\)",
                      out), out
     r = subprocess.run([sys.executable, "-m", "storetopics.worker", "--dsn", dsn, "--once", "--now"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     said = [line for line in r.stderr.splitlines() if f"source {gone}" in line]
-    assert len(said) == 1 and "dropped" in said[0] and f"detach_source({gone})" in said[0], r.stderr
+    assert len(said) == 1 and "dropped" in said[0] and "storetopics.detach_dropped()" in said[0], r.stderr
     assert "pass failed" not in r.stderr and "cannot fold" not in r.stderr, r.stderr
     rc, out, err = run(capsys, "--dsn", dsn, "backfill", "-q")
     assert rc == 0 and "was dropped without being detached" in err, err
-    assert conn.execute("SELECT storetopics.detach_source(%s)", (gone,)).fetchone()[0] is True
+    assert conn.execute("SELECT array_agg(s) FROM storetopics.detach_dropped() s").fetchone()[0] == [gone]
+    assert conn.execute("SELECT count(*) FROM storetopics.detach_dropped()").fetchone()[0] == 0
     rc, out, err = run(capsys, "--dsn", dsn, "status")
     assert rc == 0 and "dropped" not in out, out
 

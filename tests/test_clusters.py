@@ -126,7 +126,7 @@ def test_backfill_clusters_inside_the_database_with_plpython(make_db):
             assert len(c["representatives"]) == 3 and c["share"] == 0.2
         assert state_clusters(conn, source) == recount_clusters(conn, source)
         # nothing due any more: a second backfill changes nothing
-        assert conn.execute("SELECT storetopics.fit_due(%s, 's1')", (source,)).fetchone()[0] is None
+        assert conn.execute("SELECT storetopics._fit_due(%s, 's1')", (source,)).fetchone()[0] is None
         assert conn.execute("SELECT count(*) FROM storetopics.backfill()").fetchone()[0] == 0
 
 
@@ -165,7 +165,7 @@ def test_without_plpython_sql_says_so_and_the_cli_clusters_outside(make_db):
         assert any("plpython3u is not installed" in n for n in notices)
         assert "Topics:" not in summary(conn)[0]                    # keyword summary until clustered
         with pytest.raises(psycopg.errors.FeatureNotSupported, match="needs plpython3u"):
-            conn.execute("SELECT storetopics.cluster(%s, 's1')", (source,))
+            conn.execute("SELECT storetopics._cluster(%s, 's1')", (source,))
         res = api.backfill(conn)
         assert res.fitted == 1 and res.label_calls == 0
         assert sorted(k[1] for k in clusters(conn)) == [90] * 5
@@ -212,21 +212,21 @@ def test_outliers_past_five_percent_trigger_a_refit_that_keeps_old_labels(make_d
         old = {k[0]: k[4] for k in clusters(conn)}
         # a few chess chunks: outliers, but under 5% of the store: no re-fit yet
         insert(conn, rows_for("chess", 3, chunks=3))
-        conn.execute("SELECT storetopics.fold(%s)", (source,))
-        assert conn.execute("SELECT storetopics.fit_due(%s, 's1')", (source,)).fetchone()[0] is None
+        conn.execute("SELECT storetopics._fold(%s)", (source,))
+        assert conn.execute("SELECT storetopics._fit_due(%s, 's1')", (source,)).fetchone()[0] is None
         outliers = conn.execute("SELECT sum(outliers - outliers_at_fit) FROM storetopics.clusters").fetchone()[0]
         assert outliers == 9
         # more: past 5% of the store -> the outlier gate opens
         insert(conn, rows_for("chess", 10, chunks=3, prefix="more-"))
-        conn.execute("SELECT storetopics.fold(%s)", (source,))
-        assert conn.execute("SELECT storetopics.fit_due(%s, 's1')", (source,)).fetchone()[0] == "outliers"
+        conn.execute("SELECT storetopics._fold(%s)", (source,))
+        assert conn.execute("SELECT storetopics._fit_due(%s, 's1')", (source,)).fetchone()[0] == "outliers"
         conn.execute("SELECT * FROM storetopics.backfill()")
         new = {k[0]: k[4] for k in clusters(conn)}
         assert set(old) < set(new)                      # the five old clusters kept their ids (and words)
         assert all(new[i] == old[i] for i in old)
         (chess,) = set(new) - set(old)
         assert topic_of_keywords(new[chess]) == "chess"
-        assert conn.execute("SELECT storetopics.fit_due(%s, 's1')", (source,)).fetchone()[0] is None
+        assert conn.execute("SELECT storetopics._fit_due(%s, 's1')", (source,)).fetchone()[0] is None
 
 
 def test_outliers_move_words_and_the_keyword_gate_decides_on_a_new_label(make_db, messages):
@@ -248,15 +248,15 @@ def test_outliers_move_words_and_the_keyword_gate_decides_on_a_new_label(make_db
         # cluster, no call.
         conn.execute("SELECT storetopics.configure('chunks', '{\"refit_outliers\": 0.5}')")
         insert(conn, rows_for("chess", 16, chunks=3))
-        conn.execute("SELECT storetopics.fold(%s)", (source,))
-        assert conn.execute("SELECT storetopics.refresh_words(%s, 's1')", (source,)).fetchone()[0] == 0
+        conn.execute("SELECT storetopics._fold(%s)", (source,))
+        assert conn.execute("SELECT storetopics._refresh_words(%s, 's1')", (source,)).fetchone()[0] == 0
         assert conn.execute("SELECT count(*) FROM storetopics.clusters WHERE keywords[1:12] && %s",
                             (FAR["chess"].split(),)).fetchone()[0] == 1
         insert(conn, rows_for("chess", 24, chunks=3, prefix="x"))
-        conn.execute("SELECT storetopics.fold(%s)", (source,))
-        assert conn.execute("SELECT storetopics.fit_due(%s, 's1')", (source,)).fetchone()[0] is None
+        conn.execute("SELECT storetopics._fold(%s)", (source,))
+        assert conn.execute("SELECT storetopics._fit_due(%s, 's1')", (source,)).fetchone()[0] is None
         assert conn.execute("SELECT sum(outliers - outliers_seen) FROM storetopics.clusters").fetchone()[0] >= 20
-        due = conn.execute("SELECT storetopics.refresh_words(%s, 's1')", (source,)).fetchone()[0]
+        due = conn.execute("SELECT storetopics._refresh_words(%s, 's1')", (source,)).fetchone()[0]
         moved = conn.execute("SELECT cluster_id FROM storetopics.clusters WHERE keywords[1:5] && %s",
                              (FAR["chess"].split(),)).fetchall()
         assert due == len(moved) == 1, (due, moved, conn.execute("SELECT cluster_id, keywords[1:10], label_words[1:10] FROM storetopics.clusters WHERE cluster_id = %s", moved[0]).fetchall())
@@ -329,7 +329,7 @@ def test_refit_of_unchanged_data_with_another_seed_changes_nothing_a_router_sees
         ids = [k[0] for k in clusters(conn)]
         for seed in (1, 2, 3):
             conn.execute("SELECT storetopics.configure('chunks', %s)", (json.dumps({"seed": seed}),))
-            report = conn.execute("SELECT storetopics.cluster(%s, 's1')", (source,)).fetchone()[0]
+            report = conn.execute("SELECT storetopics._cluster(%s, 's1')", (source,)).fetchone()[0]
             assert report["applied"] and report["kept"] == 5 and report["new"] == 0, report
             conn.execute("SELECT * FROM storetopics.backfill()")
             assert summary(conn)[0] == before
@@ -377,7 +377,7 @@ def test_sampling_is_reproducible_and_bounded(make_db):
         source = setup_table(conn)
         insert(conn, base_rows(60))                                   # 900 chunks
         conn.execute("SELECT storetopics.configure('chunks', '{\"sample_size\": 200}')")
-        conn.execute("SELECT * FROM storetopics.fold(%s)", (source,))
+        conn.execute("SELECT * FROM storetopics._fold(%s)", (source,))
         conn.execute("ANALYZE chunks")
         sample = ("SELECT max(n), array_agg(r ORDER BY part, o), max(method), count(DISTINCT part) "
                   "FROM storetopics._fit_input(%s, 's1', %s), unnest(refs) WITH ORDINALITY AS u(r, o)")
@@ -418,14 +418,14 @@ def test_settings_are_validated(make_db):
 
 def test_offline_label_in_sql(conn):
     def label(words):
-        return conn.execute("SELECT storetopics.offline_label(%s)", (words,)).fetchone()[0]
+        return conn.execute("SELECT storetopics._offline_label(%s)", (words,)).fetchone()[0]
 
     assert label(["chess", "board", "engine", "opening"]) == "chess board engine"
     assert label(["Chess", "chess", "board"]) == "Chess board"             # a word once, first form kept
     assert label(["solo"]) == "solo topics"
     assert label([]) == "general topics"
     assert label(["x1", "42", "chess"]) == "chess topics"          # only showable words
-    assert conn.execute("SELECT storetopics.label_ok(storetopics.offline_label(%s))",
+    assert conn.execute("SELECT storetopics._label_ok(storetopics._offline_label(%s))",
                         (["a-b", "c'd", "e"],)).fetchone()[0] is True
 
 
@@ -458,7 +458,7 @@ def test_anthropic_labels_ledger_and_failures(make_db, messages):
         conn.execute("UPDATE storetopics.clusters SET label_retry_at = now() WHERE label_failures > 0")
         stats = refresh.label(conn, source, "s1")
         assert (stats.calls, stats.ok) == (1, 1)
-        assert conn.execute("SELECT count(*) FROM storetopics.labels_due(%s, 's1')", (source,)).fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM storetopics._labels_due(%s, 's1')", (source,)).fetchone()[0] == 0
         api.backfill(conn)
         labellers = sorted(c["labeller"] for c in summary(conn)[1]["clusters"])
         assert labellers == ["anthropic"] * 4 + ["offline"]
@@ -480,7 +480,7 @@ def test_record_label_refuses_what_is_no_label(conn):
     cid = conn.execute("INSERT INTO storetopics.clusters (source_id, store_key, centroid, radius, fit_size) "
                        "VALUES (%s, 's', '[1,0,0]', 0.1, 1) RETURNING cluster_id", (source,)).fetchone()[0]
     for bad in ["one", "x" * 60, "see https://evil.example", "a <b> c", "six words are far too many"]:
-        assert conn.execute("SELECT storetopics.record_label(%s, 's', %s, 'ok', %s, 'anthropic', "
+        assert conn.execute("SELECT storetopics._record_label(%s, 's', %s, 'ok', %s, 'anthropic', "
                             "'claude-haiku-4-5', 100, 5)", (source, cid, bad)).fetchone()[0]
         assert conn.execute("SELECT label FROM storetopics.clusters").fetchone()[0] is None
     assert conn.execute("SELECT count(*) FROM storetopics.label_ledger WHERE outcome = 'rejected'").fetchone()[0] == 5
@@ -505,13 +505,13 @@ def test_summary_stays_under_200_tokens(make_db):
                 "WHERE source_id = %s AND cluster_id = ANY (%s)")
         conn.execute(hold, (long_label, source, ids))
         conn.execute("SELECT storetopics.configure('chunks', '{\"labeller\": \"anthropic\"}')")
-        conn.execute("SELECT storetopics.render(%s, 's1')", (source,))
+        conn.execute("SELECT storetopics._render(%s, 's1')", (source,))
         text_ = summary(conn)[0]
         assert long_label in text_ and tokens.count(text_) <= 200, (tokens.count(text_), text_)
         # unicode labels cost more tokens per byte: the byte bound still holds them under 200
         conn.execute(hold, ("Ђурђевданске народне песме", source, ids))
         conn.execute("UPDATE storetopics.store_state SET version = version + 1 WHERE source_id = %s", (source,))
-        conn.execute("SELECT storetopics.render(%s, 's1')", (source,))
+        conn.execute("SELECT storetopics._render(%s, 's1')", (source,))
         assert tokens.count(summary(conn)[0]) <= 200
 
 
@@ -541,7 +541,7 @@ def test_terms_leave_out_words_every_sibling_store_uses(conn):
     # changes show at the store's next render: here, asked for)
     conn.execute("DELETE FROM kw WHERE store <> 'chess'")
     conn.execute("SELECT * FROM storetopics.backfill()")
-    conn.execute("SELECT storetopics.render(source_id, 'chess') FROM storetopics.stores WHERE store_key = 'chess'")
+    conn.execute("SELECT storetopics._render(source_id, 'chess') FROM storetopics.stores WHERE store_key = 'chess'")
     text = conn.execute("SELECT store_topics FROM storetopics.stores WHERE store_key = 'chess'").fetchone()[0]
     parts = helpers.sections(text)
     shown = {w for x in parts["topics"] + parts["terms"] for w in x.lower().split()}
@@ -581,7 +581,7 @@ def test_the_render_after_counting_packs_what_the_first_computed(conn):
         cur.executemany("INSERT INTO rc (store, file, content) VALUES (%s, %s, %s)",
                         [(s, f"{s}{i}", f"{s}é zanzíbar quökka marmaláde {s}ísh " * (1 + i % 3))
                          for s in ("sa", "sb") for i in range(6)])
-    conn.execute("SELECT storetopics.fold(%s)", (source,))
+    conn.execute("SELECT storetopics._fold(%s)", (source,))
 
     def computed() -> int:
         return conn.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions "
@@ -589,20 +589,20 @@ def test_the_render_after_counting_packs_what_the_first_computed(conn):
 
     with conn.transaction():
         conn.execute("SET LOCAL track_functions = 'all'")
-        assert conn.execute("SELECT storetopics.render(%s, 'sa', true)", (source,)).fetchone()[0] is None
+        assert conn.execute("SELECT storetopics._render(%s, 'sa', true)", (source,)).fetchone()[0] is None
         assert refresh.count_tokens(conn, source, "sa") > 0
-        assert conn.execute("SELECT storetopics.render(%s, 'sa', true)", (source,)).fetchone()[0] is True
+        assert conn.execute("SELECT storetopics._render(%s, 'sa', true)", (source,)).fetchone()[0] is True
         assert computed() == 1
         # another store, then a version change: computed again
-        assert conn.execute("SELECT storetopics.render(%s, 'sb', true)", (source,)).fetchone()[0] is None
+        assert conn.execute("SELECT storetopics._render(%s, 'sb', true)", (source,)).fetchone()[0] is None
         conn.execute("UPDATE storetopics.store_state SET version = version + 1 WHERE store_key = 'sb'")
         refresh.count_tokens(conn, source, "sb")
-        assert conn.execute("SELECT storetopics.render(%s, 'sb', true)", (source,)).fetchone()[0] is True
+        assert conn.execute("SELECT storetopics._render(%s, 'sb', true)", (source,)).fetchone()[0] is True
         assert computed() == 3
     written = conn.execute("SELECT store_key, store_topics, topics FROM storetopics.stores ORDER BY 1").fetchall()
     # from scratch: the same text and topics (nothing changed, nothing written)
     conn.execute("UPDATE storetopics.store_state SET version = version + 1")
-    assert conn.execute("SELECT bool_or(storetopics.render(source_id, store_key)) FROM storetopics.stores"
+    assert conn.execute("SELECT bool_or(storetopics._render(source_id, store_key)) FROM storetopics.stores"
                         ).fetchone()[0] is False
     assert conn.execute("SELECT store_key, store_topics, topics FROM storetopics.stores ORDER BY 1").fetchall() \
         == written
@@ -659,5 +659,5 @@ def test_a_cluster_without_a_shared_run_takes_one_files_run_of_its_top_words(mak
         assert ks["kitchen"][1] == ("tile grout",), ks
         assert set(ks["football"][0][:3]) == {"referee", "goal", "striker"} and ks["football"][1] == (None,), ks
         shown = helpers.sections(summary(conn)[0])["topics"]
-        first_three = conn.execute("SELECT storetopics.offline_label(%s)", (ks["football"][0],)).fetchone()[0]
+        first_three = conn.execute("SELECT storetopics._offline_label(%s)", (ks["football"][0],)).fetchone()[0]
         assert "tile grout" in shown and first_three in shown and "whistle stadium" not in shown, shown

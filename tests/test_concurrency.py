@@ -95,7 +95,7 @@ def _folder(dsn: str, src: int, stop: threading.Event, errors: list, calls: list
                     helpers.backfill(c)
                     stop.wait(0.3)
                 else:
-                    c.execute("SELECT storetopics.fold(%s, %s)", (src, rnd.choice([1, 3, 10, 20000])))
+                    c.execute("SELECT storetopics._fold(%s, %s)", (src, rnd.choice([1, 3, 10, 20000])))
                 n += 1
                 progress["backfill" if backfill else "fold"] = n
     except Exception as e:  # noqa: BLE001
@@ -161,7 +161,7 @@ def test_open_writer_transaction_is_counted_after_the_next_fold(dsn, conn):
         writer.execute("UPDATE chunks SET content = 'garden fence paint' WHERE content = 'garden fence'")
         # a committed change to the same file, folded while the writer's transaction is still open
         other.execute("INSERT INTO chunks (store_id, file_id, content) VALUES ('s', 7, 'plumbing')")
-        assert conn.execute("SELECT storetopics.fold(%s)", (src,)).fetchone()[0] == 1
+        assert conn.execute("SELECT storetopics._fold(%s)", (src,)).fetchone()[0] == 1
         helpers.backfill(conn)
         mid = helpers.state(conn, src)
         assert mid == helpers.recount(conn, src)
@@ -172,7 +172,7 @@ def test_open_writer_transaction_is_counted_after_the_next_fold(dsn, conn):
         writer.execute("COMMIT")
 
     assert conn.execute("SELECT dirty FROM storetopics.stores WHERE source_id = %s", (src,)).fetchone()[0] is True
-    assert conn.execute("SELECT storetopics.fold(%s)", (src,)).fetchone()[0] == 2
+    assert conn.execute("SELECT storetopics._fold(%s)", (src,)).fetchone()[0] == 2
     helpers.backfill(conn)
     after = helpers.state(conn, src)
     assert after == helpers.recount(conn, src)
@@ -198,7 +198,7 @@ def test_fold_waits_for_nothing_but_the_source_lock(dsn, conn):
         writer.execute("UPDATE chunks SET content = 'garden fence' WHERE content = 'kitchen renovation'")
         folder.execute("BEGIN")
         # recounts file 1 whose row the writer has locked; would raise LockNotAvailable if it waited
-        assert folder.execute("SELECT storetopics.fold(%s)", (src,)).fetchone()[0] == 1
+        assert folder.execute("SELECT storetopics._fold(%s)", (src,)).fetchone()[0] == 1
         writer.execute("INSERT INTO chunks (store_id, file_id, content) VALUES ('s', 2, 'roof')")
         writer.execute("COMMIT")
         writer.execute("INSERT INTO chunks (store_id, file_id, content) VALUES ('s', 3, 'paint')")

@@ -147,7 +147,7 @@ def test_ddl_that_breaks_an_attachment_never_fails_a_write_without_event_trigger
     # the fold says what broke, and what to do; status shows it; the old summary stays
     old = helpers.summary(conn, src, "kitchen")[0]
     with pytest.raises(psycopg.Error) as e:
-        conn.execute("SELECT storetopics.fold(%s)", (src,))
+        conn.execute("SELECT storetopics._fold(%s)", (src,))
     assert f"source {src}" in str(e.value) and e.value.diag.message_hint, e.value
     assert "capture trigger could not key" in (_status(conn, src)["key_error"] or "")
     assert helpers.summary(conn, src, "kitchen")[0] == old
@@ -216,7 +216,7 @@ def test_a_key_that_reads_what_the_owner_may_not_still_fails_loudly(conn):
         conn.execute("ALTER TABLE docs OWNER TO st_ddl_owner")
         src = _attach(conn, store_key="(SELECT s.s FROM public.secret s LIMIT 1)")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("SELECT storetopics.fold(%s)", (src,))
+            conn.execute("SELECT storetopics._fold(%s)", (src,))
         assert _status(conn, src)["reads"] == "set-based"
     finally:
         conn.execute("DROP TABLE IF EXISTS docs, secret")

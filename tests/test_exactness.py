@@ -70,7 +70,7 @@ def _apply(conn: psycopg.Connection, tbl: str, src: int | None, op: tuple) -> No
     elif kind == "truncate":
         conn.execute(f"TRUNCATE {tbl}")
     elif kind == "fold" and src is not None:
-        conn.execute("SELECT storetopics.fold(%s, %s)", (src, op[1]))
+        conn.execute("SELECT storetopics._fold(%s, %s)", (src, op[1]))
     elif kind == "resync" and src is not None:
         conn.execute("SELECT storetopics.resync(%s)", (tbl,))
     elif kind == "backfill" and src is not None:
@@ -191,29 +191,29 @@ def test_deleting_additions_folded_in_several_batches_restores_summary(conn):
                           FROM generate_series(1, 4) g""", (i,))
         conn.execute("INSERT INTO chunks (store_id, file_id, content) VALUES ('home', %s, 'goalkeeper gloves')",
                      (100 + i,))
-        assert conn.execute("SELECT storetopics.fold(%s, 2)", (src,)).fetchone()[0] >= 1
+        assert conn.execute("SELECT storetopics._fold(%s, 2)", (src,)).fetchone()[0] >= 1
         if i % 2:
             helpers.backfill(conn)
     conn.execute("UPDATE chunks SET store_id = 'home' WHERE file_id = 500")
-    conn.execute("SELECT storetopics.fold(%s, 1)", (src,))
+    conn.execute("SELECT storetopics._fold(%s, 1)", (src,))
     helpers.backfill(conn)
     assert _summaries(conn, src)["home"] != before["home"]
 
     conn.execute("UPDATE chunks SET store_id = 'cars' WHERE file_id = 500")
     conn.execute("DELETE FROM chunks WHERE content = 'goalkeeper gloves'")
-    conn.execute("SELECT storetopics.fold(%s, 1)", (src,))
+    conn.execute("SELECT storetopics._fold(%s, 1)", (src,))
     conn.execute("DELETE FROM chunks WHERE file_id >= 2000 AND file_id < 2003")
-    conn.execute("SELECT storetopics.fold(%s, 2)", (src,))
+    conn.execute("SELECT storetopics._fold(%s, 2)", (src,))
     helpers.backfill(conn)
     conn.execute("DELETE FROM chunks WHERE file_id >= 2000")
-    conn.execute("SELECT storetopics.fold(%s, 1)", (src,))
+    conn.execute("SELECT storetopics._fold(%s, 1)", (src,))
     helpers.backfill(conn)
     # The store whose additions are gone reads exactly as before.  Its sibling 'cars' was last rendered while
     # 'home' still held some of them: its terms are contrasted with its catalog as of its own last render, and
     # come back with its next one.
     after = _summaries(conn, src)
     assert after["home"] == before["home"]
-    conn.execute("SELECT storetopics.render(%s, 'cars')", (src,))
+    conn.execute("SELECT storetopics._render(%s, 'cars')", (src,))
 
     assert_restored(conn, src, before, before_state)
 

@@ -3,6 +3,8 @@ with no plpython3u, hardened functions and capture triggers that application rol
 from __future__ import annotations
 
 import re
+import subprocess
+from pathlib import Path
 
 import helpers
 import psycopg
@@ -19,11 +21,11 @@ SEARCH_PATH = "search_path=pg_catalog, pg_temp"
 # inlining them (they run per row in fold()).  Any other function must set search_path.
 # functions that do not pin their search_path: a SQL-standard body is bound when it is created, and the planner
 # inlines these into the statements that call them (fold's recount)
-BOUND_AT_CREATION: set[str] = {"dehyphenated(text)"}
-PUBLIC_EXECUTE = {"usable_text(text)", "dehyphenated(text)", "showable_term(text)", "_human_count(bigint)", "tsvector_or_null(regconfig,text)",
-                  "max_store_key()", "tool_name(text,text)",
+BOUND_AT_CREATION: set[str] = {"_dehyphenated(text)"}
+PUBLIC_EXECUTE = {"_usable_text(text)", "_dehyphenated(text)", "_showable_term(text)", "_human_count(bigint)",
+                  "_tsvector_or_null(regconfig,text)", "_max_store_key()", "_tool_name(text,text)",
                   # checks every caller itself: contents go only to roles that may SELECT the chunk table
-                  "search(integer,text,text,integer,vector)"}
+                  "search(regclass,text,text,integer,vector)"}
 
 
 @pytest.fixture
@@ -146,8 +148,8 @@ def test_functions_are_hardened(make_db, how):
         conn.execute("CREATE FUNCTION evil.length(text) RETURNS int LANGUAGE sql RETURN 5")
         conn.execute("CREATE FUNCTION evil.strpos(text, text) RETURNS int LANGUAGE sql RETURN 0")
         conn.execute("SET search_path = evil, pg_catalog")
-        assert conn.execute("SELECT storetopics.usable_text(repeat('x', 2000000)), storetopics.showable_term('ab'), "
-                            "storetopics._human_count(12345), storetopics.dehyphenated(E'destina-\\n    tion')"
+        assert conn.execute("SELECT storetopics._usable_text(repeat('x', 2000000)), storetopics._showable_term('ab'), "
+                            "storetopics._human_count(12345), storetopics._dehyphenated(E'destina-\\n    tion')"
                             ).fetchone() == (False, False, "12k", "destination")
         conn.execute("RESET search_path")
 
@@ -286,8 +288,6 @@ def test_both_install_paths_create_the_same_objects(make_db):
 def test_the_versioned_scripts_are_built_from_the_sources():
     """sql/storetopics--<version>.sql and the upgrade into it are what `make sql` builds from sql/incremental and
     sql/idempotent (they are committed: the Python package ships them)."""
-    import subprocess
-    from pathlib import Path
     sql_dir = Path(__file__).resolve().parents[1] / "sql"
     built = {f"storetopics--{VERSION}.sql": ["install", VERSION]}
     for p in sql_dir.glob(f"storetopics--*--{VERSION}.sql"):
@@ -296,6 +296,28 @@ def test_the_versioned_scripts_are_built_from_the_sources():
     for name, args in built.items():
         out = subprocess.run(["sh", str(sql_dir / "build.sh"), *args], capture_output=True, text=True, check=True)
         assert out.stdout == (sql_dir / name).read_text(), f"{name} is stale: run `make sql`"
+
+
+PUBLIC_API_LIST = Path(__file__).parent / "data" / "public_api.txt"
+PUBLIC_SURFACE = """
+SELECT 'function ' || p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')' FROM pg_proc p
+ WHERE p.pronamespace = 'storetopics'::regnamespace AND p.proname !~ '^_'
+   AND p.proname !~ '^(capture|read|mirror|try)_[0-9]+$'
+UNION ALL
+SELECT 'view ' || c.relname FROM pg_class c WHERE c.relnamespace = 'storetopics'::regnamespace AND c.relkind = 'v'
+ORDER BY 1"""
+
+
+@pytest.mark.parametrize("how", ["extension", "script"])
+def test_the_public_api_is_the_committed_list(make_db, how):
+    """The public SQL (functions without a leading `_`, with their parameters' names, and views) is what
+    tests/data/public_api.txt lists, no more: a new public name is a decision made in that file, and an internal one
+    starts with `_`."""
+    with _connect(make_db(how)) as conn:
+        _end_to_end(conn)      # generated functions exist too, and stay out of it
+        installed = [r[0] for r in conn.execute(PUBLIC_SURFACE)]
+    listed = [line for line in PUBLIC_API_LIST.read_text().splitlines() if line and not line.startswith("#")]
+    assert installed == listed
 
 
 def test_every_public_function_and_view_says_what_it_is(conn):

@@ -31,7 +31,7 @@ CLUSTER = ClusterInput(keywords=["chess", "board", "engine", "opening"],
     (None, None),
 ])
 def test_clean_label_tidies_the_form_only(text, ok):
-    """What a label says is judged in SQL (storetopics.record_label, screen, grounding: test_screen.py and
+    """What a label says is judged in SQL (storetopics._record_label, screen, grounding: test_screen.py and
     test_clusters.py); the labeller only tidies an answer's form."""
     clean, reason = clean_label(text)
     assert clean == ok
@@ -48,7 +48,7 @@ def test_clean_label_tidies_the_form_only(text, ok):
 ])
 def test_clean_labels_one_per_line(text, ok):
     """A keyword-only store's answer: one label per line, numbering and bullets removed; what each says is judged
-    in SQL (storetopics.record_store_labels, test_store_labels.py)."""
+    in SQL (storetopics._record_store_labels, test_store_labels.py)."""
     labels, reason = clean_labels(text)
     assert labels == ok
     assert (reason is None) == bool(ok)

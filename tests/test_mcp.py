@@ -286,13 +286,13 @@ def test_bad_input_and_a_database_that_is_down_are_errors_not_crashes(dsn, conn)
             # stopwords only: no error, no chunk
             assert _json(await session.call_tool("search_games", {"query": "the and of"}))["results"] == []
             # the same checks in SQL, for any client of storetopics.search()
-            for args, error in (((source, "nope", "chess", 5), psycopg.errors.UndefinedObject),
-                                ((source + 100, "games", "chess", 5), psycopg.errors.UndefinedObject),
-                                ((source, "games", "  ", 5), psycopg.errors.InvalidParameterValue),
-                                ((source, "games", "chess", 0), psycopg.errors.InvalidParameterValue),
-                                ((source, "games", "chess", 51), psycopg.errors.InvalidParameterValue)):
+            for args, error in ((("chunks", "nope", "chess", 5), psycopg.errors.UndefinedObject),
+                                (("pg_class", "games", "chess", 5), psycopg.errors.UndefinedObject),   # not attached
+                                (("chunks", "games", "  ", 5), psycopg.errors.InvalidParameterValue),
+                                (("chunks", "games", "chess", 0), psycopg.errors.InvalidParameterValue),
+                                (("chunks", "games", "chess", 51), psycopg.errors.InvalidParameterValue)):
                 with pytest.raises(error):
-                    conn.execute("SELECT * FROM storetopics.search(%s, %s, %s, %s)", args)
+                    conn.execute("SELECT * FROM storetopics.search(%s::regclass, %s, %s, %s)", args)
             # the store is detached under the server: its tool answers with an error, the list drops it
             conn.execute("SELECT storetopics.detach('chunks')")
             assert _error(await session.call_tool("search_games", {"query": "chess"}))
@@ -391,7 +391,7 @@ def test_a_role_that_may_read_no_store(dsn, conn):
 # Who may search, and as whom the attacher's SQL runs
 # ------------------------------------------------------------------------------------------------------------
 def test_search_needs_select_on_the_chunk_table(dsn, conn):
-    source = _setup(conn)
+    _setup(conn)
     router = f"router_{uuid.uuid4().hex[:6]}"
     conn.execute(f"CREATE ROLE {router} LOGIN")
     try:
@@ -415,16 +415,16 @@ def test_search_needs_select_on_the_chunk_table(dsn, conn):
         try:
             with psycopg.connect(_as(dsn, other), autocommit=True) as c:
                 with pytest.raises(psycopg.errors.UndefinedObject):
-                    c.execute("SELECT * FROM storetopics.search(%s, 'games', 'chess')", (source,))
+                    c.execute("SELECT * FROM storetopics.search(%s::regclass, 'games', 'chess')", ("chunks",))
             # row-level security the owner's read would bypass: refused to anyone the policies bind
             conn.execute("ALTER TABLE chunks ENABLE ROW LEVEL SECURITY")
             conn.execute(f"CREATE POLICY only_kitchen ON chunks FOR SELECT TO {router} USING (store_id = 'kitchen')")
             with psycopg.connect(_as(dsn, router), autocommit=True) as c:
                 assert c.execute("SELECT count(*) FROM chunks").fetchone()[0] == len(KITCHEN)
                 with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
-                    c.execute("SELECT * FROM storetopics.search(%s, 'games', 'chess')", (source,))
-            assert conn.execute("SELECT count(*) FROM storetopics.search(%s, 'games', 'chess')",
-                                (source,)).fetchone()[0] > 0   # the owner (a superuser here) may
+                    c.execute("SELECT * FROM storetopics.search(%s::regclass, 'games', 'chess')", ("chunks",))
+            assert conn.execute("SELECT count(*) FROM storetopics.search(%s::regclass, 'games', 'chess')",
+                                ("chunks",)).fetchone()[0] > 0   # the owner (a superuser here) may
         finally:
             conn.execute("DROP POLICY IF EXISTS only_kitchen ON chunks")
             conn.execute(f"DROP OWNED BY {other}; DROP ROLE {other}")
@@ -449,7 +449,7 @@ def test_an_attachers_expression_runs_as_the_table_owner_during_search(dsn, conn
             t.execute(f"CREATE INDEX ON {schema}.docs (file)")
             with t.cursor() as cur:
                 cur.executemany(f"INSERT INTO {schema}.docs (store, file, content) VALUES ('games', %s, %s)", GAMES)
-            source = t.execute(f"SELECT storetopics.attach('{schema}.docs', store_key => '{schema}.who(c.store)', "
+            t.execute(f"SELECT storetopics.attach('{schema}.docs', store_key => '{schema}.who(c.store)', "
                                "file_key => 'file')").fetchone()[0]
             t.execute(f"GRANT USAGE ON SCHEMA {schema} TO {router}")
             t.execute(f"GRANT SELECT ON {schema}.docs TO {router}")
@@ -465,7 +465,8 @@ def test_an_attachers_expression_runs_as_the_table_owner_during_search(dsn, conn
 
         anyio.run(main)
         # and called by the superuser in SQL
-        assert conn.execute("SELECT count(*) FROM storetopics.search(%s, 'games', 'chess')", (source,)).fetchone()[0]
+        assert conn.execute("SELECT count(*) FROM storetopics.search(%s::regclass, 'games', 'chess')",
+                            (f"{schema}.docs",)).fetchone()[0]
         seen = {r[0] for r in conn.execute(f"SELECT DISTINCT who FROM {schema}.seen")}
         assert seen == {tenant}, f"the store key expression ran as {seen}, not only as the table's owner {tenant}"
     finally:
@@ -572,7 +573,8 @@ def test_a_reader_generated_before_search_existed_is_made_again(dsn, conn):
     with pytest.raises(psycopg.errors.RaiseException, match="unknown read search"):
         conn.execute(f"SELECT * FROM storetopics.read_{source}('search', NULL, 'games', '{{}}') "
                      "AS r(a text, b text, c text, d float8, e float8, f float8)")
-    rows = conn.execute("SELECT file_key FROM storetopics.search(%s, 'games', 'backgammon')", (source,)).fetchall()
+    rows = conn.execute("SELECT file_key FROM storetopics.search(%s::regclass, 'games', 'backgammon')",
+                        ("chunks",)).fetchall()
     assert {r[0] for r in rows} == {"3", "4"}
     assert "WHEN 'search' THEN" in conn.execute("SELECT prosrc FROM pg_proc WHERE oid = %s::regprocedure",
                                                 (reader,)).fetchone()[0]
@@ -585,20 +587,21 @@ def test_a_reader_generated_before_search_existed_is_made_again(dsn, conn):
 def test_search_uses_the_sources_text_search_configuration_and_skips_huge_texts(dsn, conn):
     conn.execute("CREATE TABLE notes (id serial PRIMARY KEY, store text, file int, body text)")
     conn.execute("INSERT INTO notes (store, file, body) VALUES ('s', 1, 'running shoes'), ('s', 2, 'the runner ran')")
-    source = conn.execute("SELECT storetopics.attach('notes', store_key => 'store', file_key => 'file', "
+    conn.execute("SELECT storetopics.attach('notes', store_key => 'store', file_key => 'file', "
                           "content => 'body', ts_config => 'simple')").fetchone()[0]
     helpers.backfill(conn)
     # 'simple' does not stem: 'run' finds nothing, 'running' one file (english would find both 'running' and 'run')
-    assert conn.execute("SELECT count(*) FROM storetopics.search(%s, 's', 'run')", (source,)).fetchone()[0] == 0
-    assert [r[0] for r in conn.execute("SELECT file_key FROM storetopics.search(%s, 's', 'running')",
-                                       (source,))] == ["1"]
+    assert conn.execute("SELECT count(*) FROM storetopics.search(%s::regclass, 's', 'run')",
+                        ("notes",)).fetchone()[0] == 0
+    assert [r[0] for r in conn.execute("SELECT file_key FROM storetopics.search(%s::regclass, 's', 'running')",
+                                       ("notes",))] == ["1"]
     # a text whose tsvector would pass 1 MB: the search still answers (that text is left out)
     huge = " ".join(f"w{i}x{i * 7919 % 100003}" for i in range(150000))
     conn.execute("INSERT INTO notes (store, file, body) VALUES ('s', 3, %s)", (huge,))
     with pytest.raises(psycopg.errors.ProgramLimitExceeded):
         conn.execute("SELECT to_tsvector('simple', body) FROM notes WHERE file = 3")
-    assert [r[0] for r in conn.execute("SELECT file_key FROM storetopics.search(%s, 's', 'running')",
-                                       (source,))] == ["1"]
+    assert [r[0] for r in conn.execute("SELECT file_key FROM storetopics.search(%s::regclass, 's', 'running')",
+                                       ("notes",))] == ["1"]
 
 
 def test_catalog_tool_names_for_odd_and_colliding_keys(dsn, conn):

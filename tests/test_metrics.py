@@ -69,10 +69,10 @@ def test_metrics_follow_writes_backfill_and_labelling_calls(conn):
         "INSERT INTO storetopics.clusters (source_id, store_key, centroid, radius, chunks, files, fit_size, keywords) "
         "VALUES (%s, 'home', '[1,0,0,0,0,0,0,0]', 0.3, 1, 1, 1, %s) RETURNING cluster_id",
         (src, words)).fetchone()[0] for words in (["kitchen", "renovation", "tiles"], ["bathroom", "plumbing"])]
-    assert conn.execute("SELECT storetopics.record_label(%s, 'home', %s, 'ok', 'Kitchen renovation', 'anthropic', "
+    assert conn.execute("SELECT storetopics._record_label(%s, 'home', %s, 'ok', 'Kitchen renovation', 'anthropic', "
                         "'claude-haiku-4-5', 1000, 100)", (src, ok)).fetchone()[0]
     for _ in range(3):
-        conn.execute("SELECT storetopics.record_label(%s, 'home', %s, 'error', NULL, 'anthropic', 'claude-haiku-4-5', "
+        conn.execute("SELECT storetopics._record_label(%s, 'home', %s, 'error', NULL, 'anthropic', 'claude-haiku-4-5', "
                      "0, 0, 'HTTP 500')", (src, bad))
     m = metrics(conn)["public.chunks"]
     assert (m["label_calls_total"], m["label_errors_total"]) == (4, 3), m
@@ -99,16 +99,16 @@ def test_a_store_whose_passes_fail_counts_as_failing_and_dirty(conn):
     _insert(conn, [("home", 1, "kitchen renovation with new tiles")])
     for attempt in range(1, 4):
         conn.execute("UPDATE storetopics.work SET next_attempt_at = now()")   # the backoff, passed at once
-        (source_id, store, generation, _), = conn.execute("SELECT * FROM storetopics.claim('w1')").fetchall()
-        assert conn.execute("SELECT storetopics.work_done('w1', %s, %s, %s, p_error => 'boom')",
+        (source_id, store, generation, _), = conn.execute("SELECT * FROM storetopics._claim('w1')").fetchall()
+        assert conn.execute("SELECT storetopics._work_done('w1', %s, %s, %s, p_error => 'boom')",
                             (source_id, store, generation)).fetchone()[0] == "failed"
         m = metrics(conn)["public.chunks"]
         assert (m["failing_stores"], m["dirty_stores"]) == (int(attempt >= 3), 1), (attempt, m)
     # a pass that succeeds clears it
     helpers.backfill(conn)
     conn.execute("UPDATE storetopics.work SET next_attempt_at = now()")
-    (source_id, store, generation, _), = conn.execute("SELECT * FROM storetopics.claim('w1')").fetchall()
-    assert conn.execute("SELECT storetopics.work_done('w1', %s, %s, %s)", (source_id, store, generation)
+    (source_id, store, generation, _), = conn.execute("SELECT * FROM storetopics._claim('w1')").fetchall()
+    assert conn.execute("SELECT storetopics._work_done('w1', %s, %s, %s)", (source_id, store, generation)
                         ).fetchone()[0] == "clean"
     m = metrics(conn)["public.chunks"]
     assert (m["failing_stores"], m["dirty_stores"], m["pending_events"]) == (0, 0, 0), m

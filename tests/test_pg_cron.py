@@ -69,9 +69,9 @@ def test_refresh_follows_the_workers_rules_within_its_budget(dsn, conn):
     # a store leased to a worker is not touched (the worker's claim()); a paused source is skipped
     helpers.insert_chunks(conn, [("a", 9, "more notes about a", None), ("b", 9, "more notes about b", None)])
     with psycopg.connect(dsn, autocommit=True) as other:
-        assert other.execute("SELECT store_key FROM storetopics.claim('a-worker', 60, 1)").fetchall() == [("a",)]
+        assert other.execute("SELECT store_key FROM storetopics._claim('a-worker', 60, 1)").fetchall() == [("a",)]
         assert _refresh(conn) == [("b", "clean", True)]
-        other.execute("SELECT storetopics.worker_stop('a-worker')")   # gives the lease back: a is dirty still
+        other.execute("SELECT storetopics._worker_stop('a-worker')")   # gives the lease back: a is dirty still
     assert _refresh(conn) == [("a", "clean", True)]
     helpers.insert_chunks(conn, [("c", 9, "more notes about c", None)])
     conn.execute("SELECT storetopics.pause('chunks')")

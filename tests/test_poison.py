@@ -141,8 +141,8 @@ def test_rows_written_in_replica_mode_are_found_by_the_count_check(conn):
     # the worker asks for the check by itself once verify_every has passed
     conn.execute("SELECT storetopics.configure('docs', '{\"verify_every\": 1}')")
     conn.execute("UPDATE storetopics.sources SET checked_at = now() - interval '1 minute' WHERE id = %s", (src,))
-    assert conn.execute("SELECT storetopics.verify_due()").fetchone()[0] == 1
-    assert conn.execute("SELECT storetopics.verify_due()").fetchone()[0] == 0
+    assert conn.execute("SELECT storetopics._verify_due()").fetchone()[0] == 1
+    assert conn.execute("SELECT storetopics._verify_due()").fetchone()[0] == 0
     # replica_capture: the triggers fire in replica mode too
     conn.execute("SELECT storetopics.configure('docs', '{\"replica_capture\": true}')")
     conn.execute("SET session_replication_role = replica")

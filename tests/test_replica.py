@@ -82,8 +82,8 @@ def _answers(dsn: str, source: int) -> dict:
                                "FROM storetopics.route(%s::vector, 3)", (near_chess,)).fetchall(),
             "route_text": c.execute("SELECT store_key, round(score::numeric, 6), label, search "
                                     "FROM storetopics.route_text('sourdough bread with a good crust', 3)").fetchall(),
-            "search": c.execute("SELECT file_key, chunk, content, rank FROM storetopics.search(%s, 'games', "
-                                "'chess gambit', 3)", (source,)).fetchall(),
+            "search": c.execute("SELECT file_key, chunk, content, rank FROM storetopics.search('chunks', 'games', "
+                                "'chess gambit', 3)").fetchall(),
             "stores": c.execute("SELECT store_key, store_topics FROM storetopics.stores ORDER BY 1").fetchall(),
         }
 

@@ -19,20 +19,20 @@ TOOL = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 KAPPA = 20
 
 
-def catalog(conn, p_catalog=None) -> list[dict]:
-    cur = conn.execute("SELECT * FROM storetopics.catalog(%s)", (p_catalog,))
+def catalog(conn, catalog_name=None) -> list[dict]:
+    cur = conn.execute("SELECT * FROM storetopics.catalog(%s)", (catalog_name,))
     names = [d.name for d in cur.description]
     return [dict(zip(names, r)) for r in cur.fetchall()]
 
 
-def route(conn, q, k=3, p_catalog=None) -> list[dict]:
-    cur = conn.execute("SELECT * FROM storetopics.route(%s::vector, %s, %s)", (q, k, p_catalog))
+def route(conn, q, k=3, catalog_name=None) -> list[dict]:
+    cur = conn.execute("SELECT * FROM storetopics.route(%s::vector, %s, %s)", (q, k, catalog_name))
     names = [d.name for d in cur.description]
     return [dict(zip(names, r)) for r in cur.fetchall()]
 
 
-def route_text(conn, q, k=3, p_catalog=None) -> list[dict]:
-    cur = conn.execute("SELECT * FROM storetopics.route_text(%s, %s, %s)", (q, k, p_catalog))
+def route_text(conn, q, k=3, catalog_name=None) -> list[dict]:
+    cur = conn.execute("SELECT * FROM storetopics.route_text(%s, %s, %s)", (q, k, catalog_name))
     names = [d.name for d in cur.description]
     return [dict(zip(names, r)) for r in cur.fetchall()]
 
@@ -138,7 +138,7 @@ def test_a_stores_tool_name_never_changes_when_other_tables_come_and_go(conn):
         {"kitchen": f"search_kitchen_{s2}", "games": f"search_games_{s2}"}
     # the name is there before the first summary too (the stores view), for a client that names tools early
     insert(conn, keyword_rows({"garden": "roses"}), "more_docs")
-    conn.execute("SELECT storetopics.fold(%s)", (s2,))
+    conn.execute("SELECT storetopics._fold(%s)", (s2,))
     assert conn.execute("SELECT tool_name, store_topics FROM storetopics.stores WHERE store_key = 'garden'"
                         ).fetchone() == ("search_garden", None)
 
@@ -303,7 +303,13 @@ def test_route_and_route_text_refuse_bad_input_and_handle_empty_catalogs(conn):
         route(conn, vec(np.zeros(8)))
     # a store without clusters (keyword-only so far), another catalog: no rows
     assert route(conn, vec(unit(0))) == []
-    assert route_text(conn, "tiles", p_catalog="no such catalog") == []
+    assert route_text(conn, "tiles", catalog_name="no such catalog") == []
+    # named arguments: the parameters' names are the API
+    assert conn.execute("SELECT count(*) FROM storetopics.route_text(query => 'tiles', catalog => 'no such catalog')"
+                        ).fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM storetopics.route(query_embedding => %s::vector, k => 1, "
+                        "catalog => 'no such catalog')", (vec(unit(0)),)).fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM storetopics.catalog(name => 'no such catalog')").fetchone()[0] == 0
     # the settings are validated
     for bad in ('{"route_threshold": 1.5}', '{"route_threshold": -0.1}', '{"route_threshold": "high"}',
                 '{"route_text_threshold": -1}', '{"route_text_threshold": true}'):

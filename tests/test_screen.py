@@ -1,4 +1,4 @@
-"""storetopics.screen() and storetopics.screen_words() (sql/idempotent/015-screen.sql) on their own: a fresh database
+"""storetopics._screen() and storetopics._screen_words() (sql/idempotent/015-screen.sql) on their own: a fresh database
 holding only the schema and that file, nothing else of the extension.
 
 Measured (`pytest -s tests/test_screen.py -k figures`):
@@ -77,7 +77,7 @@ def conn(pg_admin_dsn):
 
 
 def screen_all(conn, texts: list[str]) -> list[str | None]:
-    rows = conn.execute("SELECT storetopics.screen(t) FROM unnest(%s::text[]) WITH ORDINALITY u(t, i) ORDER BY i",
+    rows = conn.execute("SELECT storetopics._screen(t) FROM unnest(%s::text[]) WITH ORDINALITY u(t, i) ORDER BY i",
                         (texts,)).fetchall()
     return [r[0] for r in rows]
 
@@ -145,22 +145,22 @@ def test_figures(conn):
     ("\u200b", "invisible characters"),
 ])
 def test_reasons(conn, text, reason):
-    assert conn.execute("SELECT storetopics.screen(%s)", (text,)).fetchone()[0] == reason
+    assert conn.execute("SELECT storetopics._screen(%s)", (text,)).fetchone()[0] == reason
 
 
 @pytest.mark.parametrize("text, reason", sorted(DELIBERATE.items()))
 def test_deliberate_rejections(conn, text, reason):
-    assert conn.execute("SELECT storetopics.screen(%s)", (text,)).fetchone()[0] == reason
+    assert conn.execute("SELECT storetopics._screen(%s)", (text,)).fetchone()[0] == reason
 
 
 def test_null_and_empty(conn):
     one = lambda q, *a: conn.execute(q, a).fetchone()[0]  # noqa: E731
-    assert one("SELECT storetopics.screen(NULL)") is None
-    assert one("SELECT storetopics.screen('')") == "empty"
-    assert one("SELECT storetopics.screen(%s)", " \u3000 ") == "empty"      # blank after NFKC
-    assert one("SELECT storetopics.screen_words(NULL)") is None
-    assert one("SELECT storetopics.screen_words('{}'::text[])") == []
-    assert one("SELECT storetopics.screen_words(ARRAY[NULL, '', 'vim']::text[])") == [1, 2]
+    assert one("SELECT storetopics._screen(NULL)") is None
+    assert one("SELECT storetopics._screen('')") == "empty"
+    assert one("SELECT storetopics._screen(%s)", " \u3000 ") == "empty"      # blank after NFKC
+    assert one("SELECT storetopics._screen_words(NULL)") is None
+    assert one("SELECT storetopics._screen_words('{}'::text[])") == []
+    assert one("SELECT storetopics._screen_words(ARRAY[NULL, '', 'vim']::text[])") == [1, 2]
 
 
 def test_single_words_survive(conn):
@@ -168,13 +168,13 @@ def test_single_words_survive(conn):
              "assistant", "jail", "act", "choose", "store", "here"]
     assert screen_all(conn, words) == [None] * len(words)
     for w in words:
-        assert conn.execute("SELECT storetopics.screen_words(%s::text[])", ([w, "kitchen", w],)).fetchone()[0] == []
+        assert conn.execute("SELECT storetopics._screen_words(%s::text[])", ([w, "kitchen", w],)).fetchone()[0] == []
 
 
 @pytest.mark.parametrize("case", TERM_LISTS, ids=[c["note"] for c in TERM_LISTS])
 def test_screen_words(conn, case):
     words, keep = case["words"], case["keep"]
-    drop = conn.execute("SELECT storetopics.screen_words(%s::text[])", (words,)).fetchone()[0]
+    drop = conn.execute("SELECT storetopics._screen_words(%s::text[])", (words,)).fetchone()[0]
     assert drop == sorted(drop)
     kept = [w for i, w in enumerate(words, 1) if i not in drop]
     assert kept == (words if keep is None else keep), f"dropped positions {drop}"

@@ -397,16 +397,16 @@ PUBLIC_API = {
     "attach(regclass,text,text,text,text,regconfig,jsonb,regclass,text,regclass,text,text)",
     # attach's checks alone (attach --dry-run)
     "attach_check(regclass,text,text,text,text,regconfig,jsonb,regclass,text,regclass,text,text)",
-    "detach(regclass)", "detach_source(integer)", "resync(regclass)", "settings(regclass)",
+    "detach(regclass)", "detach_dropped()", "resync(regclass)", "settings(regclass)",
     "configure(regclass,jsonb)", "pause(regclass)", "resume(regclass)", "grant_read(regrole,regclass)",
     "verify(regclass)",
     # pure helpers every role may run (the generated readers use them as the tables' owners)
-    "usable_text(text)", "dehyphenated(text)", "showable_term(text)", "_human_count(bigint)", "tsvector_or_null(regconfig,text)",
-    "max_store_key()", "tool_name(text,text)",
+    "_usable_text(text)", "_dehyphenated(text)", "_showable_term(text)", "_human_count(bigint)",
+    "_tsvector_or_null(regconfig,text)", "_max_store_key()", "_tool_name(text,text)",
     # the stores it may read, for a router: catalog() and route() show a caller only those
     "catalog(text)", "route(vector,integer,text)", "route_text(text,integer,text)",
     # full-text/vector search of a store: checks that the caller may SELECT the chunk table and see the store
-    "search(integer,text,text,integer,vector)",
+    "search(regclass,text,text,integer,vector)",
 }
 
 
@@ -437,7 +437,7 @@ def test_a_tenant_cannot_detach_another_tenants_source(cast):
     cast.table(cast.b, "b", B_ROWS)
     src_b = cast.attach(cast.b, "b")
     a = cast.as_(cast.a)
-    for stmt in (f"SELECT storetopics.detach_source({src_b})", "SELECT storetopics.detach('b.docs')",
+    for stmt in (f"SELECT storetopics._detach_source({src_b})", "SELECT storetopics.detach('b.docs')",
                  f"SELECT storetopics._unregister_source({src_b})"):
         with pytest.raises(psycopg.Error):
             a.execute(stmt)
@@ -446,6 +446,20 @@ def test_a_tenant_cannot_detach_another_tenants_source(cast):
     cast.admin.execute("SELECT * FROM storetopics.backfill()")
     assert "bees" in helpers.summary(cast.admin, src_b, "bees")[0]
     assert cast.as_(cast.b).execute("SELECT storetopics.detach('b.docs')").fetchone()[0] is True
+
+
+def test_detach_dropped_forgets_only_the_callers_own_sources(cast):
+    """Where no event trigger sees a DROP TABLE (managed Postgres), detach_dropped() forgets the caller's sources whose
+    tables are gone, not another tenant's."""
+    cast.admin.execute("ALTER EVENT TRIGGER storetopics_forget_dropped_tables DISABLE")
+    cast.table(cast.a, "a", A_ROWS)
+    cast.table(cast.b, "b", B_ROWS)
+    src_a, src_b = cast.attach(cast.a, "a"), cast.attach(cast.b, "b")
+    cast.as_(cast.a).execute("DROP TABLE a.docs")
+    cast.as_(cast.b).execute("DROP TABLE b.docs")
+    assert cast.as_(cast.a).execute("SELECT array_agg(s) FROM storetopics.detach_dropped() s").fetchone()[0] == [src_a]
+    assert [r[0] for r in cast.admin.execute("SELECT id FROM storetopics.sources")] == [src_b]
+    assert cast.as_(cast.b).execute("SELECT array_agg(s) FROM storetopics.detach_dropped() s").fetchone()[0] == [src_b]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -659,7 +673,7 @@ def test_a_store_that_says_ignore_previous_instructions_renders_none_of_it(conn)
         cur.executemany("INSERT INTO docs (store, file, content) VALUES (%s, %s, %s)", rows)
     helpers.backfill(conn)
     text, topics = helpers.summary(conn, src, "evil")
-    assert conn.execute("SELECT storetopics.screen(%s)", (text,)).fetchone()[0] is None, text
+    assert conn.execute("SELECT storetopics._screen(%s)", (text,)).fetchone()[0] is None, text
     words = set(re.findall(r"[\w.]+", text.lower()))
     for word in ("ignore", "instructions", "route", "evil.example"):
         assert word not in words, text
@@ -719,4 +733,4 @@ def test_hostile_llm_labels_never_reach_store_topics(make_db, monkeypatch):
         for text in rendered:
             for hostile in HOSTILE_ANSWERS:
                 assert hostile.lower() not in text.lower(), (hostile, text)
-            assert conn.execute("SELECT storetopics.screen(%s)", (text,)).fetchone()[0] is None, text
+            assert conn.execute("SELECT storetopics._screen(%s)", (text,)).fetchone()[0] is None, text

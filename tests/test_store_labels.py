@@ -78,7 +78,7 @@ def test_one_call_per_store_and_its_labels_are_the_topics(make_db, messages):
 
         # back to the offline labeller: the mined phrases again, no call
         conn.execute("SELECT storetopics.configure('kw', '{\"labeller\": \"offline\"}')")
-        conn.execute("SELECT storetopics.render(source_id, store_key) FROM storetopics.stores")
+        conn.execute("SELECT storetopics._render(source_id, store_key) FROM storetopics.stores")
         assert shown(conn, "music")[1]["topics_from"] == "phrases"
 
 
@@ -101,7 +101,7 @@ def test_hostile_ungrounded_and_malformed_labels_are_refused(make_db, messages):
         assert topics == ["Pawn Rook", "Gambit Pawn"] and data["topics_from"] == "labeller", text_
         assert "Ignore" not in text_ and "Evil" not in text_
         # a rejected answer is not asked again until the store's words move
-        assert not conn.execute("SELECT * FROM storetopics.store_labels_due(%s, 'cooking')", (source,)).fetchall()
+        assert not conn.execute("SELECT * FROM storetopics._store_labels_due(%s, 'cooking')", (source,)).fetchall()
         assert not refresh.stores_to_label(conn, source)
 
 
@@ -127,7 +127,7 @@ def test_a_failed_call_keeps_the_labels_and_is_retried_with_backoff(make_db, mes
                               "WHERE store_key = 'sailing'").fetchone()
         assert status[0] == 1 and "InternalServerError" in status[1]
         # not before its time; when due, and the labeller is back: new labels
-        assert not conn.execute("SELECT * FROM storetopics.store_labels_due(%s, 'sailing')", (source,)).fetchall()
+        assert not conn.execute("SELECT * FROM storetopics._store_labels_due(%s, 'sailing')", (source,)).fetchall()
         messages.fail_until = 0
         conn.execute("UPDATE storetopics.store_state SET store_label_retry_at = now() WHERE store_key = 'sailing'")
         assert refresh.stores_to_label(conn, source) == ["sailing"]

@@ -120,7 +120,7 @@ def quiescent(conn) -> bool:
     return conn.execute(
         """SELECT NOT EXISTS (SELECT 1 FROM storetopics.pending)
               AND NOT EXISTS (SELECT 1 FROM storetopics.work_status() WHERE state <> 'idle')
-              AND NOT EXISTS (SELECT 1 FROM storetopics.store_state st WHERE storetopics.render_due(st))"""
+              AND NOT EXISTS (SELECT 1 FROM storetopics.store_state st WHERE storetopics._render_due(st))"""
     ).fetchone()[0]
 
 
@@ -216,14 +216,14 @@ def test_burst_of_50_uploads_gives_one_regeneration_and_a_stream_is_bounded_by_m
 
 def pass_over(conn, worker: str = "w") -> tuple[int, str] | None:
     """One worker pass by hand: claim a due store, fold its source, render it, hand it back."""
-    row = conn.execute("SELECT source_id, store_key, generation FROM storetopics.claim(%s)", (worker,)).fetchone()
+    row = conn.execute("SELECT source_id, store_key, generation FROM storetopics._claim(%s)", (worker,)).fetchone()
     if row is None:
         return None
     source, store, generation = row
-    while conn.execute("SELECT storetopics.fold(%s)", (source,)).fetchone()[0]:
+    while conn.execute("SELECT storetopics._fold(%s)", (source,)).fetchone()[0]:
         pass
-    conn.execute("SELECT storetopics.work_render(%s, %s, %s)", (worker, source, store))
-    assert conn.execute("SELECT storetopics.work_done(%s, %s, %s, %s, true)",
+    conn.execute("SELECT storetopics._work_render(%s, %s, %s)", (worker, source, store))
+    assert conn.execute("SELECT storetopics._work_done(%s, %s, %s, %s, true)",
                         (worker, source, store, generation)).fetchone()[0] == "clean"
     return source, store
 
@@ -279,14 +279,14 @@ def test_worker_once_says_what_waits_and_when_and_now_does_it(dsn, capsys):
         assert "2 passes" in r.stderr and "left for a later run" not in r.stderr, r.stderr
         assert quiescent(conn)
         # nothing dirty: a worker sleeps its --poll, or until a NOTIFY (was 0 s: an idle worker polled every 50 ms)
-        assert conn.execute("SELECT storetopics.next_due()").fetchone()[0] is None
+        assert conn.execute("SELECT storetopics._next_due()").fetchone()[0] is None
         assert conn.execute("SELECT count(*) FROM storetopics.stores WHERE store_topics IS NOT NULL").fetchone()[0] \
             == 2
 
         # why a store waits: the debounce, max_staleness under a steady stream, or the backoff of a failed pass
         configure(conn, "docs", debounce=3600, max_staleness=1800)
         conn.execute("INSERT INTO docs (store, file, content) VALUES ('attic', 'a2', 'trunks')")
-        conn.execute("SELECT * FROM storetopics.claim('nobody', 60, 0)")      # the worker's look at the log
+        conn.execute("SELECT * FROM storetopics._claim('nobody', 60, 0)")      # the worker's look at the log
         attic = "SELECT why, due_at > now() + interval '1790 s' FROM storetopics.work_due() WHERE store_key = 'attic'"
         assert conn.execute(attic).fetchall() == [("max_staleness", True)]
         conn.execute("UPDATE storetopics.work SET next_attempt_at = now() + interval '2 hours', attempts = 1 "

@@ -199,7 +199,7 @@ def fold(conn: psycopg.Connection, source: int, batch: int = config.BATCH, *, se
     while seconds is None or time.monotonic() - started < seconds:
         if check is not None:
             check()
-        n = conn.execute("SELECT storetopics.fold(%s, max_files => %s)", (source, batch)).fetchone()[0]
+        n = conn.execute("SELECT storetopics._fold(%s, max_files => %s)", (source, batch)).fetchone()[0]
         if not n:
             break
         done += n
@@ -252,7 +252,7 @@ def backfill(conn: psycopg.Connection, store: str | None = None, source: str | N
     if source is not None and conn.execute("SELECT NOT EXISTS (SELECT 1 FROM storetopics.sources "
                                            "WHERE chunks = %s::regclass)", (source,)).fetchone()[0]:
         raise StoretopicsError(f"{source} is not attached", "attach it first with `storetopics attach`")
-    rows = conn.execute("SELECT source_id, chunks::text, resync, present FROM storetopics.backfill_sources(%s, %s)",
+    rows = conn.execute("SELECT source_id, chunks::text, resync, present FROM storetopics._backfill_sources(%s, %s)",
                         (store, source)).fetchall()
     result = BackfillResult(store=store, skipped=[(r[0], r[1]) for r in rows if not r[3]])
     for source_id, name in result.skipped:
@@ -334,7 +334,7 @@ def stores(conn: psycopg.Connection, store: str | None = None, source: str | Non
 
 def sources(conn: psycopg.Connection) -> list[dict[str, Any]]:
     """The attached tables and their counts (storetopics.status); `dropped`: the table was dropped where no event
-    trigger saw it (managed Postgres): its stores are left out everywhere until detach_source() forgets it."""
+    trigger saw it (managed Postgres): its stores are left out everywhere until detach_dropped() forgets it."""
     require_installed(conn)
     return _rows(conn, "SELECT source_id, source::text AS source, ts_config::text AS ts_config, stores, files, "
                        "chunks, skipped_text_rows, skipped_null_key_rows, pending_events, oldest_pending, folded_at, "

@@ -156,8 +156,8 @@ def print_status(conn: psycopg.Connection, out: TextIO) -> None:
     for s in srcs:
         if s["dropped"]:
             out.write(f"  source {s['source_id']} (table oid {s['source']}) was dropped without being detached: its "
-                      f"stores are left out everywhere; forget it with SELECT storetopics.detach_source("
-                      f"{s['source_id']})\n")
+                      f"stores are left out everywhere; forget it with SELECT * FROM "
+                      f"storetopics.detach_dropped()\n")
     out.write("\n")
     rows = api.stores(conn)
     out.write("Stores\n")

@@ -2,11 +2,11 @@
 OpenAI, Ollama, vLLM, LiteLLM proxies...), both given the same prompt and held to the same checks.
 
 The offline label (the default, no network) is not made here: it is derived in SQL from the cluster's words
-(storetopics.offline_label), so every summary has a label without any call.  An LLM label replaces it when the
+(storetopics._offline_label), so every summary has a label without any call.  An LLM label replaces it when the
 source's settings ask for one.  Labels are untrusted data: they come from documents anyone could upload, and they
 end up in a router's prompt.  This module only tidies an answer's form (clean_label); whether it may be shown is
-decided in one place for everything a summary shows, in SQL: storetopics.record_label refuses what is no 2-5 word
-label, what storetopics.screen() finds instruction-like (normalised: NFKC, case, confusables, invisible characters,
+decided in one place for everything a summary shows, in SQL: storetopics._record_label refuses what is no 2-5 word
+label, what storetopics._screen() finds instruction-like (normalised: NFKC, case, confusables, invisible characters,
 mixed scripts, URLs, markup, role markers, in several languages) and what is not grounded in the cluster's words
 and chunks; render screens labels, offline labels and terms again.  A refused label leaves the offline label in
 place, and the ledger says why.

@@ -380,7 +380,7 @@ WITH v AS (SELECT (SELECT t.typnamespace::regnamespace::text FROM pg_type t WHER
                     ORDER BY t.typnamespace = 'public'::regnamespace DESC LIMIT 1) AS vs)
 SELECT to_regclass('storetopics.stores') IS NOT NULL AS installed, v.vs AS vector_schema,
        coalesce(has_function_privilege(
-         to_regprocedure(format('storetopics.search(integer, text, text, integer, %s.vector)', v.vs)), 'EXECUTE'),
+         to_regprocedure(format('storetopics.search(regclass, text, text, integer, %s.vector)', v.vs)), 'EXECUTE'),
          false) AS search,
        coalesce(has_function_privilege(to_regprocedure('storetopics.catalog(text)'), 'EXECUTE'), false) AS catalog
   FROM v"""
@@ -651,10 +651,10 @@ class App:
                             "(upgrade storetopics: `storetopics install`)")
         embedding, note = await self.query_embedding(query, given)
         q = sql.SQL("SELECT r.file_key, r.chunk, r.rank, r.text_rank, r.distance, r.content "
-                    "FROM storetopics.search(%s, %s, %s, %s, %s::{}.vector) r").format(
+                    "FROM storetopics.search(%s::regclass, %s, %s, %s, %s::{}.vector) r").format(
                         sql.Identifier(features.vector_schema))
         try:
-            rows = await self.db.fetch(q, (store.source_id, store.store_key, query, k, vector_text(embedding)))
+            rows = await self.db.fetch(q, (store.source, store.store_key, query, k, vector_text(embedding)))
         except psycopg.Error as e:
             raise ToolError(pg_message(e)) from None
         out: dict[str, Any] = {

@@ -3,7 +3,7 @@
 
 `refresh_store()` is the pass: `storetopics backfill` (api.backfill) runs it on every store with work due after a
 fold, and the worker runs it on the store it claimed, adding its lease check between steps and rendering under its
-lease (Hooks).  Which stores have work due is one SQL function, storetopics.stores_due(), which the SQL backfill()
+lease (Hooks).  Which stores have work due is one SQL function, storetopics._stores_due(), which the SQL backfill()
 uses too.  The connection must be in autocommit mode: no transaction is
 held open while clustering runs or while a labelling call waits on the network.  The fit itself is the same code
 that runs inside Postgres where plpython3u exists (clustering.fit_store, from plpy/storetopics_clustering.py).
@@ -39,11 +39,11 @@ def settings(conn: psycopg.Connection, source: int) -> dict:
 
 def fit_due(conn: psycopg.Connection, source: int, store: str) -> str | None:
     """Why the store needs a (re-)fit now, or None."""
-    return conn.execute("SELECT storetopics.fit_due(%s, %s)", (source, store)).fetchone()[0]
+    return conn.execute("SELECT storetopics._fit_due(%s, %s)", (source, store)).fetchone()[0]
 
 
 def fit(conn: psycopg.Connection, source: int, store: str) -> dict:
-    """Sample, fit, match and apply one store's clusters (storetopics.apply_fit writes it, compare-and-set)."""
+    """Sample, fit, match and apply one store's clusters (storetopics._apply_fit writes it, compare-and-set)."""
     if not conn.autocommit:
         raise ValueError("refresh.fit needs an autocommit connection (no transaction open while fitting)")
     clustering = clustering_module()
@@ -70,8 +70,8 @@ def label(conn: psycopg.Connection, source: int, store: str, labeller=None) -> L
     if cfg.get("labeller", "offline") == "offline":
         return stats
     due = conn.execute("SELECT cluster_id, keywords, representatives, share, siblings, others "
-                       "FROM storetopics.labels_due(%s, %s)", (source, store)).fetchall()
-    store_due = conn.execute("SELECT terms, phrases, others, files FROM storetopics.store_labels_due(%s, %s)",
+                       "FROM storetopics._labels_due(%s, %s)", (source, store)).fetchall()
+    store_due = conn.execute("SELECT terms, phrases, others, files FROM storetopics._store_labels_due(%s, %s)",
                              (source, store)).fetchone()
     if not due and not store_due:
         return stats
@@ -83,7 +83,7 @@ def label(conn: psycopg.Connection, source: int, store: str, labeller=None) -> L
     if store_due:
         store_input = StoreInput(terms=list(store_due[0] or []), phrases=list(store_due[1] or []),
                                  others=list(store_due[2] or []), files=int(store_due[3] or 0))
-        asked = _ask(conn, stats, labeller, labeller.label_store, store_input, "record_store_labels",
+        asked = _ask(conn, stats, labeller, labeller.label_store, store_input, "_record_store_labels",
                      (source, store), lambda r: r.labels)
         if asked:
             kept = asked[1]
@@ -95,7 +95,7 @@ def label(conn: psycopg.Connection, source: int, store: str, labeller=None) -> L
             break
         cluster = ClusterInput(keywords=list(keywords or []), representatives=[r.get("text") or "" for r in reps or []],
                                share=float(share or 0), siblings=list(siblings or []), others=list(others or []))
-        asked = _ask(conn, stats, labeller, labeller.label, cluster, "record_label",
+        asked = _ask(conn, stats, labeller, labeller.label, cluster, "_record_label",
                      (source, store, cluster_id), lambda r: r.text)
         if asked:
             result, ok = asked
@@ -107,7 +107,7 @@ def label(conn: psycopg.Connection, source: int, store: str, labeller=None) -> L
 
 
 def _ask(conn: psycopg.Connection, stats: LabelStats, labeller, call, what, record: str, key: tuple, answer):
-    """One labelling call (call(what)), written back whatever happened by storetopics.<record>(key..., outcome, answer,
+    """One labelling call (call(what)), written back whatever happened by storetopics._<record>(key..., outcome, answer,
     labeller, model, tokens in and out, detail), which judges the answer.  Returns (the Label, what record returned),
     or None when the call failed (recorded as an error: retried with backoff).  A labeller that cannot work at all
     (labels.LabellerUnavailable: no key, no server, a key refused) is no call: nothing is recorded (the labels stay
@@ -141,7 +141,7 @@ def render(conn: psycopg.Connection, source: int, store: str) -> bool:
 
 def _render_counted(conn: psycopg.Connection, source: int, store: str, hooks: Hooks) -> bool | None:
     """Render; when the candidates hold uncounted chunks, count them and render again, in one transaction: the
-    second render packs what the first computed (storetopics.render keeps it until commit)."""
+    second render packs what the first computed (storetopics._render keeps it until commit)."""
     with conn.transaction():
         changed = hooks.render(conn, source, store, True)
         if changed is None and count_tokens(conn, source, store):
@@ -157,13 +157,13 @@ def count_tokens(conn: psycopg.Connection, source: int, store: str) -> int:
     chunks = list(row[0] or []) if row else []
     if chunks:
         from . import tokens
-        conn.execute("SELECT storetopics.record_token_counts(%s, %s)", (chunks, [tokens.count(c) for c in chunks]))
+        conn.execute("SELECT storetopics._record_token_counts(%s, %s)", (chunks, [tokens.count(c) for c in chunks]))
     return len(chunks)
 
 
 def stores_due(conn: psycopg.Connection, source: int, store: str | None = None) -> list[str]:
     """The stores of a source (or the one store) with work due: a fit, stale words, a label, a render."""
-    return [r[0] for r in conn.execute("SELECT store_key FROM storetopics.stores_due(%s, %s)", (source, store))]
+    return [r[0] for r in conn.execute("SELECT store_key FROM storetopics._stores_due(%s, %s)", (source, store))]
 
 
 class Hooks:
@@ -178,7 +178,7 @@ class Hooks:
         return labeller
 
     def render(self, conn: psycopg.Connection, source: int, store: str, count_first: bool) -> bool | None:
-        return conn.execute("SELECT storetopics.render(%s, %s, %s)", (source, store, count_first)).fetchone()[0]
+        return conn.execute("SELECT storetopics._render(%s, %s, %s)", (source, store, count_first)).fetchone()[0]
 
 
 @dataclass
@@ -241,7 +241,7 @@ def refresh_store(conn: psycopg.Connection, source: int, store: str, hooks: Hook
             log.debug("fitted %s:%s: k=%s applied=%s in %ss", source, store, result.fit.get("k"), result.fitted,
                       result.fit.get("seconds"), extra={"source": source, "store": store})
         hooks.check()
-    conn.execute("SELECT storetopics.refresh_words(%s, %s)", (source, store))
+    conn.execute("SELECT storetopics._refresh_words(%s, %s)", (source, store))
     cfg = settings(conn, source)
     if cfg.get("labeller", "offline") != "offline" and stores_to_label(conn, source, store):
         name, model = cfg["labeller"], cfg.get("model")
@@ -263,5 +263,5 @@ def refresh_store(conn: psycopg.Connection, source: int, store: str, hooks: Hook
 
 
 def stores_to_label(conn: psycopg.Connection, source: int, store: str | None = None) -> list[str]:
-    return [r[0] for r in conn.execute("SELECT store_key FROM storetopics.stores_due(%s, %s) WHERE label",
+    return [r[0] for r in conn.execute("SELECT store_key FROM storetopics._stores_due(%s, %s) WHERE label",
                                        (source, store))]

@@ -11,12 +11,12 @@ storetopics.worker), as text or JSON.
 The loop (one worker process; run as many as you like, on as many machines):
   * wake on NOTIFY storetopics_dirty (a hint only) or after --poll seconds, whichever comes first;
   * fold the sources whose logged changes name no store (deletes, TRUNCATE, attach) once they are quiet;
-  * claim one due store with storetopics.claim() (FOR UPDATE SKIP LOCKED + a lease with an expiry; a store is due
+  * claim one due store with storetopics._claim() (FOR UPDATE SKIP LOCKED + a lease with an expiry; a store is due
     when quiet for its source's `debounce`, or dirty for `max_staleness`), fold its source's pending changes, run
     the refresh pass (refresh.refresh_store, the same as `storetopics backfill`: fit when a gate says so, the
     clusters' words and the keyword gate, the labels due, render) with the lease checked between steps and before
     each labelling call and the render written only under the lease, and hand the store back with
-    storetopics.work_done() (compare-and-set on the store's generation: a store changed underneath stays dirty).
+    storetopics._work_done() (compare-and-set on the store's generation: a store changed underneath stays dirty).
   * No transaction is open while a fit runs or a labelling call waits: every statement commits on its own
     (autocommit).  A heartbeat thread renews the lease; after SIGKILL it just runs out and another worker takes over.
   * A time limit per statement (--statement-timeout): a source's SQL (the attacher's key expressions, run as the
@@ -24,7 +24,7 @@ The loop (one worker process; run as many as you like, on as many machines):
     watchdog thread cancels one still running CANCEL_GRACE later (the tenant's SQL caught the cancel, or SET the
     timeout off) and ends its session one more CANCEL_GRACE later; one that comes back at the limit without an error
     (its SQL swallowed the cancel) counts as stopped too.  A pass stopped so fails (the store keeps its summary and
-    backs off; claim() serves the sources without failing passes first), and after every stretch of a source's SQL
+    backs off; _claim() serves the sources without failing passes first), and after every stretch of a source's SQL
     the session is put back as the worker set it (RESET ALL): a SET the tenant's SQL made does not outlive it.
   * SIGTERM/SIGINT: the statement running is cancelled (its session ended if that does not stop it), the pass
     stops, the lease is given back (the store stays dirty), exit 0.
@@ -197,7 +197,7 @@ class Stats:
 
 class _Leased(refresh.Hooks):
     """The worker's hooks into the refresh pass: the lease is checked between steps and before each labelling
-    call, and the summary is rendered under the lease (storetopics.work_render writes nothing once it is gone)."""
+    call, and the summary is rendered under the lease (storetopics._work_render writes nothing once it is gone)."""
 
     def __init__(self, worker: Worker, source: int, store: str):
         self.worker, self.source, self.store = worker, source, store
@@ -209,7 +209,7 @@ class _Leased(refresh.Hooks):
         return _LeaseCheckingLabeller(inner, self)
 
     def render(self, conn, source: int, store: str, count_first: bool):
-        return conn.execute("SELECT storetopics.work_render(%s, %s, %s, %s)",
+        return conn.execute("SELECT storetopics._work_render(%s, %s, %s, %s)",
                             (self.worker.id, source, store, count_first)).fetchone()[0]
 
 
@@ -314,7 +314,7 @@ class Worker:
                 if conn is None or conn.closed:
                     conn = self._connect()
                 cur = self.current
-                conn.execute("SELECT storetopics.worker_heartbeat(%s, %s, %s, %s, %s, %s)",
+                conn.execute("SELECT storetopics._worker_heartbeat(%s, %s, %s, %s, %s, %s)",
                              (self.id, socket.gethostname(), os.getpid(), self.opts.lease,
                               cur[0] if cur else None, cur[1] if cur else None))
             except psycopg.Error:
@@ -389,14 +389,14 @@ class Worker:
         conn = self.conn
         if conn is not None and not conn.closed and not conn.broken:
             try:
-                conn.execute("SELECT storetopics.worker_stop(%s)", (self.id,))
+                conn.execute("SELECT storetopics._worker_stop(%s)", (self.id,))
                 return
             except psycopg.Error:
                 pass
         try:
             with psycopg.connect(self.opts.dsn, autocommit=True, connect_timeout=5,
                                  application_name="storetopics-worker") as c:
-                c.execute("SELECT storetopics.worker_stop(%s)", (self.id,))
+                c.execute("SELECT storetopics._worker_stop(%s)", (self.id,))
         except psycopg.Error as e:
             self.log(f"cannot give the leases back ({' '.join(str(e).split())[:200]}); they run out after "
                      f"{self.opts.lease:g}s", level=logging.WARNING)
@@ -405,7 +405,7 @@ class Worker:
     def check(self, source: int, store: str) -> None:
         if self.stopping.is_set():
             raise Stopping()
-        if not self.conn.execute("SELECT storetopics.lease_held(%s, %s, %s)", (self.id, source, store)).fetchone()[0]:
+        if not self.conn.execute("SELECT storetopics._lease_held(%s, %s, %s)", (self.id, source, store)).fetchone()[0]:
             raise LeaseLost()
 
     # -- one pass over one store -----------------------------------------------------------------------------
@@ -438,7 +438,7 @@ class Worker:
             # again with backoff, not at every poll); said once per pass, not once per cluster
             missing = "; ".join(" ".join(str(e).split()) for e in p.unavailable) or None
             self._releasing(source, store)
-            outcome = self.conn.execute("SELECT storetopics.work_done(%s, %s, %s, %s, %s, %s, %s)",
+            outcome = self.conn.execute("SELECT storetopics._work_done(%s, %s, %s, %s, %s, %s, %s)",
                                         (self.id, source, store, generation, p.changed, missing, calls)).fetchone()[0]
             self.stats.passes += 1
             self.stats.failed += bool(missing)
@@ -475,7 +475,7 @@ class Worker:
         self.stats.failed += 1
         self.log(f"{source}:{store}: pass failed: {msg}", level=logging.WARNING, source=source, store=store)
         self._releasing(source, store)
-        self.conn.execute("SELECT storetopics.work_done(%s, %s, %s, %s, false, %s, %s)",
+        self.conn.execute("SELECT storetopics._work_done(%s, %s, %s, %s, false, %s, %s)",
                           (self.id, source, store, generation, msg, calls))
         return "failed"
 
@@ -483,7 +483,7 @@ class Worker:
     def tick(self) -> bool:
         """Do what is due now.  Returns whether anything was done."""
         did = False
-        self.conn.execute("SELECT storetopics.verify_due()")   # the periodic count check (settings.verify_every)
+        self.conn.execute("SELECT storetopics._verify_due()")   # the periodic count check (settings.verify_every)
         # a table dropped where no event trigger saw it (managed Postgres): its source is skipped (claim,
         # sources_to_fold), said once
         for source, oid in self.conn.execute(
@@ -492,8 +492,8 @@ class Worker:
             if source not in self._fold_warned:
                 self._fold_warned.add(source)
                 self.log(f"source {source}: its table (oid {oid}) was dropped without being detached; skipped. "
-                         f"Forget it with SELECT storetopics.detach_source({source})", level=logging.WARNING)
-        for (source,) in self.conn.execute("SELECT storetopics.sources_to_fold(%s)", (self.opts.now,)).fetchall():
+                         "Forget it with SELECT * FROM storetopics.detach_dropped()", level=logging.WARNING)
+        for (source,) in self.conn.execute("SELECT storetopics._sources_to_fold(%s)", (self.opts.now,)).fetchall():
             if self.stopping.is_set():
                 raise Stopping()
             failures, next_try = self._fold_backoff.get(source, (0, 0.0))
@@ -516,7 +516,7 @@ class Worker:
                     self.log(f"cannot fold source {source}: {' '.join(str(e).split())}", level=logging.WARNING)
         while not self.stopping.is_set():
             row = self.conn.execute("SELECT source_id, store_key, generation, takeover "
-                                    "FROM storetopics.claim(%s, %s, 1, %s)",
+                                    "FROM storetopics._claim(%s, %s, 1, %s)",
                                     (self.id, self.opts.lease, self.opts.now)).fetchone()
             if row is None:
                 break
@@ -544,7 +544,7 @@ class Worker:
                  f"`storetopics backfill` does them now; `storetopics status` lists them")
 
     def _wait(self) -> None:
-        nxt = self.conn.execute("SELECT storetopics.next_due()").fetchone()[0]
+        nxt = self.conn.execute("SELECT storetopics._next_due()").fetchone()[0]
         timeout = self.opts.poll if nxt is None else max(0.05, min(self.opts.poll, nxt + 0.02))
         deadline = time.monotonic() + timeout
         # notifies() waits on the socket; wake at least every 0.5 s to notice SIGTERM
@@ -579,7 +579,7 @@ class Worker:
                  f"{', once' if self.opts.once else ''}{', now: no debounce' if self.opts.now else ''})")
         try:
             self.conn = self._connect_with_backoff(first=True)
-            self.conn.execute("SELECT storetopics.worker_heartbeat(%s, %s, %s, %s)",
+            self.conn.execute("SELECT storetopics._worker_heartbeat(%s, %s, %s, %s)",
                               (self.id, socket.gethostname(), os.getpid(), self.opts.lease))
             self._hb_thread.start()
             self.watch.thread.start()
@@ -609,8 +609,8 @@ class Worker:
                         pass
                     self.conn = self._connect_with_backoff()
                     # whatever we held is stale: give it back (the stores stay dirty), then carry on
-                    self.conn.execute("SELECT storetopics.worker_stop(%s)", (self.id,))
-                    self.conn.execute("SELECT storetopics.worker_heartbeat(%s, %s, %s, %s)",
+                    self.conn.execute("SELECT storetopics._worker_stop(%s)", (self.id,))
+                    self.conn.execute("SELECT storetopics._worker_heartbeat(%s, %s, %s, %s)",
                                       (self.id, socket.gethostname(), os.getpid(), self.opts.lease))
                     self.log("reconnected; listening again")
             if self.opts.once and not self.stopping.is_set():

@@ -223,8 +223,8 @@ def label_verbatim(conn, table: str) -> dict:
     (case aside) in the text of the cluster's files, next to the 0.1 label (the cluster's first three words), and
     before/after pairs."""
     rows = conn.execute("""
-        SELECT k.store_key, k.cluster_id, storetopics.offline_label(k.keywords) AS old,
-               coalesce(k.phrase, storetopics.offline_label(k.keywords)) AS new, k.phrase IS NOT NULL AS mined,
+        SELECT k.store_key, k.cluster_id, storetopics._offline_label(k.keywords) AS old,
+               coalesce(k.phrase, storetopics._offline_label(k.keywords)) AS new, k.phrase IS NOT NULL AS mined,
                k.chunks
           FROM storetopics.clusters k JOIN storetopics.sources s ON s.id = k.source_id
          WHERE s.chunks = %s::regclass AND k.chunks > 0

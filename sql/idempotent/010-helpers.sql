@@ -3,7 +3,7 @@
 -- ------------------------------------------------------------------------------------------------------------
 -- Text worth tokenising: not NULL, has a letter or digit, no control characters (binary junk), and small enough
 -- for a tsvector (1 MB).  Other rows are counted as skipped.
-CREATE OR REPLACE FUNCTION storetopics.usable_text(t text) RETURNS boolean
+CREATE OR REPLACE FUNCTION storetopics._usable_text(t text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN t IS NOT NULL AND octet_length(t) < 1048576 AND t ~ '[[:alnum:]]' AND t !~ '[\x01-\x08\x0e-\x1f]';
 
@@ -11,14 +11,14 @@ RETURN t IS NOT NULL AND octet_length(t) < 1048576 AND t ~ '[[:alnum:]]' AND t !
 -- turned into text have them) are joined again, so that neither half is counted as a word of its own.  A byte search
 -- first: only a text with a hyphen before a line break is rewritten.  (No SET search_path, so that the planner inlines
 -- it into fold's recount: its body is bound when it is created, every name in it schema-qualified.)
-CREATE OR REPLACE FUNCTION storetopics.dehyphenated(t text) RETURNS text
+CREATE OR REPLACE FUNCTION storetopics._dehyphenated(t text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN pg_catalog.strpos(t, E'-\n') OPERATOR(pg_catalog.=) 0
                  AND pg_catalog.strpos(t, E'\u2010\n') OPERATOR(pg_catalog.=) 0 THEN t
             ELSE pg_catalog.regexp_replace(t, E'([[:alpha:]])[-\u2010][ \t]*\n[ \t]*([[:lower:]])', E'\\1\\2', 'g') END;
 
 -- A term worth showing to a person: letters (any script), at least 3 of them, maybe inner hyphens or apostrophes.
-CREATE OR REPLACE FUNCTION storetopics.showable_term(t text) RETURNS boolean
+CREATE OR REPLACE FUNCTION storetopics._showable_term(t text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN t ~ '^[[:alpha:]][[:alpha:]''-]*[[:alpha:]]$' AND length(t) >= 3 AND length(t) <= 40;
 
@@ -120,10 +120,10 @@ RETURN coalesce((SELECT format('c.%I = ANY ($1::%s[])', a.attname, a.atttypid::r
 
 -- to_tsvector, or NULL for unusable text or text whose tsvector would pass 1 MB (one subtransaction per call: the
 -- slow path of a fold batch that hit such a row; parallel unsafe: workers may not start subtransactions).
-CREATE OR REPLACE FUNCTION storetopics.tsvector_or_null(cfg regconfig, t text) RETURNS tsvector
+CREATE OR REPLACE FUNCTION storetopics._tsvector_or_null(cfg regconfig, t text) RETURNS tsvector
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-  IF NOT storetopics.usable_text(t) THEN
+  IF NOT storetopics._usable_text(t) THEN
     RETURN NULL;
   END IF;
   RETURN to_tsvector(cfg, t);
@@ -142,11 +142,11 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN (SELECT m.value FROM storetopics.meta m WHERE m.key = 'build');
 
 -- What \df+ shows a DBA.
-COMMENT ON FUNCTION storetopics.usable_text(text) IS
+COMMENT ON FUNCTION storetopics._usable_text(text) IS
   'Whether a text is worth tokenising: not NULL, has a letter or digit, no control characters, under 1 MB. Other rows are counted as skipped.';
-COMMENT ON FUNCTION storetopics.showable_term(text) IS
+COMMENT ON FUNCTION storetopics._showable_term(text) IS
   'Whether a term is worth showing: 3-40 letters, maybe inner hyphens or apostrophes.';
-COMMENT ON FUNCTION storetopics.dehyphenated(text) IS
+COMMENT ON FUNCTION storetopics._dehyphenated(text) IS
   'The text with words a line break hyphenated joined again (destina-/tion), as storetopics counts it.';
-COMMENT ON FUNCTION storetopics.tsvector_or_null(regconfig, text) IS
+COMMENT ON FUNCTION storetopics._tsvector_or_null(regconfig, text) IS
   'to_tsvector, or NULL for unusable text or a text whose tsvector would pass 1 MB.';

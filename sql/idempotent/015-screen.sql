@@ -2,8 +2,8 @@
 -- Screen: one filter for every text a router LLM reads
 -- ------------------------------------------------------------------------------------------------------------
 -- Labels, phrases and ranked terms come from documents anyone could write, and a router LLM reads them on every
--- turn: they must read as data, never as instructions.  storetopics.screen(text) says why a text must not be shown
--- (NULL: it may be); storetopics.screen_words(text[]) gives the positions of the words of a ranked list to leave out.
+-- turn: they must read as data, never as instructions.  storetopics._screen(text) says why a text must not be shown
+-- (NULL: it may be); storetopics._screen_words(text[]) gives the positions of the words of a ranked list to leave out.
 -- The checks read three normal forms of the text:
 --   d  _screen_normal: NFKC (full-width, mathematical and circled letters, ligatures read as the letters they show),
 --                      invisible characters removed, diacritics removed, lower case: the text as a reader sees it;
@@ -735,7 +735,7 @@ END $$;
 -- why: one answer for every caller (render, the labeller's last check, a person looking at a rejected label).  The
 -- reasons are tried in this order; the first that applies is given.  NULL in, NULL out: there is nothing to show.
 -- A text that is empty or blank once invisible characters are gone is not a label: 'empty'.
-CREATE OR REPLACE FUNCTION storetopics.screen(t text) RETURNS text
+CREATE OR REPLACE FUNCTION storetopics._screen(t text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   d text;
@@ -757,7 +757,7 @@ BEGIN
               ELSE storetopics._screen_command(d, m, s) END;
 END $$;
 
-COMMENT ON FUNCTION storetopics.screen(text) IS
+COMMENT ON FUNCTION storetopics._screen(text) IS
   'NULL when the text may be shown to a router LLM, else why not: control characters, invisible characters, empty, '
   'mixed scripts, role marker, url, markup, routing command, instruction.  NULL for NULL (nothing to show).';
 
@@ -767,7 +767,7 @@ COMMENT ON FUNCTION storetopics.screen(text) IS
 -- over adjacent command words ("route", "always", "here", "instructions" ...), which read as part of it
 -- ("instructions, route, always choose").  A list that screen() passes as a whole needs only the first step, so an
 -- ordinary list costs one screen() per word and one for the list.
-CREATE OR REPLACE FUNCTION storetopics.screen_words(words text[]) RETURNS int[]
+CREATE OR REPLACE FUNCTION storetopics._screen_words(words text[]) RETURNS int[]
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   dropped int[] := '{}';
@@ -787,7 +787,7 @@ DECLARE
 BEGIN
   IF cardinality(words) = 0 THEN RETURN '{}'; END IF;
   FOR i IN array_lower(words, 1) .. array_upper(words, 1) LOOP
-    IF coalesce(btrim(words[i]), '') = '' OR storetopics.screen(words[i]) IS NOT NULL THEN
+    IF coalesce(btrim(words[i]), '') = '' OR storetopics._screen(words[i]) IS NOT NULL THEN
       dropped := dropped || i;
     ELSE
       kept := kept || i;
@@ -795,13 +795,13 @@ BEGIN
     END IF;
   END LOOP;
   n := coalesce(cardinality(kept), 0);
-  IF n < 2 OR storetopics.screen(phrase) IS NULL THEN RETURN dropped; END IF;
+  IF n < 2 OR storetopics._screen(phrase) IS NULL THEN RETURN dropped; END IF;
   reach := array_fill(NULL::int, ARRAY[n + 1]);
   FOR i IN 1 .. n - 1 LOOP
     phrase := words[kept[i]];
     FOR j IN i + 1 .. n LOOP
       phrase := phrase || ' ' || words[kept[j]];
-      IF storetopics.screen(phrase) IS NOT NULL THEN reach[i] := j; EXIT; END IF;
+      IF storetopics._screen(phrase) IS NOT NULL THEN reach[i] := j; EXIT; END IF;
     END LOOP;
   END LOOP;
   hit := array_fill(false, ARRAY[n]);
@@ -824,6 +824,6 @@ BEGIN
                 ORDER BY p);
 END $$;
 
-COMMENT ON FUNCTION storetopics.screen_words(text[]) IS
+COMMENT ON FUNCTION storetopics._screen_words(text[]) IS
   'The 1-based positions of the words of a ranked term list to leave out: each unsafe alone (screen()), or part of '
   'an instruction the words spell when read in order.  NULL for NULL; NULL and blank elements are left out.';

@@ -33,7 +33,7 @@ RETURN format('IF pg_catalog.pg_get_userbyid(%s::pg_catalog.oid) OPERATOR(pg_cat
 -- The store key as storetopics keeps it: the expression's text, NULL when it is longer than 500 characters (keys are
 -- bounded by design: they are the primary keys of the state tables; such rows are counted as skipped, like a NULL
 -- key).  The key is computed once per row, in a function scan, because expressions may be subqueries.
-CREATE OR REPLACE FUNCTION storetopics.max_store_key() RETURNS int
+CREATE OR REPLACE FUNCTION storetopics._max_store_key() RETURNS int
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN 500;
 
@@ -313,18 +313,18 @@ DECLARE
   terms text := $q$
     SELECT k.s AS store_key, (%2$s)::text AS file_key, l.term, sum(l.n)::int AS n, count(*)::int AS rows
       FROM %1$s AS c
-     CROSS JOIN LATERAL unnest(ARRAY[CASE WHEN char_length((%3$s)::text) <= storetopics.max_store_key()
+     CROSS JOIN LATERAL unnest(ARRAY[CASE WHEN char_length((%3$s)::text) <= storetopics._max_store_key()
                                           THEN (%3$s)::text END]) AS k(s)
      CROSS JOIN LATERAL (SELECT x.lexeme, cardinality(x.positions) FROM unnest(%4$s) AS x
                          UNION ALL
                          SELECT NULL, %5$s) AS l(term, n)
      WHERE %6$s
      GROUP BY 1, 2, 3$q$;
-  -- the text as it is counted (storetopics.dehyphenated)
-  td text := format('storetopics.dehyphenated(%s)', t);
-  fast_tsv text := format('CASE WHEN k.s IS NOT NULL AND storetopics.usable_text(%s) THEN to_tsvector(%L::regconfig, %s) END',
+  -- the text as it is counted (storetopics._dehyphenated)
+  td text := format('storetopics._dehyphenated(%s)', t);
+  fast_tsv text := format('CASE WHEN k.s IS NOT NULL AND storetopics._usable_text(%s) THEN to_tsvector(%L::regconfig, %s) END',
                           t, src.ts_config, td);
-  slow_tsv text := format('storetopics.tsvector_or_null(%L::regconfig, CASE WHEN k.s IS NOT NULL THEN %s END)',
+  slow_tsv text := format('storetopics._tsvector_or_null(%L::regconfig, CASE WHEN k.s IS NOT NULL THEN %s END)',
                           src.ts_config, td);
   means text := '';
   assign text[] := '{"", "", "", "", "", ""}';
@@ -437,9 +437,9 @@ END$f$,
     format('SELECT DISTINCT (%s)::text, (%s)::text FROM %s AS c', s, f, tbl),
     format('SELECT (%s)::text, count(*) FROM %s AS c GROUP BY 1', f, tbl),
     format('SELECT count(*) FROM %s AS c WHERE (%s) IS NULL', tbl, f),
-    format(terms, tbl, f, s, fast_tsv, format('(NOT storetopics.usable_text(%s))::int', t), by_files),
+    format(terms, tbl, f, s, fast_tsv, format('(NOT storetopics._usable_text(%s))::int', t), by_files),
     format(terms, tbl, f, s, slow_tsv,
-           format('(%s IS NULL AND (k.s IS NOT NULL OR NOT storetopics.usable_text(%s)))::int', slow_tsv, t), by_files),
+           format('(%s IS NULL AND (k.s IS NOT NULL OR NOT storetopics._usable_text(%s)))::int', slow_tsv, t), by_files),
     format('SELECT (%s)::text FROM %s AS c WHERE %s AND %s', td, tbl, by_files, by_store),
     format('SELECT %s, (%s)::text, left(%s, 1000) FROM %s AS c WHERE %s', storetopics._chunk_ref_sql(src.chunks),
            f, t, tbl, storetopics._chunk_lookup_sql(src.chunks)),
@@ -450,14 +450,14 @@ END$f$,
        ORDER BY hashtext(%s || ':' || ($3 ->> 'seed')), 1
        LIMIT ($3 ->> 'limit')::int$q$, by_store, e, f, storetopics._chunk_ref_sql(src.chunks)),
     format($q$
-      SELECT x.f, x.t FROM (SELECT (%1$s)::text AS f, left((storetopics.dehyphenated(%2$s))::text, 1500) AS t,
+      SELECT x.f, x.t FROM (SELECT (%1$s)::text AS f, left((storetopics._dehyphenated(%2$s))::text, 1500) AS t,
                                    row_number() OVER (PARTITION BY (%1$s)::text
                                                       ORDER BY pg_catalog.md5((%2$s)::text), %3$s) AS r
                               FROM %4$s AS c WHERE %5$s AND %6$s) x
        WHERE x.r <= 3$q$, f, t, storetopics._chunk_ref_sql(src.chunks), tbl, by_files, by_store),
     format(search, format('pg_catalog.to_tsvector(%L::pg_catalog.regconfig, %s)', src.ts_config, t), nearest, f,
            storetopics._chunk_ref_sql(src.chunks), t, src.ts_config, tbl, by_store),
-    format(search, format('storetopics.tsvector_or_null(%L::pg_catalog.regconfig, %s)', src.ts_config, t), nearest, f,
+    format(search, format('storetopics._tsvector_or_null(%L::pg_catalog.regconfig, %s)', src.ts_config, t), nearest, f,
            storetopics._chunk_ref_sql(src.chunks), t, src.ts_config, tbl, by_store),
     assign[2], assign[3], assign[4]);
 END $$;
@@ -671,5 +671,5 @@ BEGIN
 END $$;
 
 -- What \df+ shows a DBA.
-COMMENT ON FUNCTION storetopics.max_store_key() IS
+COMMENT ON FUNCTION storetopics._max_store_key() IS
   'The longest store key kept, in characters (500); rows with a longer one are counted as skipped.';

@@ -350,7 +350,7 @@ BEGIN
 END $$;
 
 -- Detach by source id (also when the table is gone).  The caller must be able to act as the source's owner.
-CREATE OR REPLACE FUNCTION storetopics.detach_source(p_source int) RETURNS boolean
+CREATE OR REPLACE FUNCTION storetopics._detach_source(p_source int) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   src storetopics.sources;
@@ -367,15 +367,35 @@ BEGIN
   PERFORM storetopics._forget_source(p_source);
   RETURN true;
 END $$;
-COMMENT ON FUNCTION storetopics.detach_source(int) IS
+COMMENT ON FUNCTION storetopics._detach_source(int) IS
   'Detach a source by id (also when its table was dropped): triggers, generated functions and state go.';
 
 CREATE OR REPLACE FUNCTION storetopics.detach(chunks regclass) RETURNS boolean
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-RETURN coalesce((SELECT storetopics.detach_source(s.id) FROM storetopics.sources s WHERE s.chunks = detach.chunks),
+RETURN coalesce((SELECT storetopics._detach_source(s.id) FROM storetopics.sources s WHERE s.chunks = detach.chunks),
                 false);
 COMMENT ON FUNCTION storetopics.detach(regclass) IS
   'Detach a table: its triggers, generated functions and summaries go; the table is left as it is.';
+
+-- A table dropped where no event trigger saw it (managed Postgres, where extensions may not make event triggers)
+-- leaves its source behind: its stores are left out of every read until this forgets it.  The caller's own sources
+-- (those it may act as the owner of); returns the ids they had.
+CREATE OR REPLACE FUNCTION storetopics.detach_dropped() RETURNS SETOF int
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_source int;
+BEGIN
+  FOR v_source IN SELECT s.id FROM storetopics.sources s
+                   WHERE NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = s.chunks)
+                     AND storetopics._may_act_as(s.owner)
+                   ORDER BY s.id LOOP
+    IF storetopics._detach_source(v_source) THEN
+      RETURN NEXT v_source;
+    END IF;
+  END LOOP;
+END $$;
+COMMENT ON FUNCTION storetopics.detach_dropped() IS
+  'Forget the caller''s sources whose tables were dropped without an event trigger seeing it; returns their ids.';
 
 -- Forget a source's state and recount everything on the next fold, after making its functions and triggers again
 -- from its tables as they are now (renamed columns followed, partitions added since covered): what recovers a
@@ -511,7 +531,7 @@ BEGIN
   EXECUTE format('GRANT EXECUTE ON FUNCTION storetopics.attach(regclass, text, text, text, text, regconfig, jsonb, '
                  'regclass, text, regclass, text, text), storetopics.attach_check(regclass, text, text, text, text, '
                  'regconfig, jsonb, regclass, text, regclass, text, text), storetopics.detach(regclass), '
-                 'storetopics.detach_source(int), '
+                 'storetopics.detach_dropped(), '
                  'storetopics.resync(regclass), storetopics.verify(regclass), storetopics.settings(regclass), '
                  'storetopics.configure(regclass, jsonb), storetopics.pause(regclass), storetopics.resume(regclass), '
                  'storetopics.grant_read(regrole, regclass) TO %I', role_name);

@@ -10,22 +10,22 @@
 -- (jit off here and in apply_fit: compiling the assignment's expressions cost more than it saved.  Custom plans: a
 -- batch's file keys are an array; planned as a constant, `= ANY` is hashed, as a parameter of a generic plan it is
 -- searched row by row.  bench/README.md has the figures.)
-CREATE OR REPLACE FUNCTION storetopics.fold(p_source int, max_files int DEFAULT 5000) RETURNS int
+CREATE OR REPLACE FUNCTION storetopics._fold(p_source int, max_files int DEFAULT 5000) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET jit = off
   SET plan_cache_mode = force_custom_plan AS $$
 BEGIN
   BEGIN
-    RETURN storetopics._fold(p_source, max_files);
+    RETURN storetopics._fold_once(p_source, max_files);
   EXCEPTION WHEN data_exception OR cardinality_violation THEN
     -- a key expression raised for some row: the source is read row by row from now on, and the fold runs again
     IF NOT storetopics._read_row_by_row(p_source, SQLERRM) THEN
       RAISE;
     END IF;
   END;
-  RETURN storetopics._fold(p_source, max_files);
+  RETURN storetopics._fold_once(p_source, max_files);
 END $$;
 
-CREATE OR REPLACE FUNCTION storetopics._fold(p_source int, max_files int) RETURNS int
+CREATE OR REPLACE FUNCTION storetopics._fold_once(p_source int, max_files int) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   src storetopics.sources := storetopics._fold_source(p_source);
@@ -67,7 +67,7 @@ BEGIN
   RETURN true;
 END $$;
 
-COMMENT ON FUNCTION storetopics.fold(int, int) IS
+COMMENT ON FUNCTION storetopics._fold(int, int) IS
   'Recount up to max_files files of a source whose rows changed and apply the difference to its stores; returns '
   'the number of files recounted (0: nothing pending).  Exact and idempotent; safe from any number of sessions.';
 
@@ -90,7 +90,7 @@ BEGIN
   END IF;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'storetopics: the table of source % was dropped', p_source USING ERRCODE = 'undefined_table',
-      HINT = format('Forget it with SELECT storetopics.detach_source(%s).', p_source);
+      HINT = format('Forget it with SELECT storetopics._detach_source(%s).', p_source);
   ELSIF v_owner <> src.owner THEN
     RAISE EXCEPTION 'storetopics: source %: the owner of % is now %, not % who attached it', p_source, src.chunks,
       v_owner::regrole, src.owner USING ERRCODE = 'insufficient_privilege',

@@ -151,7 +151,7 @@ END $$;
 -- Whether a store's clustering is due, and why: 'no fit' (enough vectors, never fitted), 'outliers' (outliers since
 -- the fit pass refit_outliers of the store), 'dimension' (most vectors have another dimension than the fit), or
 -- NULL when the current fit still holds.
-CREATE OR REPLACE FUNCTION storetopics.fit_due(p_source int, p_store text) RETURNS text
+CREATE OR REPLACE FUNCTION storetopics._fit_due(p_source int, p_store text) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN (
   SELECT CASE
@@ -264,7 +264,7 @@ END $$;
 -- input was read, nothing is written.  Returns a jsonb report.
 -- (Joins between a store's files and the pass's result are hashed: right after a big fold file_terms has no
 -- statistics yet, and the planner's nested loop over both was orders of magnitude slower.)
-CREATE OR REPLACE FUNCTION storetopics.apply_fit(p_source int, p_store text, p_fit jsonb) RETURNS jsonb
+CREATE OR REPLACE FUNCTION storetopics._apply_fit(p_source int, p_store text, p_fit jsonb) RETURNS jsonb
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET enable_nestloop = off SET jit = off
 AS $$
 DECLARE
@@ -375,7 +375,7 @@ BEGIN
          fit_space = p_fit ->> 'space', fit_seconds = (p_fit ->> 'seconds')::real, fit_chunks = v_assigned,
          version = version + 1
    WHERE source_id = p_source AND store_key = p_store;
-  PERFORM storetopics.refresh_words(p_source, p_store);   -- every cluster's words, for the labeller
+  PERFORM storetopics._refresh_words(p_source, p_store);   -- every cluster's words, for the labeller
   RETURN jsonb_build_object('applied', true, 'generation', st.fit_generation + 1, 'k', (p_fit ->> 'k')::int,
                             'kept', v_kept, 'new', coalesce(cardinality(v_new), 0), 'inherited', v_inherited,
                             'removed', v_removed,
@@ -414,7 +414,7 @@ BEGIN
     -- term) pair, the lexemes cost an index probe and a showable_term call each)
     SELECT t.term_id, x.lexeme
       FROM storetopics.store_terms t JOIN storetopics.lexemes x ON x.id = t.term_id
-     WHERE t.source_id = p_source AND t.store_key = p_store AND storetopics.showable_term(x.lexeme)
+     WHERE t.source_id = p_source AND t.store_key = p_store AND storetopics._showable_term(x.lexeme)
   ), tot AS (
     SELECT ct.term_id, sum(ct.n) AS total FROM ct GROUP BY 1
   ), sizes AS (
@@ -466,7 +466,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN (SELECT count(*) FROM unnest(a[1:5]) w WHERE w <> ALL (coalesce(b[1:15], '{}')))
      + (SELECT count(*) FROM unnest(b[1:5]) w WHERE w <> ALL (coalesce(a[1:15], '{}')));
 
-CREATE OR REPLACE FUNCTION storetopics.refresh_words(p_source int, p_store text) RETURNS int
+CREATE OR REPLACE FUNCTION storetopics._refresh_words(p_source int, p_store text) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   st storetopics.store_state;
@@ -504,7 +504,7 @@ END $$;
 -- The offline label: the cluster's first three words (c-TF-IDF order) that say something new: a word is skipped
 -- when it repeats one already taken, or is a part or a compound of one ("octave", "forge", "octave-forge").
 -- Deterministic, no network.
-CREATE OR REPLACE FUNCTION storetopics.offline_label(words text[]) RETURNS text
+CREATE OR REPLACE FUNCTION storetopics._offline_label(words text[]) RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   w text;
@@ -512,7 +512,7 @@ DECLARE
   parts text[] := '{}';
 BEGIN
   FOREACH w IN ARRAY coalesce(words, '{}') LOOP
-    CONTINUE WHEN NOT storetopics.showable_term(w);
+    CONTINUE WHEN NOT storetopics._showable_term(w);
     CONTINUE WHEN lower(w) = ANY (parts) OR regexp_split_to_array(lower(w), '-') && parts;
     taken := taken || w;
     parts := parts || lower(w) || regexp_split_to_array(lower(w), '-');
@@ -524,7 +524,7 @@ END $$;
 
 -- A label as stored must look like one: 3-48 characters, 2-5 words.  What it says is screen()'s business, and
 -- whether it speaks of the cluster _grounded's.
-CREATE OR REPLACE FUNCTION storetopics.label_ok(label text) RETURNS boolean
+CREATE OR REPLACE FUNCTION storetopics._label_ok(label text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN label IS NOT NULL AND length(label) BETWEEN 3 AND 48
    AND cardinality(regexp_split_to_array(trim(label), '\s+')) BETWEEN 2 AND 5;
@@ -559,7 +559,7 @@ RETURN ARRAY(SELECT st.store_key || ': ' || (SELECT string_agg(c ->> 'term', ', 
 -- Clusters whose label is due from the configured labeller (none with the offline labeller, whose label is derived
 -- from the words): new or changed clusters whose retry time has come.  What a labeller may see of a cluster: its
 -- words and representative chunks, never the corpus.
-CREATE OR REPLACE FUNCTION storetopics.labels_due(p_source int, p_store text)
+CREATE OR REPLACE FUNCTION storetopics._labels_due(p_source int, p_store text)
 RETURNS TABLE (cluster_id int, keywords text[], representatives jsonb, share float8, failures int,
                siblings text[], others text[])
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
@@ -569,7 +569,7 @@ BEGIN ATOMIC
                                        WHERE k2.source_id = p_source AND k2.store_key = p_store), 1),
          k.label_failures,
          -- what the store's other clusters are about, so a label says what sets this one apart
-         ARRAY(SELECT coalesce(k3.label, k3.phrase, storetopics.offline_label(k3.keywords))
+         ARRAY(SELECT coalesce(k3.label, k3.phrase, storetopics._offline_label(k3.keywords))
                  FROM storetopics.clusters k3
                 WHERE k3.source_id = p_source AND k3.store_key = p_store AND k3.cluster_id <> k.cluster_id
                   AND k3.chunks > 0
@@ -610,7 +610,7 @@ RETURN now() + make_interval(secs => least(3600, 30 * 2 ^ least(failures, 20)) *
 --   outcome 'error':    no answer (network, rate limit, server error): the old label stays, a retry is scheduled
 --                       with exponential backoff and jitter (30 s doubling, capped at one hour).
 -- Returns whether the cluster still existed.
-CREATE OR REPLACE FUNCTION storetopics.record_label(p_source int, p_store text, p_cluster int, p_outcome text, p_label text,
+CREATE OR REPLACE FUNCTION storetopics._record_label(p_source int, p_store text, p_cluster int, p_outcome text, p_label text,
                                          p_labeller text, p_model text DEFAULT NULL, p_input_tokens int DEFAULT 0,
                                          p_output_tokens int DEFAULT 0, p_detail text DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -619,8 +619,8 @@ DECLARE
   v_detail text := p_detail;
 BEGIN
   IF v_outcome = 'ok' THEN
-    v_detail := CASE WHEN NOT storetopics.label_ok(p_label) THEN 'not a 2-5 word label'
-                     WHEN storetopics.screen(p_label) IS NOT NULL THEN 'screened: ' || storetopics.screen(p_label)
+    v_detail := CASE WHEN NOT storetopics._label_ok(p_label) THEN 'not a 2-5 word label'
+                     WHEN storetopics._screen(p_label) IS NOT NULL THEN 'screened: ' || storetopics._screen(p_label)
                      WHEN NOT storetopics._grounded(p_source, p_store, p_cluster, p_label)
                        THEN 'not grounded: a word of it is not in the cluster''s words or chunks' END;
     v_outcome := CASE WHEN v_detail IS NULL THEN 'ok' ELSE 'rejected' END;
@@ -653,7 +653,7 @@ END $$;
 
 -- Clustering inside the database, where plpython3u is installed (storetopics._fit_in_database, created at install
 -- time then).  Elsewhere the worker or the CLI (`storetopics backfill`) runs the same Python outside Postgres.
-CREATE OR REPLACE FUNCTION storetopics.cluster(p_source int, p_store text) RETURNS jsonb
+CREATE OR REPLACE FUNCTION storetopics._cluster(p_source int, p_store text) RETURNS jsonb
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_result jsonb;
@@ -669,19 +669,19 @@ BEGIN
 END $$;
 
 -- What \df+ shows a DBA.
-COMMENT ON FUNCTION storetopics.fit_due(int, text) IS
+COMMENT ON FUNCTION storetopics._fit_due(int, text) IS
   'Why a store needs a (re-)fit now: no fit, outliers, dimension; NULL while its fit holds.';
-COMMENT ON FUNCTION storetopics.apply_fit(int, text, jsonb) IS
+COMMENT ON FUNCTION storetopics._apply_fit(int, text, jsonb) IS
   'Write a fit computed from _fit_input (clusters matched to the old ones keep their rows and labels) and assign every chunk of the store; compare-and-set on the fit generation. Returns a report.';
-COMMENT ON FUNCTION storetopics.refresh_words(int, text) IS
+COMMENT ON FUNCTION storetopics._refresh_words(int, text) IS
   'Recompute a store''s cluster words and offline phrases from the current counts and run the keyword gate; returns how many labels became due.';
-COMMENT ON FUNCTION storetopics.offline_label(text[]) IS
+COMMENT ON FUNCTION storetopics._offline_label(text[]) IS
   'The fallback offline label: a cluster''s first three words that say something new.';
-COMMENT ON FUNCTION storetopics.label_ok(text) IS
+COMMENT ON FUNCTION storetopics._label_ok(text) IS
   'Whether a label has a label''s shape: 3-48 characters, 2-5 words (what it says is screen()''s business).';
-COMMENT ON FUNCTION storetopics.labels_due(int, text) IS
+COMMENT ON FUNCTION storetopics._labels_due(int, text) IS
   'The clusters whose label is due from the configured LLM labeller, with what it may see: words, representatives, the other clusters and stores.';
-COMMENT ON FUNCTION storetopics.record_label(int, text, int, text, text, text, text, int, int, text) IS
+COMMENT ON FUNCTION storetopics._record_label(int, text, int, text, text, text, text, int, int, text) IS
   'Record a labelling call in the ledger and, when the label passes label_ok, screen() and the grounding check, store it; errors schedule a retry with backoff.';
-COMMENT ON FUNCTION storetopics.cluster(int, text) IS
+COMMENT ON FUNCTION storetopics._cluster(int, text) IS
   'Re-fit one store''s clusters inside the database (needs plpython3u); elsewhere the worker or `storetopics backfill` fits.';

@@ -70,7 +70,7 @@ RETURN coalesce((SELECT mode() WITHIN GROUP (ORDER BY storetopics._script(x.lexe
 --       theme).
 -- No merge joins: the planner cannot know how long the arrays are, so it sorted every (file, term) pair of the store
 -- by term to merge them with the store's terms; hashing the terms streams the pairs instead (bench/README.md).
-CREATE OR REPLACE FUNCTION storetopics.keywords(p_source int, p_store text, n_dominant int DEFAULT 10,
+CREATE OR REPLACE FUNCTION storetopics._keywords(p_source int, p_store text, n_dominant int DEFAULT 10,
                                      n_distinctive int DEFAULT 8)
 RETURNS TABLE (kind text, rank int, lexeme text, score float8, files int, total bigint, file_key text)
 LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off
@@ -88,7 +88,7 @@ BEGIN ATOMIC
     SELECT 'dominant'::text AS kind, t.term, t.total::float8 AS score, t.files, t.total, NULL::text AS file_key
       -- ranked first, then the test, until n pass (OFFSET 0 keeps the test above the sort, off most terms)
       FROM (SELECT * FROM terms ORDER BY total DESC, term OFFSET 0) t
-     WHERE storetopics.showable_term(t.term)
+     WHERE storetopics._showable_term(t.term)
        AND storetopics._noise(t.term, t.files, t.total, t.total_sq, t.n::bigint, t.words, t.script) IS NULL
      ORDER BY t.total DESC, t.term LIMIT n_dominant
   ), novelty AS (
@@ -133,7 +133,7 @@ BEGIN ATOMIC
                 JOIN outliers o ON o.file_key = u.file_key
                 JOIN terms t ON t.term_id = u.term_id
               OFFSET 0) w
-       WHERE storetopics.showable_term(w.term) AND w.idf > 0
+       WHERE storetopics._showable_term(w.term) AND w.idf > 0
          AND storetopics._noise(w.term, w.files, w.total, w.total_sq, w.store_files::bigint, w.store_words,
                                 w.script) IS NULL) x
      WHERE x.r <= 3
@@ -145,7 +145,7 @@ BEGIN ATOMIC
                    t.words, t.script FROM terms t
              WHERE t.files >= 3 AND t.total_sq >= 2 * t.total AND t.idf > 0
              ORDER BY 2 DESC, 1 OFFSET 0) t
-     WHERE storetopics.showable_term(t.term)
+     WHERE storetopics._showable_term(t.term)
        AND storetopics._noise(t.term, t.files, t.total, t.total_sq, t.n::bigint, t.words, t.script) IS NULL
        AND t.term NOT IN (SELECT d.term FROM dominant d)
        AND t.term NOT IN (SELECT o.term FROM outlier_terms o)
@@ -205,7 +205,7 @@ BEGIN
                     -- end are punctuation, not part of the word)
                     FROM (SELECT r, count(*) AS n
                             FROM unnest(v_texts) t, regexp_split_to_table(lower(t), '[^[:alpha:]''-]+') r
-                           WHERE storetopics.usable_text(t) GROUP BY r) r,
+                           WHERE storetopics._usable_text(t) GROUP BY r) r,
                          LATERAL (SELECT btrim(r.r, '''-')
                                   UNION ALL
                                   SELECT btrim(p, '''') FROM regexp_split_to_table(r.r, '-') p) AS x(word)
@@ -238,12 +238,12 @@ RETURN CASE WHEN n < 10000 THEN n::text
 CREATE OR REPLACE FUNCTION storetopics._screened(words text[], what text, OUT kept text[], OUT dropped jsonb)
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  v_drop int[] := coalesce(storetopics.screen_words(words), '{}');
+  v_drop int[] := coalesce(storetopics._screen_words(words), '{}');
 BEGIN
   kept := ARRAY(SELECT w FROM unnest(words) WITH ORDINALITY AS u(w, i) WHERE i <> ALL (v_drop) ORDER BY i);
   dropped := coalesce((SELECT jsonb_agg(jsonb_build_object('in', what, 'text', w, 'reason',
-                                                           coalesce(storetopics.screen(w),
-                                                                    storetopics.screen(array_to_string(words, ' ')),
+                                                           coalesce(storetopics._screen(w),
+                                                                    storetopics._screen(array_to_string(words, ' ')),
                                                                     'instruction')) ORDER BY i)
                          FROM unnest(words) WITH ORDINALITY AS u(w, i) WHERE i = ANY (v_drop)), '[]');
 END $$;
@@ -253,9 +253,9 @@ END $$;
 CREATE OR REPLACE FUNCTION storetopics._shown_label(label text, phrase text, words text[], offline boolean)
 RETURNS text
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
-RETURN CASE WHEN NOT offline AND label IS NOT NULL AND storetopics.screen(label) IS NULL THEN label
-            WHEN phrase IS NOT NULL AND storetopics.screen(phrase) IS NULL THEN phrase
-            WHEN storetopics.screen(storetopics.offline_label(words)) IS NULL THEN storetopics.offline_label(words) END;
+RETURN CASE WHEN NOT offline AND label IS NOT NULL AND storetopics._screen(label) IS NULL THEN label
+            WHEN phrase IS NOT NULL AND storetopics._screen(phrase) IS NULL THEN phrase
+            WHEN storetopics._screen(storetopics._offline_label(words)) IS NULL THEN storetopics._offline_label(words) END;
 
 -- The terms that tell a store apart from the other stores of its catalog, best first: a term counts by the share of
 -- the store's files that hold it, p, against its share of the other stores' files, q (half a file added to both
@@ -265,7 +265,7 @@ RETURN CASE WHEN NOT offline AND label IS NOT NULL AND storetopics.screen(label)
 -- the catalog's size from its sources' store_count and file_count), one index probe per term of the store and no
 -- other store's row read, whatever the catalog's size (bench/catalog.py measures it).  A store alone
 -- in its catalog has nothing to be told apart from: its terms rank by p.
-CREATE OR REPLACE FUNCTION storetopics.contrast_terms(p_source int, p_store text, n int DEFAULT 60)
+CREATE OR REPLACE FUNCTION storetopics._contrast_terms(p_source int, p_store text, n int DEFAULT 60)
 RETURNS TABLE (lexeme text, score float8, files int, share float8, rest_share float8)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
@@ -297,7 +297,7 @@ BEGIN ATOMIC
   -- ranked first, then tested in that order until n pass (OFFSET 0 keeps the test above the sort): showable_term
   -- is a call per term, and a store has tens of thousands of terms
   SELECT r.lexeme, r.score, r.files, r.p, r.q FROM ranked r
-   WHERE storetopics.showable_term(r.lexeme)
+   WHERE storetopics._showable_term(r.lexeme)
      AND storetopics._noise(r.lexeme, r.files, r.total, r.total_sq, r.store_files::bigint, r.store_words,
                             r.script) IS NULL
    ORDER BY r.score DESC, r.lexeme
@@ -322,7 +322,7 @@ RETURN ARRAY(SELECT DISTINCT ' ' || x.c FROM regexp_split_to_table(p_text, ' ') 
               ORDER BY 1);
 
 -- Records token counts the worker or the CLI took with the real tokenizer.
-CREATE OR REPLACE FUNCTION storetopics.record_token_counts(p_chunks text[], p_tokens int[]) RETURNS int
+CREATE OR REPLACE FUNCTION storetopics._record_token_counts(p_chunks text[], p_tokens int[]) RETURNS int
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   INSERT INTO storetopics.token_counts (chunk, tokens)
@@ -379,7 +379,7 @@ END $$;
 -- worker and the CLI count them with tiktoken and render again, in the same transaction, which packs what the first
 -- call computed (pg_temp.storetopics_candidate, dropped at commit: the store's row stays locked in between, so
 -- nothing it was computed from can change) instead of computing it again.
-CREATE OR REPLACE FUNCTION storetopics.render(p_source int, p_store text, count_first boolean DEFAULT false)
+CREATE OR REPLACE FUNCTION storetopics._render(p_source int, p_store text, count_first boolean DEFAULT false)
 RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -467,7 +467,7 @@ DECLARE
   v_s record;
   v_topics_from text;   -- what the topic list is made of: clusters, the labeller's store labels, mined phrases
 BEGIN
-  PERFORM storetopics.refresh_words(src.id, st.store_key);   -- the clusters' words and phrases, from the current counts
+  PERFORM storetopics._refresh_words(src.id, st.store_key);   -- the clusters' words and phrases, from the current counts
   PERFORM storetopics._render_terms(src, st.store_key);         -- pg_temp.storetopics_kw: dominant, distinctive, contrast
   SELECT array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'contrast'),
          array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'),
@@ -485,7 +485,7 @@ BEGIN
     FROM pg_temp.storetopics_kw k;
   DROP TABLE pg_temp.storetopics_kw;
 
-  -- Everything rendered is user text a router reads: screened (storetopics.screen), what is dropped is recorded.
+  -- Everything rendered is user text a router reads: screened (storetopics._screen), what is dropped is recorded.
   SELECT * INTO v_s FROM storetopics._screened(v_terms, 'terms');
   v_terms := v_s.kept;
   v_screened := v_screened || v_s.dropped;
@@ -503,9 +503,9 @@ BEGIN
            'outliers', k.outliers - k.outliers_at_fit) ORDER BY k.chunks DESC, k.cluster_id), '[]'),
          array_agg(lower(coalesce(k.shown, '') || ' ' || array_to_string(k.keywords, ' '))),
          v_screened
-           || coalesce(jsonb_agg(jsonb_build_object('in', 'label', 'text', k.label, 'reason', storetopics.screen(k.label))
+           || coalesce(jsonb_agg(jsonb_build_object('in', 'label', 'text', k.label, 'reason', storetopics._screen(k.label))
                                  ORDER BY k.chunks DESC, k.cluster_id)
-                         FILTER (WHERE k.label IS NOT NULL AND storetopics.screen(k.label) IS NOT NULL), '[]')
+                         FILTER (WHERE k.label IS NOT NULL AND storetopics._screen(k.label) IS NOT NULL), '[]')
            || coalesce((SELECT jsonb_agg(d ORDER BY k2.chunks DESC, k2.cluster_id, o)
                           FROM pg_temp.storetopics_shown k2, jsonb_array_elements(k2.dropped) WITH ORDINALITY AS x(d, o)),
                        '[]')
@@ -523,7 +523,7 @@ BEGIN
                            WHERE t.share >= 0.02 AND t.label IS NOT NULL
                            ORDER BY t.share DESC, t.first LIMIT 8);
   ELSIF src.embedding IS NULL THEN
-    -- the LLM labeller's labels for the store (storetopics.record_store_labels), else the phrases mined offline
+    -- the LLM labeller's labels for the store (storetopics._record_store_labels), else the phrases mined offline
     v_topics_from := CASE WHEN v_cfg ->> 'labeller' <> 'offline' AND cardinality(st.store_labels) > 0
                           THEN 'labeller' ELSE 'phrases' END;
     SELECT * INTO v_s FROM storetopics._screened(
@@ -577,7 +577,7 @@ BEGIN
   SELECT array_agg(c.lexeme ORDER BY c.score DESC, c.lexeme), array_agg(c.score ORDER BY c.score DESC, c.lexeme),
          array_agg(c.files ORDER BY c.score DESC, c.lexeme)
     INTO v_lexemes, v_scores, v_files
-    FROM storetopics.contrast_terms(p_source, p_store, n) c;
+    FROM storetopics._contrast_terms(p_source, p_store, n) c;
   PERFORM storetopics._learn_words(p_source, p_store, coalesce(v_lexemes, '{}'));
   RETURN QUERY
     SELECT (row_number() OVER (ORDER BY x.i))::int, x.lexeme, x.word, x.score, x.files
@@ -597,11 +597,11 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   CREATE TEMP TABLE storetopics_kw ON COMMIT DROP AS
   SELECT k.kind, k.rank, k.lexeme, NULL::text AS word, k.score, k.files, k.total, k.file_key
-    FROM storetopics.keywords(src.id, p_store) k
+    FROM storetopics._keywords(src.id, p_store) k
   UNION ALL
   SELECT 'contrast', (row_number() OVER (ORDER BY c.score DESC, c.lexeme))::int, c.lexeme, NULL, c.score, c.files,
          NULL, NULL
-    FROM storetopics.contrast_terms(src.id, p_store, 80) c;
+    FROM storetopics._contrast_terms(src.id, p_store, 80) c;
   PERFORM storetopics._learn_words(src.id, p_store, ARRAY(SELECT DISTINCT k.lexeme FROM pg_temp.storetopics_kw k));
   UPDATE pg_temp.storetopics_kw SET word = storetopics._show(src.ts_config, lexeme);
   DELETE FROM pg_temp.storetopics_kw k USING pg_temp.storetopics_kw k2
@@ -623,11 +623,11 @@ BEGIN
 END $$;
 
 -- What \df+ shows a DBA.
-COMMENT ON FUNCTION storetopics.keywords(int, text, int, int) IS
+COMMENT ON FUNCTION storetopics._keywords(int, text, int, int) IS
   'A store''s dominant (by count) and distinctive (outlier files, dense terms) terms, exact, deterministic.';
-COMMENT ON FUNCTION storetopics.contrast_terms(int, text, int) IS
+COMMENT ON FUNCTION storetopics._contrast_terms(int, text, int) IS
   'The terms that tell a store apart from the other stores of its catalog, best first (p ln(p/q) over file shares), exact.';
-COMMENT ON FUNCTION storetopics.record_token_counts(text[], int[]) IS
+COMMENT ON FUNCTION storetopics._record_token_counts(text[], int[]) IS
   'Record cl100k token counts of summary chunks, counted by the worker or the CLI with tiktoken.';
-COMMENT ON FUNCTION storetopics.render(int, text, boolean) IS
+COMMENT ON FUNCTION storetopics._render(int, text, boolean) IS
   'Render a store''s summary (store_topics, topics) from its state within 200 cl100k tokens; returns whether it changed (NULL with count_first while token counts are missing).';

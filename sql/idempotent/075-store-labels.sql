@@ -35,7 +35,7 @@ END $$;
 
 -- What the labeller is given for a keyword-only store whose labels are due (no row otherwise): its first 30
 -- contrastive terms as people write them, the phrases mined from its files, and the catalog's other stores.
-CREATE OR REPLACE FUNCTION storetopics.store_labels_due(p_source int, p_store text)
+CREATE OR REPLACE FUNCTION storetopics._store_labels_due(p_source int, p_store text)
 RETURNS TABLE (terms text[], phrases text[], others text[], files bigint, failures int)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -64,7 +64,7 @@ END $$;
 --               terms move;
 --   'error':    no answer: the old labels stay, a retry is scheduled with backoff.
 -- Returns the labels the store holds now (NULL when the store is gone).
-CREATE OR REPLACE FUNCTION storetopics.record_store_labels(p_source int, p_store text, p_outcome text, p_labels text[],
+CREATE OR REPLACE FUNCTION storetopics._record_store_labels(p_source int, p_store text, p_outcome text, p_labels text[],
                                                 p_labeller text, p_model text DEFAULT NULL, p_input_tokens int DEFAULT 0,
                                                 p_output_tokens int DEFAULT 0, p_detail text DEFAULT NULL)
 RETURNS text[]
@@ -95,8 +95,8 @@ BEGIN
                    coalesce(array_to_string(v_words[1:30], ' '), '') || ' ' || coalesce(array_to_string(st.phrases, ' '), '')));
     FOREACH l IN ARRAY coalesce(p_labels, '{}') LOOP
       l := trim(l);
-      v_why := CASE WHEN NOT storetopics.label_ok(l) THEN 'not a 2-5 word label'
-                    WHEN storetopics.screen(l) IS NOT NULL THEN 'screened: ' || storetopics.screen(l)
+      v_why := CASE WHEN NOT storetopics._label_ok(l) THEN 'not a 2-5 word label'
+                    WHEN storetopics._screen(l) IS NOT NULL THEN 'screened: ' || storetopics._screen(l)
                     WHEN NOT tsvector_to_array(to_tsvector(v_cfg, l)) <@ v_grounds
                       THEN 'not grounded: a word of it is not in the store''s terms or phrases'
                     WHEN lower(l) = ANY (ARRAY(SELECT lower(k) FROM unnest(v_kept) k)) THEN 'repeated'
@@ -132,7 +132,7 @@ BEGIN
 END $$;
 
 -- What \df+ shows a DBA.
-COMMENT ON FUNCTION storetopics.store_labels_due(int, text) IS
+COMMENT ON FUNCTION storetopics._store_labels_due(int, text) IS
   'For a keyword-only store whose labels are due from the configured LLM labeller: what it may see (contrastive terms, mined phrases, the other stores); no row otherwise.';
-COMMENT ON FUNCTION storetopics.record_store_labels(int, text, text, text[], text, text, int, int, text) IS
+COMMENT ON FUNCTION storetopics._record_store_labels(int, text, text, text[], text, text, int, int, text) IS
   'Record the call for a keyword-only store''s labels in the ledger and keep each label that passes label_ok, screen() and the grounding check; errors schedule a retry with backoff. Returns the labels held.';

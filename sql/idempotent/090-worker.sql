@@ -3,7 +3,7 @@
 -- ------------------------------------------------------------------------------------------------------------
 -- Stores whose labelling calls failed this many times in a row, or whose passes failed this many times, show as
 -- 'failing' (they keep being retried, with backoff, and recover by themselves).
-CREATE OR REPLACE FUNCTION storetopics.failing_after() RETURNS int
+CREATE OR REPLACE FUNCTION storetopics._failing_after() RETURNS int
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 RETURN 3;
 
@@ -14,7 +14,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN EXISTS (SELECT 1 FROM storetopics.pending p
                 WHERE p.source_id = p_source AND (p.store_key = p_store OR p.store_key IS NULL))
     OR EXISTS (SELECT 1 FROM storetopics.store_state st
-                WHERE st.source_id = p_source AND st.store_key = p_store AND storetopics.render_due(st))
+                WHERE st.source_id = p_source AND st.store_key = p_store AND storetopics._render_due(st))
     OR (storetopics._settings(p_source) ->> 'labeller' <> 'offline'
         AND (EXISTS (SELECT 1 FROM storetopics.clusters k
                       WHERE k.source_id = p_source AND k.store_key = p_store AND k.label_needed AND k.chunks > 0
@@ -39,12 +39,12 @@ BEGIN
   WITH seen AS (
     SELECT p.source_id, p.store_key, min(p.logged_at) AS first, max(p.logged_at) AS last, true AS logged
       FROM storetopics.pending p
-     WHERE p.store_key IS NOT NULL AND char_length(p.store_key) <= storetopics.max_store_key()   -- else never a store
+     WHERE p.store_key IS NOT NULL AND char_length(p.store_key) <= storetopics._max_store_key()   -- else never a store
      GROUP BY 1, 2
     UNION ALL
     SELECT st.source_id, st.store_key, coalesce(st.folded_at, now()), coalesce(st.folded_at, now()), false
       FROM storetopics.store_state st
-     WHERE storetopics.render_due(st)
+     WHERE storetopics._render_due(st)
     UNION ALL
     SELECT k.source_id, k.store_key, min(k.label_retry_at), min(k.label_retry_at), true
       FROM storetopics.clusters k
@@ -96,8 +96,7 @@ RETURN CASE WHEN w.dirty_since IS NULL THEN NULL
 
 -- Sources whose logged changes name no store (deletes, TRUNCATE, attach, keys unknown when logged), debounced like
 -- stores (p_now: at once, `worker --now`): the worker folds them, and the stores the fold touched become dirty.
-DROP FUNCTION IF EXISTS storetopics.sources_to_fold();   -- (0.1: no p_now)
-CREATE OR REPLACE FUNCTION storetopics.sources_to_fold(p_now boolean DEFAULT false) RETURNS SETOF int
+CREATE OR REPLACE FUNCTION storetopics._sources_to_fold(p_now boolean DEFAULT false) RETURNS SETOF int
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   SELECT p.source_id
@@ -115,7 +114,7 @@ END;
 
 -- Register a worker, or beat its heart: last_seen, the store it works on, and its leases extended by p_lease
 -- seconds.  Returns how many leases it still holds.
-CREATE OR REPLACE FUNCTION storetopics.worker_heartbeat(p_worker text, p_host text DEFAULT NULL, p_pid int DEFAULT NULL,
+CREATE OR REPLACE FUNCTION storetopics._worker_heartbeat(p_worker text, p_host text DEFAULT NULL, p_pid int DEFAULT NULL,
                                              p_lease float8 DEFAULT 60, p_source int DEFAULT NULL,
                                              p_store text DEFAULT NULL) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -145,8 +144,7 @@ END $$;
 -- store of its source) is served when nothing else is waiting, so it holds the others up by the one pass in flight
 -- at most, however many stores it has.  p_now (`worker --now`): a dirty store is due at once, debounce and
 -- max_staleness aside (the backoff of a failed pass still holds).
-DROP FUNCTION IF EXISTS storetopics.claim(text, float8, int);   -- (0.1: no p_now)
-CREATE OR REPLACE FUNCTION storetopics.claim(p_worker text, p_lease float8 DEFAULT 60, p_limit int DEFAULT 1,
+CREATE OR REPLACE FUNCTION storetopics._claim(p_worker text, p_lease float8 DEFAULT 60, p_limit int DEFAULT 1,
                                              p_now boolean DEFAULT false)
 RETURNS TABLE (source_id int, store_key text, generation bigint, takeover boolean)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -179,7 +177,7 @@ END $$;
 -- Seconds until a store or a source can next be claimed (0: now; NULL: nothing dirty): how long a worker with
 -- nothing to do may sleep before polling again (it also wakes on NOTIFY storetopics_dirty).  (NULL stays NULL:
 -- greatest(0, NULL) is 0, which had an idle worker poll every 50 ms.)
-CREATE OR REPLACE FUNCTION storetopics.next_due() RETURNS float8
+CREATE OR REPLACE FUNCTION storetopics._next_due() RETURNS float8
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN (SELECT greatest(0, extract(epoch FROM d.due - now()))
           FROM (SELECT min(greatest(storetopics._work_due_at(w, cfg), coalesce(w.lease_expires, '-infinity'))) AS due
@@ -191,7 +189,7 @@ RETURN (SELECT greatest(0, extract(epoch FROM d.due - now()))
          WHERE d.due IS NOT NULL);
 
 -- Whether p_worker still holds the lease on a store (checked before each labelling call and by work_render).
-CREATE OR REPLACE FUNCTION storetopics.lease_held(p_worker text, p_source int, p_store text) RETURNS boolean
+CREATE OR REPLACE FUNCTION storetopics._lease_held(p_worker text, p_source int, p_store text) RETURNS boolean
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN EXISTS (SELECT 1 FROM storetopics.work w
                 WHERE w.source_id = p_source AND w.store_key = p_store AND w.leased_by = p_worker
@@ -200,7 +198,7 @@ RETURN EXISTS (SELECT 1 FROM storetopics.work w
 -- render() for a lease holder: NULL (nothing written) when the lease was lost, e.g. the worker stalled past its
 -- expiry and another worker took the store over, or, with count_first, when token counts are missing (see render).
 -- The work row stays locked until the render commits.
-CREATE OR REPLACE FUNCTION storetopics.work_render(p_worker text, p_source int, p_store text,
+CREATE OR REPLACE FUNCTION storetopics._work_render(p_worker text, p_source int, p_store text,
                                                   count_first boolean DEFAULT false) RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -210,7 +208,7 @@ BEGIN
   IF NOT FOUND THEN
     RETURN NULL;
   END IF;
-  RETURN storetopics.render(p_source, p_store, count_first);
+  RETURN storetopics._render(p_source, p_store, count_first);
 END $$;
 
 -- A pass over a store ended: release the lease.  Compare-and-set: the store becomes clean only if its generation
@@ -218,7 +216,7 @@ END $$;
 -- during the pass are due after their own debounce).  A failed pass (p_error) keeps it dirty and backs off
 -- exponentially with jitter (5 s doubling, capped at 10 minutes).  Returns 'clean', 'dirty', 'failed' or NULL
 -- when the lease was no longer held (another worker has the store: nothing is written).
-CREATE OR REPLACE FUNCTION storetopics.work_done(p_worker text, p_source int, p_store text, p_generation bigint,
+CREATE OR REPLACE FUNCTION storetopics._work_done(p_worker text, p_source int, p_store text, p_generation bigint,
                                       p_changed boolean DEFAULT false, p_error text DEFAULT NULL,
                                       p_label_calls int DEFAULT 0) RETURNS text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -262,7 +260,7 @@ BEGIN
 END $$;
 
 -- A worker stopping (SIGTERM) gives its leases back at once: the stores stay dirty and another worker takes them.
-CREATE OR REPLACE FUNCTION storetopics.worker_stop(p_worker text) RETURNS int
+CREATE OR REPLACE FUNCTION storetopics._worker_stop(p_worker text) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_n int;
@@ -285,8 +283,8 @@ RETURNS TABLE (source regclass, source_id int, store_key text, state text, dirty
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
 SELECT s.chunks AS source, x.source_id, x.store_key,
-       CASE WHEN coalesce(w.attempts, 0) >= storetopics.failing_after()
-              OR coalesce(k.label_failures, 0) >= storetopics.failing_after() THEN 'failing'
+       CASE WHEN coalesce(w.attempts, 0) >= storetopics._failing_after()
+              OR coalesce(k.label_failures, 0) >= storetopics._failing_after() THEN 'failing'
             WHEN w.leased_by IS NOT NULL AND w.lease_expires >= now() THEN 'working'
             WHEN w.dirty_since IS NOT NULL OR storetopics._store_dirty(x.source_id, x.store_key) THEN 'dirty'
             ELSE 'idle' END AS state,
@@ -338,7 +336,7 @@ SELECT s.chunks, x.source_id, x.store_key, CASE WHEN NOT (cfg ->> 'paused')::boo
                     THEN 'debounce' ELSE 'max_staleness' END
           FROM (SELECT q.source_id, q.store_key, min(q.logged_at) AS first, max(q.logged_at) AS last
                   FROM storetopics.pending q
-                 WHERE q.store_key IS NULL OR char_length(q.store_key) <= storetopics.max_store_key()
+                 WHERE q.store_key IS NULL OR char_length(q.store_key) <= storetopics._max_store_key()
                  GROUP BY 1, 2) p
          WHERE p.store_key IS NULL
             OR NOT EXISTS (SELECT 1 FROM storetopics.work w
@@ -366,7 +364,7 @@ END;
 -- The periodic count check (verify()): sources whose last check is older than their settings.verify_every seconds
 -- get a count-check event; their next fold compares every file's live chunk count with the folded one.  Called by
 -- the worker on every tick (cheap: one row per source).  Returns how many sources were asked.
-CREATE OR REPLACE FUNCTION storetopics.verify_due() RETURNS int
+CREATE OR REPLACE FUNCTION storetopics._verify_due() RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_n int;
@@ -383,31 +381,31 @@ BEGIN
   GET DIAGNOSTICS v_n = ROW_COUNT;
   RETURN v_n;
 END $$;
-COMMENT ON FUNCTION storetopics.verify_due() IS
+COMMENT ON FUNCTION storetopics._verify_due() IS
   'For the worker: ask a count check (see verify()) of every source whose last one is older than verify_every.';
 
 -- What \df+ shows a DBA.
-COMMENT ON FUNCTION storetopics.failing_after() IS
+COMMENT ON FUNCTION storetopics._failing_after() IS
   'Failures in a row after which a store shows as failing (3).';
-COMMENT ON FUNCTION storetopics.sources_to_fold(boolean) IS
+COMMENT ON FUNCTION storetopics._sources_to_fold(boolean) IS
   'For the worker: sources whose logged changes name no store (deletes, TRUNCATE, attach), debounced (p_now: all).';
-COMMENT ON FUNCTION storetopics.worker_heartbeat(text, text, int, float8, int, text) IS
+COMMENT ON FUNCTION storetopics._worker_heartbeat(text, text, int, float8, int, text) IS
   'For the worker: register or beat a worker''s heart and extend its leases; returns how many it holds.';
-COMMENT ON FUNCTION storetopics.claim(text, float8, int, boolean) IS
+COMMENT ON FUNCTION storetopics._claim(text, float8, int, boolean) IS
   'For the worker: lease up to p_limit due stores (FOR UPDATE SKIP LOCKED; p_now: every dirty store is due); '
   'returns them with their generation.';
 COMMENT ON FUNCTION storetopics.work_due() IS
   'What waits for a worker: each dirty store (and each source with changes that name no store), when it is due and '
   'why: debounce, max_staleness, backoff or paused.';
-COMMENT ON FUNCTION storetopics.next_due() IS
+COMMENT ON FUNCTION storetopics._next_due() IS
   'For the worker: seconds until a store can next be claimed (NULL: nothing dirty).';
-COMMENT ON FUNCTION storetopics.lease_held(text, int, text) IS
+COMMENT ON FUNCTION storetopics._lease_held(text, int, text) IS
   'For the worker: whether it still holds its lease on a store.';
-COMMENT ON FUNCTION storetopics.work_render(text, int, text, boolean) IS
+COMMENT ON FUNCTION storetopics._work_render(text, int, text, boolean) IS
   'For the worker: render() if the lease is still held (NULL otherwise).';
-COMMENT ON FUNCTION storetopics.work_done(text, int, text, bigint, boolean, text, int) IS
+COMMENT ON FUNCTION storetopics._work_done(text, int, text, bigint, boolean, text, int) IS
   'For the worker: a pass ended; release the lease (compare-and-set on the generation); a failure backs off.';
-COMMENT ON FUNCTION storetopics.worker_stop(text) IS
+COMMENT ON FUNCTION storetopics._worker_stop(text) IS
   'For the worker: give its leases back (SIGTERM).';
 COMMENT ON FUNCTION storetopics.work_status() IS
   'Per store: idle, dirty, working or failing, with the last error, passes and LLM cost.';

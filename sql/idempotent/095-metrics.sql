@@ -42,11 +42,11 @@ WITH src AS (
                                    FROM storetopics.pending x WHERE x.source_id = src.id GROUP BY 1) p
 ), dirty AS (
   SELECT x.source_id, x.store_key FROM pend x
-   WHERE x.store_key IS NOT NULL AND char_length(x.store_key) <= storetopics.max_store_key()   -- else never a store
+   WHERE x.store_key IS NOT NULL AND char_length(x.store_key) <= storetopics._max_store_key()   -- else never a store
   UNION
   SELECT st.source_id, st.store_key FROM storetopics.store_state st
    WHERE st.source_id IN (SELECT src.id FROM src)
-     AND (storetopics.render_due(st)
+     AND (storetopics._render_due(st)
           OR EXISTS (SELECT 1 FROM pend x WHERE x.source_id = st.source_id AND x.store_key IS NULL))
   UNION
   SELECT w.source_id, w.store_key FROM storetopics.work w
@@ -59,15 +59,15 @@ WITH src AS (
    WHERE st.store_label_needed AND st.store_label_retry_at <= now() AND src.cfg ->> 'labeller' <> 'offline'
 ), failing AS (
   SELECT w.source_id, w.store_key FROM storetopics.work w
-   WHERE w.source_id IN (SELECT src.id FROM src) AND w.attempts >= storetopics.failing_after()
+   WHERE w.source_id IN (SELECT src.id FROM src) AND w.attempts >= storetopics._failing_after()
   UNION
   SELECT k.source_id, k.store_key FROM storetopics.clusters k
    WHERE k.source_id IN (SELECT src.id FROM src) AND k.label_needed AND k.chunks > 0
-     AND k.label_failures >= storetopics.failing_after()
+     AND k.label_failures >= storetopics._failing_after()
   UNION
   SELECT st.source_id, st.store_key FROM storetopics.store_state st
    WHERE st.source_id IN (SELECT src.id FROM src) AND st.store_label_needed
-     AND st.store_label_failures >= storetopics.failing_after()
+     AND st.store_label_failures >= storetopics._failing_after()
 )
 SELECT src.chunks::text, src.id, st.stores, coalesce(p.n, 0)::bigint,
        coalesce(extract(epoch FROM now() - p.oldest), 0)::float8,

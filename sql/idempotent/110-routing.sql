@@ -11,11 +11,11 @@
 -- The one place the rule is written: catalog() names the stores with it, and the Python helpers ask it for the
 -- name of a store that has no summary yet.  The letters are spelled out, so that only ASCII ones pass, whatever
 -- the collation.
-CREATE OR REPLACE FUNCTION storetopics.tool_name(store_key text, suffix text DEFAULT '') RETURNS text
+CREATE OR REPLACE FUNCTION storetopics._tool_name(store_key text, suffix text DEFAULT '') RETURNS text
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN left('search_' || regexp_replace(lower(store_key), '[^abcdefghijklmnopqrstuvwxyz0123456789_-]', '_', 'g'),
             64 - length(suffix)) || suffix;
-COMMENT ON FUNCTION storetopics.tool_name(text, text) IS
+COMMENT ON FUNCTION storetopics._tool_name(text, text) IS
   'The tool name of a store key (search_<key>, [a-z0-9_-], at most 64 characters with the suffix).';
 
 -- Names the stores of a source that have no tool name yet, once and for good: tool_name(store key) when no store has
@@ -31,9 +31,9 @@ DECLARE
 BEGIN
   FOR r IN SELECT st.store_key FROM storetopics.store_state st
             WHERE st.source_id = p_source AND st.tool_name IS NULL ORDER BY st.store_key COLLATE "C" LOOP
-    FOREACH v_name IN ARRAY ARRAY[storetopics.tool_name(r.store_key),
-                                  storetopics.tool_name(r.store_key, '_' || p_source),
-                                  storetopics.tool_name(r.store_key, '_' || p_source || '_' || left(md5(r.store_key), 8))]
+    FOREACH v_name IN ARRAY ARRAY[storetopics._tool_name(r.store_key),
+                                  storetopics._tool_name(r.store_key, '_' || p_source),
+                                  storetopics._tool_name(r.store_key, '_' || p_source || '_' || left(md5(r.store_key), 8))]
     LOOP
       BEGIN
         UPDATE storetopics.store_state SET tool_name = v_name WHERE source_id = p_source AND store_key = r.store_key;
@@ -73,14 +73,14 @@ END;
 -- first chunk counted with a leading space like the others; NULL while some chunk has not been counted with the
 -- real tokenizer), when it last changed, and md5 of the text (changes only when the text does: a prompt cache
 -- key).
-CREATE OR REPLACE FUNCTION storetopics.catalog(p_catalog text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION storetopics.catalog(name text DEFAULT NULL)
 RETURNS TABLE (catalog text, source regclass, source_id int, store_key text, tool_name text, description text,
                tokens int, updated_at timestamptz, content_hash text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
 SELECT r.catalog, s.chunks, r.source_id, r.store_key, r.tool_name, st.store_topics, t.tokens, st.updated_at,
        md5(st.store_topics)
-  FROM storetopics._readable_stores(p_catalog) r
+  FROM storetopics._readable_stores(catalog.name) r
   JOIN storetopics.sources s ON s.id = r.source_id
   JOIN storetopics.store_state st ON st.source_id = r.source_id AND st.store_key = r.store_key
   -- the sum over the text's chunks of their counts, as render counted them: a section's last item, which ends in
@@ -130,7 +130,7 @@ END $$;
 -- its label as the summary shows it.
 -- search: the score reaches the store's source's route_threshold (settings); false on every row means no store
 -- holds the query: abstain.  Rows: the k best stores, best first (ties: source, store key).
-CREATE OR REPLACE FUNCTION storetopics.route(query_embedding vector, k int DEFAULT 3, p_catalog text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION storetopics.route(query_embedding vector, k int DEFAULT 3, catalog text DEFAULT NULL)
 RETURNS TABLE (source_id int, store_key text, tool_name text, score float8, cluster_id int, label text,
                distance float8, within_radius boolean, search boolean)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
@@ -153,7 +153,7 @@ BEGIN
   SELECT coalesce(array_agg(r.source_id), '{}'), coalesce(array_agg(r.store_key), '{}'),
          coalesce(array_agg(r.tool_name), '{}'), coalesce(array_agg(DISTINCT r.source_id), '{}')
     INTO v_ids, v_keys, v_names, v_sources
-    FROM storetopics._readable_stores(p_catalog) r;
+    FROM storetopics._readable_stores(route.catalog) r;
   RETURN QUERY EXECUTE format($q$
     WITH vis AS (
       SELECT r.source_id, r.store_key, r.tool_name FROM unnest($6::int[], $7::text[], $8::text[])
@@ -196,7 +196,7 @@ BEGIN
          ORDER BY ln(y.chunks) - 20 * y.d DESC, y.cluster_id LIMIT 1) b
       JOIN storetopics.store_state st ON st.source_id = t.source_id AND st.store_key = t.store_key
      ORDER BY t.score DESC, t.source_id, t.store_key$q$, vs)
-    USING query_embedding, k, p_catalog, v_dims, v_norm, v_ids, v_keys, v_names, v_sources;
+    USING query_embedding, k, route.catalog, v_dims, v_norm, v_ids, v_keys, v_names, v_sources;
 END $$;
 COMMENT ON FUNCTION storetopics.route(vector, int, text) IS
   'Where to search for a query embedding: the k stores (of those the caller may read) whose clusters hold it best, '
@@ -221,7 +221,7 @@ COMMENT ON FUNCTION storetopics.route(vector, int, text) IS
 -- query lexeme (the words a store has no row for score ln(1/2) each: only the rows it has are read).  label: the query's word that
 -- weighs most for the store, as people write it (NULL when none weighs for it); cluster_id, distance and
 -- within_radius are NULL.  search: the score reaches the source's route_text_threshold.
-CREATE OR REPLACE FUNCTION storetopics.route_text(query text, k int DEFAULT 3, p_catalog text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION storetopics.route_text(query text, k int DEFAULT 3, catalog text DEFAULT NULL)
 RETURNS TABLE (source_id int, store_key text, tool_name text, score float8, cluster_id int, label text,
                distance float8, within_radius boolean, search boolean)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
@@ -230,7 +230,7 @@ BEGIN
   RETURN QUERY
   WITH vis AS MATERIALIZED (
     SELECT r.source_id, r.store_key, r.tool_name, s.ts_config, greatest(st.words, 1)::float8 AS words
-      FROM storetopics._readable_stores(p_catalog) r
+      FROM storetopics._readable_stores(route_text.catalog) r
       JOIN storetopics.sources s ON s.id = r.source_id
       JOIN storetopics.store_state st ON st.source_id = r.source_id AND st.store_key = r.store_key
   ), ql AS MATERIALIZED (
@@ -238,7 +238,7 @@ BEGIN
     -- any source has ever held); tsvector_or_null: NULL for a text fold would not count either
     SELECT c.cfg, l.lexeme, coalesce(cardinality(l.positions), 1)::float8 AS n, x.id AS term_id
       FROM (SELECT DISTINCT v.ts_config AS cfg FROM vis v) c
-     CROSS JOIN LATERAL unnest(storetopics.tsvector_or_null(c.cfg, query)) AS l
+     CROSS JOIN LATERAL unnest(storetopics._tsvector_or_null(c.cfg, query)) AS l
       LEFT JOIN storetopics.lexemes x ON x.lexeme = l.lexeme
   ), qn AS MATERIALIZED (
     SELECT ql.cfg, sum(ql.n) AS n, array_agg(ql.term_id) FILTER (WHERE ql.term_id IS NOT NULL) AS ids

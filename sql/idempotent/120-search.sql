@@ -33,13 +33,13 @@ BEGIN
 END $$;
 
 -- The k best chunks of one store for a query: full-text (websearch_to_tsquery with the source's text search
--- configuration, ts_rank) always; with p_embedding, also the nearest chunks by cosine distance (when the source has
+-- configuration, ts_rank) always; with query_embedding, also the nearest chunks by cosine distance (when the source has
 -- an embedding column; rows of another dimension are left out), fused by reciprocal rank.  content is cut at 1,000
 -- characters; chunk names the row (its primary key, else its ctid); rank orders the rows (ts_rank, or the fused
 -- score with an embedding); text_rank is ts_rank (NULL: found by vector only), distance the cosine distance (NULL:
 -- found by text only).
-CREATE OR REPLACE FUNCTION storetopics.search(p_source int, p_store text, p_query text, p_k int DEFAULT 5,
-                                              p_embedding vector DEFAULT NULL)
+CREATE OR REPLACE FUNCTION storetopics.search(chunks regclass, store_key text, query text, k int DEFAULT 5,
+                                              query_embedding vector DEFAULT NULL)
 RETURNS TABLE (file_key text, chunk text, content text, rank float8, text_rank float8, distance float8)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -48,21 +48,21 @@ DECLARE
   v_refusal text;
   v_reader text;
 BEGIN
-  IF p_query IS NULL OR btrim(p_query) = '' THEN
+  IF search.query IS NULL OR btrim(search.query) = '' THEN
     RAISE EXCEPTION 'storetopics: the search query is empty' USING ERRCODE = 'invalid_parameter_value',
       HINT = 'Give words to look for, e.g. ''kitchen tiles'' or ''"exact phrase" -excluded''.';
   END IF;
-  IF char_length(p_query) > 10000 THEN
+  IF char_length(search.query) > 10000 THEN
     RAISE EXCEPTION 'storetopics: the search query is longer than 10,000 characters'
       USING ERRCODE = 'program_limit_exceeded';
   END IF;
-  IF p_k IS NULL OR p_k < 1 OR p_k > 50 THEN
-    RAISE EXCEPTION 'storetopics: k must be between 1 and 50, not %', coalesce(p_k::text, 'NULL')
+  IF search.k IS NULL OR search.k < 1 OR search.k > 50 THEN
+    RAISE EXCEPTION 'storetopics: k must be between 1 and 50, not %', coalesce(search.k::text, 'NULL')
       USING ERRCODE = 'invalid_parameter_value';
   END IF;
-  SELECT * INTO src FROM storetopics.sources s WHERE s.id = p_source;
+  SELECT * INTO src FROM storetopics.sources s WHERE s.chunks = search.chunks;
   IF NOT FOUND THEN
-    RAISE EXCEPTION 'storetopics: no source %', coalesce(p_source::text, 'NULL') USING ERRCODE = 'undefined_object',
+    RAISE EXCEPTION 'storetopics: % is not attached', coalesce(search.chunks::text, 'NULL') USING ERRCODE = 'undefined_object',
       HINT = 'storetopics.stores lists the sources and stores you may search.';
   END IF;
   v_refusal := storetopics._search_refusal(src);
@@ -73,20 +73,20 @@ BEGIN
   -- the store, as storetopics.stores shows it to the caller (the view tests current_user; here that is the
   -- extension's owner, so the same test is made for the caller)
   IF NOT EXISTS (SELECT 1 FROM storetopics.store_state st
-                  WHERE st.source_id = src.id AND st.store_key = p_store)
+                  WHERE st.source_id = src.id AND st.store_key = search.store_key)
      OR NOT (pg_has_role(v_caller, src.owner, 'USAGE')
              OR EXISTS (SELECT 1 FROM storetopics.grants g
                          WHERE (g.source_id IS NULL OR g.source_id = src.id) AND pg_has_role(v_caller, g.role, 'USAGE')))
   THEN
-    RAISE EXCEPTION 'storetopics: source % (%) has no store %', src.id, src.chunks, coalesce(quote_literal(p_store), 'NULL')
+    RAISE EXCEPTION 'storetopics: % has no store %', src.chunks, coalesce(quote_literal(search.store_key), 'NULL')
       USING ERRCODE = 'undefined_object', HINT = 'storetopics.stores lists the stores you may search.';
   END IF;
   v_reader := storetopics._reader(src.id);   -- made again from the current templates after an upgrade
   RETURN QUERY EXECUTE format('SELECT * FROM %s(''search'', NULL, $1, $2) AS r(file_key text, chunk text, '
                               'content text, rank float8, text_rank float8, distance float8)', v_reader)
-    USING p_store, jsonb_build_object('query', p_query, 'k', p_k, 'embedding', p_embedding::text);
+    USING search.store_key, jsonb_build_object('query', search.query, 'k', search.k, 'embedding', search.query_embedding::text);
 END $$;
-COMMENT ON FUNCTION storetopics.search(int, text, text, int, vector) IS
+COMMENT ON FUNCTION storetopics.search(regclass, text, text, int, vector) IS
   'The k (1-50) best chunks of a store for a query: full-text (websearch syntax, ts_rank), fused with the nearest '
   'chunks by cosine distance when an embedding is given.  The caller needs SELECT on the chunk table and a store it '
   'may see; the attacher''s expressions run as the table''s owner.';

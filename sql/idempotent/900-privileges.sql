@@ -4,14 +4,14 @@
 REVOKE ALL ON ALL TABLES IN SCHEMA storetopics FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA storetopics FROM PUBLIC;
 -- pure helpers: the generated readers use them as the tables' owners
-GRANT EXECUTE ON FUNCTION storetopics.usable_text(text), storetopics.dehyphenated(text), storetopics.showable_term(text),
-  storetopics._human_count(bigint), storetopics.tsvector_or_null(regconfig, text), storetopics.max_store_key(),
-  storetopics.tool_name(text, text)
+GRANT EXECUTE ON FUNCTION storetopics._usable_text(text), storetopics._dehyphenated(text), storetopics._showable_term(text),
+  storetopics._human_count(bigint), storetopics._tsvector_or_null(regconfig, text), storetopics._max_store_key(),
+  storetopics._tool_name(text, text)
   TO PUBLIC;
 -- search() returns the chunks themselves, so it is executable by PUBLIC only because it checks every caller itself
 -- (SELECT on the chunk table, no row-level security it would bypass, a store the caller may see) before the
 -- source's reader runs; a role still needs USAGE on the schema, which owners, readers and workers have.
-GRANT EXECUTE ON FUNCTION storetopics.search(int, text, text, int, vector) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION storetopics.search(regclass, text, text, int, vector) TO PUBLIC;
 
 -- The roles that hold rights get what this version gives them (an upgrade's new functions included): workers and
 -- readers from storetopics.grants, attachers are the roles that may run attach(), and each attached table's owner

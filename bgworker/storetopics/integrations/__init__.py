@@ -18,7 +18,7 @@ in the delimiters on one line, the key bounded, with any run of three or more `<
 cannot close them.
 
 The summaries and tool names are read from `storetopics.catalog(text)` (storetopics 0.2), which a role may run when it
-may read some store (a reader, an attacher, a table's owner): the tool name is `storetopics.tool_name(store key)`
+may read some store (a reader, an attacher, a table's owner): the tool name is `storetopics._tool_name(store key)`
 ('search_' + the key lowercased, every character but [a-z0-9_-] as '_', at most 64 characters), and where two
 stores would get the same name, '_<source id>' appended, and where that is not enough '_<source id>_<md5 of the key,
 8>'.  Names are made over the stores of the catalog read (every store the role may see, or one catalog's), so a
@@ -86,8 +86,8 @@ class _Row:
 # Names and descriptions
 # --------------------------------------------------------------------------------------------------------------
 def tool_name(conn: psycopg.Connection, store_key: str, suffix: str = "") -> str:
-    """storetopics.tool_name(): the tool name of a store key, with an optional suffix (at most 64 characters)."""
-    return conn.execute("SELECT storetopics.tool_name(%s, %s)", (store_key, suffix)).fetchone()[0]
+    """storetopics._tool_name(): the tool name of a store key, with an optional suffix (at most 64 characters)."""
+    return conn.execute("SELECT storetopics._tool_name(%s, %s)", (store_key, suffix)).fetchone()[0]
 
 
 def _digest(store_key: str) -> str:
