@@ -115,8 +115,10 @@ def recreate_table(conn: psycopg.Connection) -> None:
     with conn.transaction():
         if conn.execute("SELECT to_regclass(%s) IS NOT NULL", (TABLE,)).fetchone()[0]:
             conn.execute("SELECT storetopics.detach(%s::regclass)", (TABLE,))
-        # Sources whose table was dropped without detach (e.g. by hand) would make every backfill fail.
-        conn.execute("SELECT * FROM storetopics.detach_dropped()")
+        # Sources whose table was dropped without detach (e.g. by hand) would make every backfill fail.  (The
+        # upgrade test loads this table into a 0.1 database, which has no detach_dropped().)
+        if conn.execute("SELECT to_regprocedure('storetopics.detach_dropped()') IS NOT NULL").fetchone()[0]:
+            conn.execute("SELECT * FROM storetopics.detach_dropped()")
         conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
         conn.execute(f"""CREATE TABLE {TABLE} (
                            id bigserial PRIMARY KEY,

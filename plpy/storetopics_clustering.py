@@ -410,7 +410,10 @@ def fit_store(db, source: int, store: str) -> str:
                 "single_theme": bool(f.single_theme), "sample": n, "seed": seed, "dim": int(x.shape[1]),
                 "space": space_fingerprint(x, cfg.get("embedding_model")), "method": row["method"],
                 "seconds": round(time.monotonic() - t0, 3), "clusters": clusters}
-    out = db.one("SELECT storetopics._apply_fit($1, $2, $3::jsonb) AS r", ["int", "text", "jsonb"],
+    # (0.1 named it apply_fit: a 0.1 database keeps clustering after this module is installed, until it is updated)
+    apply = "_apply_fit" if db.one("SELECT to_regprocedure('storetopics._apply_fit(int, text, jsonb)') IS NOT NULL "
+                                   "AS x", [], [])["x"] else "apply_fit"
+    out = db.one(f"SELECT storetopics.{apply}($1, $2, $3::jsonb) AS r", ["int", "text", "jsonb"],
                  [source, store, json.dumps(fit_json)])["r"]
     report = _jsonish(out)
     report["seconds"] = round(time.monotonic() - t0, 3)

@@ -100540,40 +100540,39 @@ ANALYZE storetopics.cl100k;
 
 -- incremental/0.2/009-public-api.sql
 -- storetopics 0.2: one public API.  What a DBA, an application or a router calls keeps a plain name; the worker's
--- protocol and the helpers become internal (`_`-prefixed; workers run them, tenants are not granted them).  The
--- idempotent part makes them under their new names; 0.1's go here.
-
--- Bodies bound at creation call these two (0.1's work_status() and keywords()): renamed, so that what depends on
--- them follows; the idempotent part then replaces them and their callers.
+-- protocol and the helpers become internal (`_`-prefixed; workers run them, tenants are not granted them).  0.1's
+-- functions are renamed, not dropped: bodies bound at creation (detach() calls detach_source(), work_status()
+-- failing_after(), keywords() showable_term()) follow a rename; the idempotent part then replaces them all.
 DO $$
+DECLARE
+  v_fn text;
+  r record;
+  v_workers oid[] := ARRAY(SELECT g.role FROM storetopics.grants g WHERE g.kind = 'worker');
 BEGIN
-  IF to_regprocedure('storetopics.failing_after()') IS NOT NULL THEN
-    ALTER FUNCTION storetopics.failing_after() RENAME TO _failing_after;
-  END IF;
-  IF to_regprocedure('storetopics.showable_term(text)') IS NOT NULL THEN
-    ALTER FUNCTION storetopics.showable_term(text) RENAME TO _showable_term;
-  END IF;
+  FOREACH v_fn IN ARRAY ARRAY[
+      'apply_fit(int, text, jsonb)', 'cluster(int, text)', 'detach_source(int)', 'failing_after()',
+      'fit_due(int, text)', 'fold(int, int)', 'keywords(int, text, int, int)', 'label_ok(text)',
+      'lease_held(text, int, text)', 'next_due()', 'offline_label(text[])',
+      'record_label(int, text, int, text, text, text, text, int, int, text)', 'refresh_words(int, text)',
+      'render_due(storetopics.store_state)', 'showable_term(text)', 'usable_text(text)',
+      'work_done(text, int, text, bigint, boolean, text, int)',
+      'worker_heartbeat(text, text, int, float8, int, text)', 'worker_stop(text)'] LOOP
+    IF to_regprocedure('storetopics.' || v_fn) IS NOT NULL THEN
+      EXECUTE format('ALTER FUNCTION storetopics.%s RENAME TO %I', v_fn, '_' || split_part(v_fn, '(', 1));
+    END IF;
+  END LOOP;
+  -- 0.1's grant_attach gave tenants detach_source(): internal now, run by workers and administrators only
+  FOR r IN SELECT p.oid::regprocedure AS fn, a.grantee::regrole AS grantee
+             FROM pg_proc p, aclexplode(p.proacl) a
+            WHERE p.oid = to_regprocedure('storetopics._detach_source(int)') AND a.grantee <> 0
+              AND a.grantee <> p.proowner AND a.grantee <> ALL (v_workers) LOOP
+    EXECUTE format('REVOKE ALL ON FUNCTION %s FROM %s', r.fn, r.grantee);
+  END LOOP;
 END $$;
 
-DROP FUNCTION IF EXISTS storetopics.apply_fit(int, text, jsonb);
+-- Their arguments changed in 0.2 (p_now): the idempotent part makes them anew.
 DROP FUNCTION IF EXISTS storetopics.claim(text, float8, int);
-DROP FUNCTION IF EXISTS storetopics.cluster(int, text);
-DROP FUNCTION IF EXISTS storetopics.detach_source(int);   -- detach_dropped() forgets a dropped table's source
-DROP FUNCTION IF EXISTS storetopics.fit_due(int, text);
-DROP FUNCTION IF EXISTS storetopics.fold(int, int);
-DROP FUNCTION IF EXISTS storetopics.keywords(int, text, int, int);
-DROP FUNCTION IF EXISTS storetopics.label_ok(text);
-DROP FUNCTION IF EXISTS storetopics.lease_held(text, int, text);
-DROP FUNCTION IF EXISTS storetopics.next_due();
-DROP FUNCTION IF EXISTS storetopics.offline_label(text[]);
-DROP FUNCTION IF EXISTS storetopics.record_label(int, text, int, text, text, text, text, int, int, text);
-DROP FUNCTION IF EXISTS storetopics.refresh_words(int, text);
-DROP FUNCTION IF EXISTS storetopics.render_due(storetopics.store_state);
 DROP FUNCTION IF EXISTS storetopics.sources_to_fold();
-DROP FUNCTION IF EXISTS storetopics.usable_text(text);
-DROP FUNCTION IF EXISTS storetopics.work_done(text, int, text, bigint, boolean, text, int);
-DROP FUNCTION IF EXISTS storetopics.worker_heartbeat(text, text, int, float8, int, text);
-DROP FUNCTION IF EXISTS storetopics.worker_stop(text);
 
 -- idempotent/010-helpers.sql
 -- ------------------------------------------------------------------------------------------------------------

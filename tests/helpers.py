@@ -83,6 +83,9 @@ def _source(conn: psycopg.Connection, source_id: int) -> dict:
     src["max_store_key"] = conn.execute("SELECT storetopics._max_store_key()").fetchone()[0] if has_bound else None
     src["dehyphenated"] = conn.execute("SELECT to_regprocedure('storetopics._dehyphenated(text)') IS NOT NULL"
                                        ).fetchone()[0]
+    # (0.1 named it usable_text)
+    src["usable"] = conn.execute("SELECT coalesce(to_regprocedure('storetopics._usable_text(text)'), "
+                                 "to_regprocedure('storetopics.usable_text(text)'))::oid::regproc::text").fetchone()[0]
     return src
 
 
@@ -106,7 +109,7 @@ def recount(conn: psycopg.Connection, source_id: int) -> dict:
     text = "storetopics._dehyphenated(r.t)" if src["dehyphenated"] else "r.t"
     tokenise = (f"SELECT r.row_id, r.s, r.f, l.lexeme AS term, cardinality(l.positions) AS n "
                 f"FROM ({rows}) r, unnest(to_tsvector('{cfg}'::regconfig, {text})) l "
-                f"WHERE r.s IS NOT NULL AND r.f IS NOT NULL AND storetopics._usable_text(r.t)")
+                f"WHERE r.s IS NOT NULL AND r.f IS NOT NULL AND {src['usable']}(r.t)")
     too_big: set[str] = set()
     with conn.transaction():
         conn.execute("CREATE TEMP TABLE recount_terms (row_id tid, s text, f text, term text, n int) ON COMMIT DROP")
@@ -115,7 +118,7 @@ def recount(conn: psycopg.Connection, source_id: int) -> dict:
                 conn.execute(f"INSERT INTO recount_terms {tokenise}")
         except psycopg.errors.ProgramLimitExceeded:
             for (row_id,) in conn.execute(f"SELECT r.row_id::text FROM ({rows}) r WHERE r.s IS NOT NULL "
-                                          f"AND r.f IS NOT NULL AND storetopics._usable_text(r.t)").fetchall():
+                                          f"AND r.f IS NOT NULL AND {src['usable']}(r.t)").fetchall():
                 try:
                     with conn.transaction():
                         conn.execute(f"INSERT INTO recount_terms {tokenise} AND r.row_id = %s::tid", (row_id,))
@@ -124,7 +127,7 @@ def recount(conn: psycopg.Connection, source_id: int) -> dict:
         conn.execute("CREATE TEMP TABLE recount_bad (row_id tid) ON COMMIT DROP")
         for row_id in too_big:
             conn.execute("INSERT INTO recount_bad VALUES (%s::tid)", (row_id,))
-        unusable = "(NOT storetopics._usable_text(r.t) OR r.row_id IN (SELECT row_id FROM recount_bad))"
+        unusable = f"(NOT {src['usable']}(r.t) OR r.row_id IN (SELECT row_id FROM recount_bad))"
 
         file_rows = conn.execute(f"""
             SELECT r.f, r.s, count(*), count(*) FILTER (WHERE {unusable})
