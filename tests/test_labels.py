@@ -174,6 +174,97 @@ def test_two_stores_with_embeddings_one_whose_terms_are_not_known_yet(make_db, m
         assert all("<other_stores></other_stores>" in b["messages"][0]["content"] for b in messages.requests)
 
 
+def _llm_gates(conn, source: int, kw: int) -> dict[str, bool]:
+    """What every place that asks for, waits on or shows an LLM label says now, for the store 's1' (clusters) of
+    `source` and the keyword-only store 'chess' of `kw`, both with labels due."""
+    one = lambda q, *a: conn.execute(q, a).fetchone()[0]  # noqa: E731
+    conn.execute("SELECT storetopics._render(source_id, store_key) FROM storetopics.store_state "
+                 "ORDER BY source_id, store_key")      # every store rendered: none is dirty for that
+    shown = one("SELECT topics FROM storetopics.stores WHERE source_id = %s AND store_key = 's1'", source)
+    return {
+        "labels_due": one("SELECT count(*) > 0 FROM storetopics._labels_due(%s, 's1')", source),
+        "store_labels_due": one("SELECT count(*) > 0 FROM storetopics._store_labels_due(%s, 'chess')", kw),
+        "stores_due": one("SELECT coalesce(bool_or(label), false) FROM storetopics._stores_due(%s) WHERE store_key = 's1'", source)
+                      and one("SELECT coalesce(bool_or(label), false) FROM storetopics._stores_due(%s) "
+                              "WHERE store_key = 'chess'", kw),
+        "store_dirty": one("SELECT storetopics._store_dirty(%s, 's1') AND storetopics._store_dirty(%s, 'chess')",
+                           source, kw),
+        "metrics": one("SELECT dirty_stores > 0 FROM storetopics.metrics() WHERE source_id = %s", kw),
+        "render_clusters": any(c["labeller"] != "offline" for c in shown["clusters"]),
+        "render_store": one("SELECT topics ->> 'topics_from' FROM storetopics.stores WHERE source_id = %s "
+                            "AND store_key = 'chess'", kw) == "labeller",
+    }
+
+
+def test_one_sql_function_decides_whether_a_source_gets_llm_labels(make_db, messages):
+    """Issue 32: whether a source's stores get LLM labels is decided in one place, storetopics._llm_labeller().
+    Nothing else in the schema or in the Python package compares the labeller with 'offline'; setting the labeller
+    flips every gate (labels_due, store_labels_due, stores_due, the worker's dirty test, metrics, render) through
+    that function alone, and a _llm_labeller() that says the opposite of the settings is what every gate and the
+    refresh pass follow."""
+    import pathlib
+    import re
+
+    from test_clusters import insert, rows_for, setup_table
+    from test_store_labels import setup as setup_keyword_only
+
+    from storetopics import api, refresh
+    with psycopg.connect(make_db(), autocommit=True) as conn:
+        conn.execute("SET client_min_messages = warning")
+        compares = re.compile(r"(<>|!=|=)\s*'offline'|'offline'(::text)?\s*(<>|!=|=)")
+        deciders = {name for name, body in conn.execute(
+            "SELECT p.proname, pg_get_functiondef(p.oid) FROM pg_proc p "
+            "WHERE p.pronamespace = 'storetopics'::regnamespace AND p.prokind = 'f'") if compares.search(body)}
+        assert deciders == {"_llm_labeller"}, deciders
+        python = re.compile(r"""(==|!=)\s*["']offline["']|["']offline["']\s*(==|!=)""")
+        for f in pathlib.Path(refresh.__file__).parent.glob("*.py"):
+            assert not python.search(f.read_text()), f"{f.name} decides about the offline labeller itself"
+
+        source = setup_table(conn)
+        conn.execute("SELECT storetopics.configure('chunks', '{\"labeller\": \"anthropic\"}')")
+        insert(conn, rows_for("kitchen", 12, store="s1") + rows_for("chess", 12, store="s1"))
+        kw = setup_keyword_only(conn)
+        api.backfill(conn)                                  # LLM labels for the clusters and the keyword-only stores
+        assert messages.requests
+
+        def due_again():
+            conn.execute("UPDATE storetopics.clusters SET label_needed = true, label_retry_at = now() - interval '1s' "
+                         "WHERE source_id = %s AND chunks > 0", (source,))
+            conn.execute("UPDATE storetopics.store_state SET store_label_needed = true, "
+                         "store_label_retry_at = now() - interval '1s' WHERE source_id = %s AND store_key = 'chess'",
+                         (kw,))
+
+        def labeller(name):
+            for table in ("chunks", "kw"):
+                conn.execute("SELECT storetopics.configure(%s, %s::jsonb)", (table, f'{{"labeller": "{name}"}}'))
+
+        due_again()
+        assert set(_llm_gates(conn, source, kw).values()) == {True}, _llm_gates(conn, source, kw)
+        labeller("offline")
+        assert set(_llm_gates(conn, source, kw).values()) == {False}, _llm_gates(conn, source, kw)
+        labeller("anthropic")
+        assert set(_llm_gates(conn, source, kw).values()) == {True}, _llm_gates(conn, source, kw)
+
+        # the function alone, against the settings: every gate follows it, and so does the refresh pass
+        real = conn.execute("SELECT pg_get_functiondef('storetopics._llm_labeller(int)'::regprocedure)").fetchone()[0]
+        conn.execute("CREATE OR REPLACE FUNCTION storetopics._llm_labeller(p_source int) RETURNS boolean "
+                     "LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp RETURN false")
+        try:
+            assert set(_llm_gates(conn, source, kw).values()) == {False}, _llm_gates(conn, source, kw)
+            asked = len(messages.requests)
+            assert refresh.llm_labeller(conn, source) is None and refresh.llm_labeller(conn, kw) is None
+            assert refresh.label(conn, source, "s1").calls == 0 and refresh.label(conn, kw, "chess").calls == 0
+            assert refresh.refresh_store(conn, kw, "chess").labels.calls == 0
+            assert api.backfill(conn).label_calls == 0 and len(messages.requests) == asked
+            due_again()
+            labeller("offline")
+            conn.execute("CREATE OR REPLACE FUNCTION storetopics._llm_labeller(p_source int) RETURNS boolean "
+                         "LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp RETURN true")
+            assert set(_llm_gates(conn, source, kw).values()) == {True}, _llm_gates(conn, source, kw)
+        finally:
+            conn.execute(real)
+
+
 # ------------------------------------------------------------------------------------------------------------
 # A labeller that cannot work (issue 31): no key, no SDK, a server that refuses or is not there
 # ------------------------------------------------------------------------------------------------------------

@@ -1,17 +1,20 @@
 """One refresh pass over one store, from outside the database: fit its clusters when due, refresh their words
 (the keyword gate), label what is due, render.
 
-`refresh_store()` is the pass: `storetopics backfill` (api.backfill) runs it on every store with work due after a
-fold, and the worker runs it on the store it claimed, adding its lease check between steps and rendering under its
-lease (Hooks).  Which stores have work due is one SQL function, storetopics._stores_due(), which the SQL backfill()
-uses too.  The connection must be in autocommit mode: no transaction is
-held open while clustering runs or while a labelling call waits on the network.  The fit itself is the same code
-that runs inside Postgres where plpython3u exists (clustering.fit_store, from plpy/storetopics_clustering.py).
+`refresh_store()` is the pass, read top to bottom: `storetopics backfill` (api.backfill) runs it on every store with
+work due after a fold, and the worker runs it on the store it claimed, under its lease (a Lease: the lease is checked
+in SQL between steps and before each labelling call, and the render is written only while it holds).  Which stores
+have work due is one SQL function, storetopics._stores_due(), which the SQL backfill() uses too; whether a source's
+stores get LLM labels is one SQL function too, storetopics._llm_labeller(), asked once per pass (llm_labeller()).  The
+connection must be in autocommit mode: no transaction is held open while clustering runs or while a labelling call
+waits on the network.  The fit itself is the same code that runs inside Postgres where plpython3u exists
+(clustering.fit_store, from plpy/storetopics_clustering.py).
 """
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from dataclasses import dataclass, field
 
 import psycopg
@@ -20,6 +23,35 @@ from .errors import Unavailable, require
 from .labels import ClusterInput, LabelError, StoreInput, make_labeler
 
 log = logging.getLogger("storetopics.refresh")
+worker_log = logging.getLogger("storetopics.worker")
+
+
+class Stopping(Exception):
+    """SIGTERM arrived: give the store back."""
+
+
+class LeaseLost(Exception):
+    """Another worker holds the store now (ours expired): write nothing more."""
+
+
+@dataclass
+class Lease:
+    """A worker's lease on the store of a pass (storetopics._claim): the pass checks it between steps and before each
+    labelling call (raising Stopping once `stopping` is set, LeaseLost once another worker holds the store), logs
+    each labelling call under the worker's name, and renders with storetopics._work_render (nothing is written once
+    the lease is gone)."""
+    worker: str
+    stopping: threading.Event = field(default_factory=threading.Event)
+    verbose: bool = False      # the labelling calls logged at info level, not debug
+
+    def check(self, conn: psycopg.Connection, source: int, store: str) -> None:
+        if self.stopping.is_set():
+            raise Stopping()
+        if not conn.execute("SELECT storetopics._lease_held(%s, %s, %s)", (self.worker, source, store)).fetchone()[0]:
+            raise LeaseLost()
+
+    def log(self, msg: str) -> None:
+        worker_log.log(logging.INFO if self.verbose else logging.DEBUG, msg, extra={"worker": self.worker})
 
 
 @dataclass
@@ -31,10 +63,6 @@ class LabelStats:
     last_error: str | None = None
     details: list = field(default_factory=list)
     unavailable: Unavailable | None = None   # the labeller cannot work (no key, SDK or server): nothing was recorded
-
-
-def settings(conn: psycopg.Connection, source: int) -> dict:
-    return conn.execute("SELECT storetopics._settings(%s)", (source,)).fetchone()[0]
 
 
 def fit_due(conn: psycopg.Connection, source: int, store: str) -> str | None:
@@ -59,16 +87,27 @@ def clustering_module():
     return storetopics_clustering
 
 
-def label(conn: psycopg.Connection, source: int, store: str, labeller=None) -> LabelStats:
-    """Ask the configured labeller for the clusters whose label is due (none with the offline labeller: its label
-    is derived in SQL from the cluster's words), and for a keyword-only store's labels when they are due.  One call
-    per cluster, one per such store; each call is recorded in the ledger."""
+def llm_labeller(conn: psycopg.Connection, source: int, labellers: Labellers | None = None):
+    """The source's LLM labeller, or None when its labels are the offline ones: the decision is SQL's
+    (storetopics._llm_labeller), made here once for a pass.  Raises errors.Unavailable when the labeller cannot be
+    made here (its SDK missing)."""
+    name, model = conn.execute("SELECT CASE WHEN storetopics._llm_labeller(%s) THEN s ->> 'labeller' END, "
+                               "s ->> 'model' FROM storetopics._settings(%s) s", (source, source)).fetchone()
+    if name is None:
+        return None
+    return labellers.get(name, model) if labellers is not None else make_labeler(name, model)
+
+
+def label(conn: psycopg.Connection, source: int, store: str, labeller=None, *, lease: Lease | None = None,
+          labellers: Labellers | None = None) -> LabelStats:
+    """Ask the source's LLM labeller for the clusters whose label is due, and for a keyword-only store's labels when
+    they are due (none with the offline labeller: storetopics._labels_due and store_labels_due return nothing, its
+    label is derived in SQL from the cluster's words).  One call per cluster, one per such store; each call is
+    recorded in the ledger.  The labeller is made (llm_labeller()) only when something is due, unless one is given;
+    under a lease, the lease is checked before each call."""
     if not conn.autocommit:
         raise ValueError("refresh.label needs an autocommit connection (no transaction open during LLM calls)")
     stats = LabelStats()
-    cfg = settings(conn, source)
-    if cfg.get("labeller", "offline") == "offline":
-        return stats
     due = conn.execute("SELECT cluster_id, keywords, representatives, share, siblings, others "
                        "FROM storetopics._labels_due(%s, %s)", (source, store)).fetchall()
     store_due = conn.execute("SELECT terms, phrases, others, files FROM storetopics._store_labels_due(%s, %s)",
@@ -76,15 +115,17 @@ def label(conn: psycopg.Connection, source: int, store: str, labeller=None) -> L
     if not due and not store_due:
         return stats
     try:
-        labeller = labeller or make_labeler(cfg["labeller"], cfg.get("model"))
+        labeller = labeller or llm_labeller(conn, source, labellers)
     except Unavailable as e:   # no SDK: nothing asked, nothing recorded, the old labels stay
         stats.unavailable = e
+        return stats
+    if labeller is None:       # (offline: nothing is due)
         return stats
     if store_due:
         store_input = StoreInput(terms=list(store_due[0] or []), phrases=list(store_due[1] or []),
                                  others=list(store_due[2] or []), files=int(store_due[3] or 0))
         asked = _ask(conn, stats, labeller, labeller.label_store, store_input, "_record_store_labels",
-                     (source, store), lambda r: r.labels)
+                     (source, store), lambda r: r.labels, lease)
         if asked:
             kept = asked[1]
             stats.ok += bool(kept)
@@ -96,26 +137,37 @@ def label(conn: psycopg.Connection, source: int, store: str, labeller=None) -> L
         cluster = ClusterInput(keywords=list(keywords or []), representatives=[r.get("text") or "" for r in reps or []],
                                share=float(share or 0), siblings=list(siblings or []), others=list(others or []))
         asked = _ask(conn, stats, labeller, labeller.label, cluster, "_record_label",
-                     (source, store, cluster_id), lambda r: r.text)
+                     (source, store, cluster_id), lambda r: r.text, lease)
         if asked:
             result, ok = asked
             stats.rejected += bool(result.rejected)
             stats.ok += not result.rejected
             stats.details.append((cluster_id, "rejected" if result.rejected else "ok",
                                   result.rejected or result.text, ok))
+    if stats.unavailable and labellers is not None:
+        labellers.failed(labeller, stats.unavailable)
     return stats
 
 
-def _ask(conn: psycopg.Connection, stats: LabelStats, labeller, call, what, record: str, key: tuple, answer):
+def _ask(conn: psycopg.Connection, stats: LabelStats, labeller, call, what, record: str, key: tuple, answer,
+         lease: Lease | None = None):
     """One labelling call (call(what)), written back whatever happened by storetopics._<record>(key..., outcome, answer,
     labeller, model, tokens in and out, detail), which judges the answer.  Returns (the Label, what record returned),
     or None when the call failed (recorded as an error: retried with backoff).  A labeller that cannot work at all
     (labels.LabellerUnavailable: no key, no server, a key refused) is no call: nothing is recorded (the labels stay
-    due, so the next run asks again at once once it is fixed) and stats.unavailable says why; the caller stops."""
+    due, so the next run asks again at once once it is fixed) and stats.unavailable says why; the caller stops.
+    Under a lease, the lease is checked first (no call for a store another worker has taken)."""
     model = getattr(labeller, "model", None)
     sql = f"SELECT storetopics.{record}({', '.join(['%s'] * (len(key) + 7))})"
     try:
-        result = call(what)
+        if lease is not None:
+            lease.check(conn, key[0], key[1])
+            lease.log(f"label call {key[0]}:{key[1]}")
+        try:
+            result = call(what)
+        finally:
+            if lease is not None:
+                lease.log(f"label done {key[0]}:{key[1]}")
     except Unavailable as e:
         stats.unavailable = e
         return None
@@ -136,16 +188,23 @@ def render(conn: psycopg.Connection, source: int, store: str) -> bool:
     """Render a store's summary.  When its candidates hold chunks whose cl100k token count is not known yet (SQL
     alone takes them at a token per byte), count them with the real tokenizer first, then render: one write, one
     NOTIFY.  Returns whether the summary changed."""
-    return bool(_render_counted(conn, source, store, Hooks()))
+    return bool(_render_counted(conn, source, store))
 
 
-def _render_counted(conn: psycopg.Connection, source: int, store: str, hooks: Hooks) -> bool | None:
+def _render_counted(conn: psycopg.Connection, source: int, store: str, lease: Lease | None = None) -> bool | None:
     """Render; when the candidates hold uncounted chunks, count them and render again, in one transaction: the
-    second render packs what the first computed (storetopics._render keeps it until commit)."""
+    second render packs what the first computed (storetopics._render keeps it until commit).  Under a lease,
+    storetopics._work_render renders, and writes nothing (returns None) once the lease is gone."""
+    def render_once(count_first: bool) -> bool | None:
+        if lease is None:
+            return conn.execute("SELECT storetopics._render(%s, %s, %s)", (source, store, count_first)).fetchone()[0]
+        return conn.execute("SELECT storetopics._work_render(%s, %s, %s, %s)",
+                            (lease.worker, source, store, count_first)).fetchone()[0]
+
     with conn.transaction():
-        changed = hooks.render(conn, source, store, True)
+        changed = render_once(True)
         if changed is None and count_tokens(conn, source, store):
-            changed = hooks.render(conn, source, store, False)
+            changed = render_once(False)
     return changed
 
 
@@ -166,26 +225,11 @@ def stores_due(conn: psycopg.Connection, source: int, store: str | None = None) 
     return [r[0] for r in conn.execute("SELECT store_key FROM storetopics._stores_due(%s, %s)", (source, store))]
 
 
-class Hooks:
-    """What a caller adds to a pass.  The worker overrides these to check its lease between steps (check raises to
-    stop the pass), to check it again before each labelling call (labeller), and to render under its lease
-    (render returns None when the lease is gone)."""
-
-    def check(self) -> None:
-        pass
-
-    def labeller(self, labeller):
-        return labeller
-
-    def render(self, conn: psycopg.Connection, source: int, store: str, count_first: bool) -> bool | None:
-        return conn.execute("SELECT storetopics._render(%s, %s, %s)", (source, store, count_first)).fetchone()[0]
-
-
 @dataclass
 class Pass:
     fit: dict | None = None            # the fit's report when one ran
     labels: LabelStats = field(default_factory=LabelStats)
-    changed: bool | None = None        # whether the summary changed; None: not rendered (Hooks.render refused)
+    changed: bool | None = None        # whether the summary changed; None: not rendered (the lease was gone)
     fit_unavailable: Unavailable | None = None   # a fit was due and cannot run here (the extra `cluster` missing)
 
     @property
@@ -217,18 +261,22 @@ class Labellers:
             raise made
         return made
 
-    def failed(self, name: str, model: str | None, e: Unavailable) -> None:
-        self._made[(name.lower(), model)] = e
+    def failed(self, labeller, e: Unavailable) -> None:
+        """A labeller made here turned out not to work (no key, no server): the rest of the run is not asked."""
+        for key, made in self._made.items():
+            if made is labeller:
+                self._made[key] = e
 
 
-def refresh_store(conn: psycopg.Connection, source: int, store: str, hooks: Hooks | None = None,
+def refresh_store(conn: psycopg.Connection, source: int, store: str, *, lease: Lease | None = None,
                   labeller=None, labellers: Labellers | None = None) -> Pass:
     """The pass over one store, after its source was folded: fit (when fit_due says so), the clusters' words and
     the keyword gate (refresh_words, gated in SQL on the store's version), the labels that are due (LLM labeller
     only), render (counting unknown token counts with tiktoken first: one write, one NOTIFY).  What cannot run here
     (a fit without the extra `cluster`, a labeller without its key, SDK or server) is skipped and reported in
-    Pass.unavailable: the store is rendered from what it has (its keywords, its old labels)."""
-    hooks = hooks or Hooks()
+    Pass.unavailable: the store is rendered from what it has (its keywords, its old labels).  Under a worker's
+    lease, the lease is checked after the fit, before each labelling call and before the render (Stopping,
+    LeaseLost), and the render is written only while the lease holds (Pass.changed None otherwise)."""
     result = Pass()
     why = fit_due(conn, source, store)
     if why:
@@ -240,25 +288,17 @@ def refresh_store(conn: psycopg.Connection, source: int, store: str, hooks: Hook
         else:
             log.debug("fitted %s:%s: k=%s applied=%s in %ss", source, store, result.fit.get("k"), result.fitted,
                       result.fit.get("seconds"), extra={"source": source, "store": store})
-        hooks.check()
+        if lease is not None:
+            lease.check(conn, source, store)
     conn.execute("SELECT storetopics._refresh_words(%s, %s)", (source, store))
-    cfg = settings(conn, source)
-    if cfg.get("labeller", "offline") != "offline" and stores_to_label(conn, source, store):
-        name, model = cfg["labeller"], cfg.get("model")
-        try:
-            inner = labeller or (labellers.get(name, model) if labellers else make_labeler(name, model))
-        except Unavailable as e:
-            result.labels = LabelStats(unavailable=e)
-        else:
-            result.labels = label(conn, source, store, hooks.labeller(inner))
-            if result.labels.unavailable and labellers is not None:
-                labellers.failed(name, model, result.labels.unavailable)
-        if result.labels.errors:
-            log.warning("%s labelling call(s) failed for %s:%s (old labels kept, retried later): %s",
-                        result.labels.errors, source, store, result.labels.last_error,
-                        extra={"source": source, "store": store})
-    hooks.check()
-    result.changed = _render_counted(conn, source, store, hooks)
+    result.labels = label(conn, source, store, labeller, lease=lease, labellers=labellers)
+    if result.labels.errors:
+        log.warning("%s labelling call(s) failed for %s:%s (old labels kept, retried later): %s",
+                    result.labels.errors, source, store, result.labels.last_error,
+                    extra={"source": source, "store": store})
+    if lease is not None:
+        lease.check(conn, source, store)
+    result.changed = _render_counted(conn, source, store, lease)
     return result
 
 

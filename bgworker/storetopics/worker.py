@@ -11,12 +11,13 @@ storetopics.worker), as text or JSON.
 The loop (one worker process; run as many as you like, on as many machines):
   * wake on NOTIFY storetopics_dirty (a hint only) or after --poll seconds, whichever comes first;
   * fold the sources whose logged changes name no store (deletes, TRUNCATE, attach) once they are quiet;
-  * claim one due store with storetopics._claim() (FOR UPDATE SKIP LOCKED + a lease with an expiry; a store is due
-    when quiet for its source's `debounce`, or dirty for `max_staleness`), fold its source's pending changes, run
-    the refresh pass (refresh.refresh_store, the same as `storetopics backfill`: fit when a gate says so, the
-    clusters' words and the keyword gate, the labels due, render) with the lease checked between steps and before
-    each labelling call and the render written only under the lease, and hand the store back with
-    storetopics._work_done() (compare-and-set on the store's generation: a store changed underneath stays dirty).
+  * one pass (Worker.work_one, top to bottom): claim one due store with storetopics._claim() (FOR UPDATE SKIP LOCKED
+    + a lease with an expiry; a store is due when quiet for its source's `debounce`, or dirty for `max_staleness`),
+    fold its source's pending changes, run the refresh pass under the lease (refresh.refresh_store with a
+    refresh.Lease, the same pass as `storetopics backfill`: fit when a gate says so, the clusters' words and the
+    keyword gate, the labels due, render; the lease checked in SQL between steps and before each labelling call,
+    the render written only under it), and hand the store back with storetopics._work_done() (compare-and-set on
+    the store's generation: a store changed underneath stays dirty).
   * No transaction is open while a fit runs or a labelling call waits: every statement commits on its own
     (autocommit).  A heartbeat thread renews the lease; after SIGKILL it just runs out and another worker takes over.
   * A time limit per statement (--statement-timeout): a source's SQL (the attacher's key expressions, run as the
@@ -48,16 +49,9 @@ from dataclasses import dataclass, field
 import psycopg
 
 from . import api, config, refresh
+from .refresh import LeaseLost, Stopping
 
 logger = logging.getLogger("storetopics.worker")
-
-
-class Stopping(Exception):
-    """SIGTERM arrived: give the store back."""
-
-
-class LeaseLost(Exception):
-    """Another worker holds the store now (ours expired): write nothing more."""
 
 
 class TimeLimit(Exception):
@@ -193,47 +187,6 @@ class Stats:
     folded_sources: int = 0
     reconnects: int = 0
     outcomes: dict = field(default_factory=dict)
-
-
-class _Leased(refresh.Hooks):
-    """The worker's hooks into the refresh pass: the lease is checked between steps and before each labelling
-    call, and the summary is rendered under the lease (storetopics._work_render writes nothing once it is gone)."""
-
-    def __init__(self, worker: Worker, source: int, store: str):
-        self.worker, self.source, self.store = worker, source, store
-
-    def check(self) -> None:
-        self.worker.check(self.source, self.store)
-
-    def labeller(self, inner):
-        return _LeaseCheckingLabeller(inner, self)
-
-    def render(self, conn, source: int, store: str, count_first: bool):
-        return conn.execute("SELECT storetopics._work_render(%s, %s, %s, %s)",
-                            (self.worker.id, source, store, count_first)).fetchone()[0]
-
-
-class _LeaseCheckingLabeller:
-    """A labeller whose every call is preceded by the lease check (no call for a store another worker has taken)."""
-
-    def __init__(self, inner, hooks: _Leased):
-        self.inner, self.hooks = inner, hooks
-        self.name = inner.name
-        self.model = getattr(inner, "model", None)
-
-    def label(self, cluster):
-        return self._call(self.inner.label, cluster)
-
-    def label_store(self, store):
-        return self._call(self.inner.label_store, store)
-
-    def _call(self, method, what):
-        self.hooks.check()
-        self.hooks.worker.log(f"label call {self.hooks.source}:{self.hooks.store}", debug=True)
-        try:
-            return method(what)
-        finally:
-            self.hooks.worker.log(f"label done {self.hooks.source}:{self.hooks.store}", debug=True)
 
 
 class Worker:
@@ -401,13 +354,6 @@ class Worker:
             self.log(f"cannot give the leases back ({' '.join(str(e).split())[:200]}); they run out after "
                      f"{self.opts.lease:g}s", level=logging.WARNING)
 
-    # -- the lease -------------------------------------------------------------------------------------------
-    def check(self, source: int, store: str) -> None:
-        if self.stopping.is_set():
-            raise Stopping()
-        if not self.conn.execute("SELECT storetopics._lease_held(%s, %s, %s)", (self.id, source, store)).fetchone()[0]:
-            raise LeaseLost()
-
     # -- one pass over one store -----------------------------------------------------------------------------
     def fold_source(self, source: int) -> int:
         def check():
@@ -420,15 +366,28 @@ class Worker:
         # one store never overlap unless the leases did (tests check this across processes)
         self.log(f"release {source}:{store}", debug=True)
 
-    def process(self, source: int, store: str, generation: int) -> str | None:
+    def work_one(self) -> bool:
+        """One pass, top to bottom: claim a due store (storetopics._claim: a lease), fold its source, the refresh pass
+        under the lease (refresh.refresh_store: fit when due, the words and the keyword gate, the labels due, render
+        under the lease), hand the store back (storetopics._work_done).  Returns False when no store was due."""
+        row = self.conn.execute("SELECT source_id, store_key, generation, takeover "
+                                "FROM storetopics._claim(%s, %s, 1, %s)",
+                                (self.id, self.opts.lease, self.opts.now)).fetchone()
+        if row is None:
+            return False
+        source, store, generation, takeover = row
+        if takeover:
+            self.log(f"{source}:{store}: taking over an expired lease")
+        self.log(f"claim {source}:{store} generation {generation}", debug=True)
+        lease = refresh.Lease(self.id, self.stopping, self.opts.verbose)
         self.current = (source, store)
         calls = 0
         t0 = time.monotonic()
         try:
             with self._source_sql():
                 folded = self.fold_source(source)
-                self.check(source, store)
-                p = refresh.refresh_store(self.conn, source, store, _Leased(self, source, store))
+                lease.check(self.conn, source, store)
+                p = refresh.refresh_store(self.conn, source, store, lease=lease)
             calls = p.labels.calls
             self.stats.label_calls += calls
             if p.changed is None:
@@ -453,11 +412,9 @@ class Worker:
             else:
                 self.log(line, debug=not p.changed and not p.fitted and not calls, source=source, store=store,
                          outcome=outcome)
-            return outcome
         except LeaseLost:
             self._releasing(source, store)
             self.log(f"{source}:{store}: lease lost (another worker has it); nothing written")
-            return None
         except Stopping:
             self._releasing(source, store)
             self._give_back()
@@ -466,18 +423,18 @@ class Worker:
         except Exception as e:  # a failed pass: keep the old summary, back off, retry later
             if isinstance(e, psycopg.Error) and self.connection_lost(e):
                 raise
-            return self._failed(source, store, generation, e, calls)
+            self._failed(source, store, generation, e, calls)
         finally:
             self.current = None
+        return True
 
-    def _failed(self, source: int, store: str, generation: int, e: Exception, calls: int) -> str:
+    def _failed(self, source: int, store: str, generation: int, e: Exception, calls: int) -> None:
         msg = " ".join((str(e) if isinstance(e, TimeLimit) else f"{type(e).__name__}: {e}").split())
         self.stats.failed += 1
         self.log(f"{source}:{store}: pass failed: {msg}", level=logging.WARNING, source=source, store=store)
         self._releasing(source, store)
         self.conn.execute("SELECT storetopics._work_done(%s, %s, %s, %s, false, %s, %s)",
                           (self.id, source, store, generation, msg, calls))
-        return "failed"
 
     # -- the loop --------------------------------------------------------------------------------------------
     def tick(self) -> bool:
@@ -514,17 +471,7 @@ class Worker:
                 if source not in self._fold_warned:
                     self._fold_warned.add(source)
                     self.log(f"cannot fold source {source}: {' '.join(str(e).split())}", level=logging.WARNING)
-        while not self.stopping.is_set():
-            row = self.conn.execute("SELECT source_id, store_key, generation, takeover "
-                                    "FROM storetopics._claim(%s, %s, 1, %s)",
-                                    (self.id, self.opts.lease, self.opts.now)).fetchone()
-            if row is None:
-                break
-            source, store, generation, takeover = row
-            if takeover:
-                self.log(f"{source}:{store}: taking over an expired lease")
-            self.log(f"claim {source}:{store} generation {generation}", debug=True)
-            self.process(source, store, generation)
+        while not self.stopping.is_set() and self.work_one():
             did = True
         return did
 

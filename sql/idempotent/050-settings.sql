@@ -47,6 +47,14 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN storetopics.default_settings() || coalesce((SELECT s.settings FROM storetopics.sources s WHERE s.id = p_source),
                                                   '{}');
 
+-- Whether a source's stores get their labels from an LLM (its labeller is not 'offline'): the one place that decides
+-- it.  What asks for, waits on or shows an LLM label asks this (labels_due, store_labels_due, the store labels' gate,
+-- stores_due, the worker's dirty tests, render, metrics), and so does the refresh pass outside the database
+-- (refresh.labeller).  Offline, a label is derived in SQL from the cluster's words and no call is made.
+CREATE OR REPLACE FUNCTION storetopics._llm_labeller(p_source int) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN coalesce(storetopics._settings(p_source) ->> 'labeller', 'offline') <> 'offline';
+
 -- The effective settings of an attached table (for a caller who may act as its owner).
 CREATE OR REPLACE FUNCTION storetopics.settings(chunks regclass) RETURNS jsonb
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp

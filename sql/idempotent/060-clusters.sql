@@ -579,7 +579,7 @@ BEGIN ATOMIC
     FROM storetopics.clusters k
    WHERE k.source_id = p_source AND k.store_key = p_store AND k.label_needed AND k.chunks > 0
      AND coalesce(k.label_retry_at, '-infinity') <= now()
-     AND storetopics._settings(p_source) ->> 'labeller' <> 'offline'
+     AND storetopics._llm_labeller(p_source)
    ORDER BY k.chunks DESC, k.cluster_id;
 END;
 

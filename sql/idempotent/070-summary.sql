@@ -494,7 +494,7 @@ BEGIN
   v_screened := v_screened || v_s.dropped;
 
   -- Clusters, largest first, with the label a router sees: the labeller's, or the offline one (a phrase).
-  PERFORM storetopics._render_clusters(src.id, st.store_key, v_cfg ->> 'labeller' = 'offline');
+  PERFORM storetopics._render_clusters(src.id, st.store_key, NOT storetopics._llm_labeller(src.id));
   SELECT coalesce(jsonb_agg(jsonb_build_object(
            'id', k.cluster_id, 'label', k.shown, 'labeller', CASE WHEN k.shown = k.label THEN k.labeller ELSE 'offline' END,
            'phrase', k.phrase, 'share', round(k.share::numeric, 4), 'chunks', k.chunks, 'files', k.files,
@@ -524,7 +524,7 @@ BEGIN
                            ORDER BY t.share DESC, t.first LIMIT 8);
   ELSIF src.embedding IS NULL THEN
     -- the LLM labeller's labels for the store (storetopics._record_store_labels), else the phrases mined offline
-    v_topics_from := CASE WHEN v_cfg ->> 'labeller' <> 'offline' AND cardinality(st.store_labels) > 0
+    v_topics_from := CASE WHEN storetopics._llm_labeller(src.id) AND cardinality(st.store_labels) > 0
                           THEN 'labeller' ELSE 'phrases' END;
     SELECT * INTO v_s FROM storetopics._screened(
       CASE WHEN v_topics_from = 'labeller' THEN st.store_labels

@@ -19,7 +19,7 @@ DECLARE
   v_terms text[];
 BEGIN
   SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
-  IF NOT FOUND OR st.store_label_needed OR v_cfg ->> 'labeller' = 'offline' OR st.files <= 0 THEN
+  IF NOT FOUND OR st.store_label_needed OR NOT storetopics._llm_labeller(p_source) OR st.files <= 0 THEN
     RETURN 0;
   END IF;
   v_terms := ARRAY(SELECT c.lexeme FROM storetopics._contrast_shown(p_source, p_store, 80) c ORDER BY c.rank LIMIT 15);
@@ -46,7 +46,7 @@ BEGIN
   SELECT * INTO st FROM storetopics.store_state s
    WHERE s.source_id = p_source AND s.store_key = p_store AND s.store_label_needed AND s.files > 0
      AND coalesce(s.store_label_retry_at, '-infinity') <= now();
-  IF NOT FOUND OR storetopics._settings(p_source) ->> 'labeller' = 'offline' THEN
+  IF NOT FOUND OR NOT storetopics._llm_labeller(p_source) THEN
     RETURN;
   END IF;
   -- the contrastive terms render shows (so the phrases mined here are those render shows offline, mined once)

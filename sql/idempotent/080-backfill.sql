@@ -43,7 +43,7 @@ BEGIN ATOMIC
                  st.words_version <> st.version
                    AND EXISTS (SELECT 1 FROM storetopics.clusters k
                                 WHERE k.source_id = st.source_id AND k.store_key = st.store_key) AS words,
-                 storetopics._settings(st.source_id) ->> 'labeller' <> 'offline'
+                 storetopics._llm_labeller(st.source_id)
                    AND (EXISTS (SELECT 1 FROM storetopics.clusters k
                                  WHERE k.source_id = st.source_id AND k.store_key = st.store_key AND k.label_needed
                                    AND k.chunks > 0 AND coalesce(k.label_retry_at, '-infinity') <= now())

@@ -15,7 +15,7 @@ RETURN EXISTS (SELECT 1 FROM storetopics.pending p
                 WHERE p.source_id = p_source AND (p.store_key = p_store OR p.store_key IS NULL))
     OR EXISTS (SELECT 1 FROM storetopics.store_state st
                 WHERE st.source_id = p_source AND st.store_key = p_store AND storetopics._render_due(st))
-    OR (storetopics._settings(p_source) ->> 'labeller' <> 'offline'
+    OR (storetopics._llm_labeller(p_source)
         AND (EXISTS (SELECT 1 FROM storetopics.clusters k
                       WHERE k.source_id = p_source AND k.store_key = p_store AND k.label_needed AND k.chunks > 0
                         AND k.label_retry_at <= now())
@@ -49,13 +49,13 @@ BEGIN
     SELECT k.source_id, k.store_key, min(k.label_retry_at), min(k.label_retry_at), true
       FROM storetopics.clusters k
      WHERE k.label_needed AND k.chunks > 0 AND k.label_retry_at <= now()
-       AND storetopics._settings(k.source_id) ->> 'labeller' <> 'offline'
+       AND storetopics._llm_labeller(k.source_id)
      GROUP BY 1, 2
     UNION ALL
     SELECT st.source_id, st.store_key, st.store_label_retry_at, st.store_label_retry_at, true
       FROM storetopics.store_state st
      WHERE st.store_label_needed AND st.store_label_retry_at <= now()
-       AND storetopics._settings(st.source_id) ->> 'labeller' <> 'offline'
+       AND storetopics._llm_labeller(st.source_id)
   ), agg AS (
     SELECT s.source_id, s.store_key, min(s.first) AS first, max(s.last) AS last, bool_or(s.logged) AS logged
       FROM seen s GROUP BY 1, 2

@@ -30,7 +30,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET jit = off
 BEGIN ATOMIC
 WITH src AS (
-  SELECT s.id, s.chunks, storetopics._settings(s.id) AS cfg
+  SELECT s.id, s.chunks, storetopics._settings(s.id) AS cfg, storetopics._llm_labeller(s.id) AS llm
     FROM storetopics.sources s
    WHERE storetopics._may_act_as(s.owner)
       OR EXISTS (SELECT 1 FROM storetopics.grants g
@@ -53,10 +53,10 @@ WITH src AS (
    WHERE w.source_id IN (SELECT src.id FROM src) AND w.dirty_since IS NOT NULL
   UNION
   SELECT k.source_id, k.store_key FROM storetopics.clusters k JOIN src ON src.id = k.source_id
-   WHERE k.label_needed AND k.chunks > 0 AND k.label_retry_at <= now() AND src.cfg ->> 'labeller' <> 'offline'
+   WHERE k.label_needed AND k.chunks > 0 AND k.label_retry_at <= now() AND src.llm
   UNION
   SELECT st.source_id, st.store_key FROM storetopics.store_state st JOIN src ON src.id = st.source_id
-   WHERE st.store_label_needed AND st.store_label_retry_at <= now() AND src.cfg ->> 'labeller' <> 'offline'
+   WHERE st.store_label_needed AND st.store_label_retry_at <= now() AND src.llm
 ), failing AS (
   SELECT w.source_id, w.store_key FROM storetopics.work w
    WHERE w.source_id IN (SELECT src.id FROM src) AND w.attempts >= storetopics._failing_after()
