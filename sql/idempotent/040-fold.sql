@@ -90,7 +90,7 @@ BEGIN
   END IF;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'storetopics: the table of source % was dropped', p_source USING ERRCODE = 'undefined_table',
-      HINT = format('Forget it with SELECT storetopics._detach_source(%s).', p_source);
+      HINT = 'Forget it with SELECT * FROM storetopics.detach_dropped().';
   ELSIF v_owner <> src.owner THEN
     RAISE EXCEPTION 'storetopics: source %: the owner of % is now %, not % who attached it', p_source, src.chunks,
       v_owner::regrole, src.owner USING ERRCODE = 'insufficient_privilege',

@@ -137,7 +137,7 @@ END $$;
 
 -- Claim up to p_limit due stores for p_worker, leased for p_lease seconds (renewed by worker_heartbeat).
 -- Due: dirty, quiet for `debounce` or dirty for `max_staleness`, its backoff over, its source not paused (nor its
--- table dropped where no event trigger saw it: detach_source() forgets such a source), and no live lease on it.
+-- table dropped where no event trigger saw it: detach_dropped() forgets such a source), and no live lease on it.
 -- Returns the stores with the generation the result is checked against in work_done().
 -- Stores of a source whose last pass over some store failed come after every other due store: a source whose
 -- passes keep failing (a tenant's key expression that runs into the worker's time limit, and a fold fails for every
