@@ -52,11 +52,11 @@ demo: ext-install
 # lint, pg_regress on a throwaway cluster, then pytest (which starts its own clusters; tests/test_package.py builds
 # the wheel and runs it from a fresh virtualenv, tests/test_upgrade.py upgrades a populated 0.1 database).
 test: ext-install lint
-	$(PY) -m lab.testing regress
+	$(PY) -m tests.harness regress
 	$(PY) -m pytest -q tests
 
 regress: ext-install
-	$(PY) -m lab.testing regress
+	$(PY) -m tests.harness regress
 
 pytest: ext-install
 	$(PY) -m pytest -q tests
