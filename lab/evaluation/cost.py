@@ -64,7 +64,7 @@ DEFAULT_STORES = ("editors", "games", "kde", "math", "perl", "sound")  # a sampl
 
 def run(dsn: str, cfg: RoutingConfig, embedder, log=print, churn_share: float = 0.1,
         stores: tuple[str, ...] | None = DEFAULT_STORES) -> dict:
-    from ..fakes.messages import MessagesServer
+    from tests.fakes.messages import MessagesServer
 
     with pg.connect(dsn) as conn:
         if conn.execute("SELECT to_regclass('storetopics.label_ledger')").fetchone()[0] is None:
