@@ -16,7 +16,11 @@ DATA       = $(sort $(wildcard sql/storetopics--*.sql) $(SQL_BUILT)) plpy/storet
 REGRESS    = $(patsubst test/sql/%.sql,%,$(sort $(wildcard test/sql/*.sql)))
 REGRESS_OPTS = --inputdir=test --outputdir=$(REGRESS_OUTDIR) --load-extension=vector
 REGRESS_OUTDIR ?= test/out
-PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
+# The server to build for, as with pgvector: the pg_config on PATH (Debian's picks the newest server headers
+# installed), or name one: `make PG_CONFIG=/usr/lib/postgresql/16/bin/pg_config install`.  Exported, so setup.sh
+# and the throwaway test servers (lab/localpg.py: its --bindir) use the same server.
+PG_CONFIG ?= pg_config
+export PG_CONFIG
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
 ifneq ($(wildcard $(PGXS)),)
 include $(PGXS)
@@ -38,8 +42,9 @@ sql/storetopics--$(PREVIOUS)--$(EXTVERSION).sql: $(SQL_SOURCES)
 	sh sql/build.sh upgrade $(PREVIOUS) $(EXTVERSION) > $@
 
 # Installs the extension files into the server's share directory (root needed, hence sudo when not root).
+# PG_CONFIG as an absolute path: sudo resets PATH, and setup may just have installed pg_config.
 ext-install: setup
-	@$(SUDO) $(MAKE) --no-print-directory -s install PG_CONFIG=$(PG_CONFIG)
+	@$(SUDO) $(MAKE) --no-print-directory -s install PG_CONFIG="$$(command -v $(PG_CONFIG))"
 
 demo: ext-install
 	$(PY) -m lab.demo
@@ -47,11 +52,11 @@ demo: ext-install
 # lint, pg_regress on a throwaway cluster, then pytest (which starts its own clusters; tests/test_package.py builds
 # the wheel and runs it from a fresh virtualenv, tests/test_upgrade.py upgrades a populated 0.1 database).
 test: ext-install lint
-	$(PY) -m lab.testing regress
+	$(PY) -m tests.harness regress
 	$(PY) -m pytest -q tests
 
 regress: ext-install
-	$(PY) -m lab.testing regress
+	$(PY) -m tests.harness regress
 
 pytest: ext-install
 	$(PY) -m pytest -q tests

@@ -47,8 +47,8 @@ import psycopg
 from pgvector.psycopg import register_vector
 
 from bench.run import backend_cpu, cpu_times, environment, machine_noise, settle
-from lab import testing
 from storetopics import install as st_install
+from tests import harness
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -231,9 +231,9 @@ def main(argv: list[str] | None = None) -> int:
 
     out: dict = {"started": started.isoformat(), "quick": args.quick, "config": asdict(cfg), "words": words,
                  "target": f"|large/small - 1| <= {TARGET:.0%}"}
-    with testing.server() as admin_dsn:
-        db = testing.create_database(admin_dsn, prefix="bench_catalog")
-        dsn = testing.with_db(admin_dsn, db)
+    with harness.server() as admin_dsn:
+        db = harness.create_database(admin_dsn, prefix="bench_catalog")
+        dsn = harness.with_db(admin_dsn, db)
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 # clustering inside the database (backfill fits the probe) where plpython3u is installed
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.explain:
                     out["plans"] = explain_contrast(conn, sources, log)
         finally:
-            testing.drop_database(admin_dsn, db)
+            harness.drop_database(admin_dsn, db)
 
     elapsed = time.perf_counter() - t_start
     out["elapsed_seconds"] = round(elapsed, 1)

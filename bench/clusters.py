@@ -23,10 +23,10 @@ import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector
 
-from lab import testing
-from lab.fakes.messages import MessagesServer
 from storetopics import install as st_install
 from storetopics import refresh
+from tests import harness
+from tests.fakes.messages import MessagesServer
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -132,11 +132,11 @@ def main(argv=None) -> int:
 
     out: dict = {"started": started.isoformat(), "chunks": args.chunks, "files": args.files, "dim": DIM,
                  "centres": CENTRES}
-    with testing.server() as admin, MessagesServer() as llm:
+    with harness.server() as admin, MessagesServer() as llm:
         os.environ["ANTHROPIC_BASE_URL"] = llm.base_url
         os.environ["ANTHROPIC_API_KEY"] = "bench-key"
-        db = testing.create_database(admin, prefix="benchk")
-        dsn = testing.with_db(admin, db)
+        db = harness.create_database(admin, prefix="benchk")
+        dsn = harness.with_db(admin, db)
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute("CREATE EXTENSION vector")
@@ -223,7 +223,7 @@ def main(argv=None) -> int:
                 log(f"  100 files: K={small_k}, {label_calls(conn, s2, 'big')} calls; {args.files:,} files: K={k}, "
                     f"{calls} calls")
         finally:
-            testing.drop_database(admin, db)
+            harness.drop_database(admin, db)
 
     out["elapsed_seconds"] = round(time.perf_counter() - t_start, 1)
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ the floor of any plain scan: `SELECT sum(centroid <#> q) FROM storetopics.cluste
 
 Prints p50/p95/max per function, as the superuser and as a role granted reading every source (grant_read: the
 visibility rule is applied per source).  Nothing is written to bench/results.  The server is a throwaway cluster
-(lab.testing.server) or $STORETOPICS_TEST_DSN's server, as in `make bench`.
+(tests.harness.server) or $STORETOPICS_TEST_DSN's server, as in `make bench`.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ import numpy as np
 import psycopg
 from psycopg import conninfo
 
-from lab import testing
 from storetopics import install as st_install
+from tests import harness
 
 SOURCES = 10
 
@@ -105,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.stores % SOURCES:
         ap.error(f"--stores must be a multiple of {SOURCES}")
     rng = np.random.default_rng(args.seed)
-    with (contextlib.nullcontext(args.dsn) if args.dsn else testing.server()) as admin:
-        name = testing.create_database(admin, prefix="bench_route")
-        dsn = testing.with_db(admin, name)
+    with (contextlib.nullcontext(args.dsn) if args.dsn else harness.server()) as admin:
+        name = harness.create_database(admin, prefix="bench_route")
+        dsn = harness.with_db(admin, name)
         reader = f"bench_router_{uuid.uuid4().hex[:6]}"
         try:
             st_install.install(dsn, extension=True, log=lambda *a: None)
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.keep:
                 print(f"kept database {name} (role {reader})")
             else:
-                testing.drop_database(admin, name)
+                harness.drop_database(admin, name)
                 with psycopg.connect(admin, autocommit=True) as conn:
                     conn.execute(f"DROP ROLE IF EXISTS {reader}")
     return 0

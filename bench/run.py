@@ -9,7 +9,7 @@ assertion: the run always completes, and a missed target is reported as MISS.
     .venv/bin/python -m bench.run --quick         # a small smoke run (not written to latest.md)
     .venv/bin/python -m bench.run --explain       # also print the plans of fold()'s statements (auto_explain)
 
-The server is a throwaway cluster (lab.testing.server(), fast settings: fsync off) or STORETOPICS_TEST_DSN;
+The server is a throwaway cluster (tests.harness.server(), fast settings: fsync off) or STORETOPICS_TEST_DSN;
 in both cases the bench works in a database of its own, created and dropped here.  See bench/README.md.
 """
 from __future__ import annotations
@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import psycopg
 
-from lab import testing
 from lab.localpg import FAST_SETTINGS
 from storetopics import install as st_install
+from tests import harness
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -965,9 +965,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{len({c.store for c in chunks})} stores, {sum(len(c.content) for c in chunks) / 1e6:.1f} MB of text")
 
     metrics: list[Metric] = []
-    with testing.server() as admin_dsn:
-        db = testing.create_database(admin_dsn, prefix="bench")
-        dsn = testing.with_db(admin_dsn, db)
+    with harness.server() as admin_dsn:
+        db = harness.create_database(admin_dsn, prefix="bench")
+        dsn = harness.with_db(admin_dsn, db)
         try:
             st_install.install(dsn, extension=True, log=lambda *a: None)
             with psycopg.connect(dsn, autocommit=True) as conn:
@@ -999,7 +999,7 @@ def main(argv: list[str] | None = None) -> int:
                     cm = bench_catchup(conn, tables, cfg, chunks, args.explain, log)
                     metrics += cm
         finally:
-            testing.drop_database(admin_dsn, db)
+            harness.drop_database(admin_dsn, db)
 
     elapsed = time.perf_counter() - t_start
     env["machine_during_run"] = machine_noise(cpu0, cpu_times())

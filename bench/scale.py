@@ -60,10 +60,10 @@ from pgvector.psycopg import register_vector
 
 from bench import clusters as bc
 from bench.worker import wait_quiet
-from lab import testing
-from lab.fakes.messages import MessagesServer
 from storetopics import install as st_install
 from storetopics import refresh
+from tests import harness
+from tests.fakes.messages import MessagesServer
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -219,8 +219,8 @@ def run_size(admin: str, chunks: int, events: int, llm_env: dict, log) -> dict:
     files = chunks // PER_FILE
     out: dict = {"chunks": chunks, "files": files, "dim": bc.DIM, "per_file": PER_FILE,
                  "words_per_chunk": 2 + WORDS_FILLER, "stores": 1 + SMALL_STORES}
-    db = testing.create_database(admin, prefix="bench_scale")
-    dsn = testing.with_db(admin, db)
+    db = harness.create_database(admin, prefix="bench_scale")
+    dsn = harness.with_db(admin, db)
     proc = None
     try:
         with connect(dsn, vector=False) as conn:
@@ -452,7 +452,7 @@ def run_size(admin: str, chunks: int, events: int, llm_env: dict, log) -> dict:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        testing.drop_database(admin, db)
+        harness.drop_database(admin, db)
     peaks = [s["backend_peak_mb"] for s in out["backfill"]["steps"].values()] + \
             [s["server_peak_mb"] for s in out["backfill"]["steps"].values()]
     out["peak_backend_mb"] = max(p for p in peaks if p)
@@ -658,7 +658,7 @@ def main(argv=None) -> int:
         res["worker_clustering_sha1"] = hashlib.sha1(Path(wc.__file__).read_bytes()).hexdigest()
     except ImportError:
         pass
-    with testing.server() as admin, MessagesServer() as llm:
+    with harness.server() as admin, MessagesServer() as llm:
         env = {"ANTHROPIC_BASE_URL": llm.base_url, "ANTHROPIC_API_KEY": "bench"}
         os.environ.update(env)
         for n in sizes:

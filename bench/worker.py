@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 import psycopg
 
-from lab import testing
-from lab.fakes.messages import MessagesServer
 from storetopics import api
 from storetopics import install as st_install
+from tests import harness
+from tests.fakes.messages import MessagesServer
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -124,11 +124,11 @@ def percentile(xs, p):
 
 def bench_freshness(args, log) -> dict:
     out: dict = {"chunks": args.chunks, "dim": 384, "debounce_s": args.debounce}
-    with testing.server() as admin, MessagesServer() as server:
+    with harness.server() as admin, MessagesServer() as server:
         env = {"ANTHROPIC_BASE_URL": server.base_url, "ANTHROPIC_API_KEY": "bench"}
         os.environ.update(env)
-        name = testing.create_database(admin, prefix="bench_worker")
-        dsn = testing.with_db(admin, name)
+        name = harness.create_database(admin, prefix="bench_worker")
+        dsn = harness.with_db(admin, name)
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute("CREATE EXTENSION vector")
         st_install.install(dsn, log=lambda *a: None)
@@ -202,16 +202,16 @@ def bench_freshness(args, log) -> dict:
             proc.wait(60)
             listener.close()
             conn.close()
-            testing.drop_database(admin, name)
+            harness.drop_database(admin, name)
     return out
 
 
 def bench_soak(args, log) -> dict:
     dim, chunks = 1536, args.soak_chunks
     out: dict = {"seconds": args.soak, "chunks": chunks, "dim": dim}
-    with testing.server() as admin:
-        name = testing.create_database(admin, prefix="bench_soak")
-        dsn = testing.with_db(admin, name)
+    with harness.server() as admin:
+        name = harness.create_database(admin, prefix="bench_soak")
+        dsn = harness.with_db(admin, name)
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute("CREATE EXTENSION vector")
         st_install.install(dsn, log=lambda *a: None)
@@ -253,7 +253,7 @@ def bench_soak(args, log) -> dict:
             proc.wait(60)
             th.join(5)
             conn.close()
-            testing.drop_database(admin, name)
+            harness.drop_database(admin, name)
     rss = [s[1] for s in samples]
     out.update({"churn_rounds": ops, "fits": fits, "rss_mb_max": round(max(rss) / 1024, 1) if rss else None,
                 "rss_mb_first": round(rss[0] / 1024, 1) if rss else None,

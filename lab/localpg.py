@@ -15,7 +15,23 @@ import subprocess
 import time
 from pathlib import Path
 
-DEFAULT_BINDIR = Path(os.environ.get("STORETOPICS_PG_BINDIR", "/usr/lib/postgresql/15/bin"))
+
+def _default_bindir() -> Path:
+    """STORETOPICS_PG_BINDIR; else the bindir of the server the Makefile builds for (PG_CONFIG, or the pg_config on
+    PATH) when it holds initdb; else Debian's PostgreSQL 15."""
+    if os.environ.get("STORETOPICS_PG_BINDIR"):
+        return Path(os.environ["STORETOPICS_PG_BINDIR"])
+    try:
+        out = subprocess.run([os.environ.get("PG_CONFIG") or "pg_config", "--bindir"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        out = None
+    if out is not None and out.returncode == 0 and (Path(out.stdout.strip()) / "initdb").exists():
+        return Path(out.stdout.strip())
+    return Path("/usr/lib/postgresql/15/bin")
+
+
+DEFAULT_BINDIR = _default_bindir()
 UNPRIVILEGED_USER = os.environ.get("STORETOPICS_PG_OSUSER", "postgres")
 
 # Settings for a cluster that only tests and demos use: durability is not the point.

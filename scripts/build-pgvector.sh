@@ -3,7 +3,7 @@
 # The archive address is read from this machine's apt sources: no registry host is written here.
 # apt state goes to a private directory, so the system's sources and lists are left as they were.
 set -euo pipefail
-PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+PG_CONFIG=${PG_CONFIG:-pg_config}
 SUITE=${PGVECTOR_SUITE:-trixie}
 
 archive_uri() {

@@ -156,18 +156,18 @@ def _database(dsn: str | None) -> Iterator[str]:
     sys.path.insert(0, str(REPO))
     import psycopg
 
-    from lab import testing
     from storetopics import install
-    with testing.server() as admin:
-        name = testing.create_database(admin, prefix="gen_docs")
-        db = testing.with_db(admin, name)
+    from tests import harness
+    with harness.server() as admin:
+        name = harness.create_database(admin, prefix="gen_docs")
+        db = harness.with_db(admin, name)
         try:
             with psycopg.connect(db, autocommit=True) as conn:
                 conn.execute("CREATE EXTENSION vector")
             install.install(db, extension=True, log=lambda *a: None)
             yield db
         finally:
-            testing.drop_database(admin, name)
+            harness.drop_database(admin, name)
 
 
 def main(argv: list[str] | None = None) -> int:

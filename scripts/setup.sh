@@ -2,8 +2,17 @@
 # make setup: install what is missing for storetopics on a Debian machine, and nothing else. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The server: PG_CONFIG as the Makefile exports it (the pg_config on PATH, or `make PG_CONFIG=... setup`).  Its major
+# version picks the Debian packages, unless PG_MAJOR is given; 15 when there is no pg_config yet (a fresh machine).
+PG_CONFIG=${PG_CONFIG:-pg_config}
+if [ -z "${PG_MAJOR:-}" ]; then
+  if [[ $PG_CONFIG =~ ^/usr/lib/postgresql/([0-9]+)/bin/pg_config$ ]]; then
+    PG_MAJOR=${BASH_REMATCH[1]}
+  elif version=$("$PG_CONFIG" --version 2>/dev/null); then
+    PG_MAJOR=$(sed -nE 's/^PostgreSQL ([0-9]+).*/\1/p' <<<"$version")
+  fi
+fi
 PG_MAJOR=${PG_MAJOR:-15}
-PG_CONFIG=/usr/lib/postgresql/$PG_MAJOR/bin/pg_config
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 
@@ -33,7 +42,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# 2. pgvector >= 0.8, built from Debian's own source package (bookworm has none).
+# 2. pgvector >= 0.8, built from Debian's own source package (bookworm has none), for the server PG_CONFIG names
+#    (as an absolute path: sudo resets PATH).
+if ! PG_CONFIG=$(command -v "$PG_CONFIG"); then
+  echo "setup: no $PG_CONFIG; name the server's with make PG_CONFIG=/usr/lib/postgresql/$PG_MAJOR/bin/pg_config" >&2
+  exit 1
+fi
 sharedir=$($PG_CONFIG --sharedir)
 have=$(sed -n "s/^default_version *= *'\(.*\)'/\1/p" "$sharedir/extension/vector.control" 2>/dev/null || true)
 if [ -z "$have" ] || [ "$(printf '%s\n0.8.0\n' "$have" | sort -V | head -n1)" != "0.8.0" ]; then

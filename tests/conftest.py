@@ -6,20 +6,20 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from lab import testing
-from lab.fakes.messages import MessagesServer
 from storetopics import install as st_install
+from tests import harness
+from tests.fakes.messages import MessagesServer
 
 
 @pytest.fixture(scope="session")
 def pg_admin_dsn():
-    with testing.server() as dsn:
+    with harness.server() as dsn:
         yield dsn
 
 
 def _template(admin_dsn: str, how: str, plpython: bool) -> str:
-    name = testing.create_database(admin_dsn, prefix=f"tpl_{how}{'_py' if plpython else ''}")
-    dsn = testing.with_db(admin_dsn, name)
+    name = harness.create_database(admin_dsn, prefix=f"tpl_{how}{'_py' if plpython else ''}")
+    dsn = harness.with_db(admin_dsn, name)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION vector")
         if plpython:
@@ -43,7 +43,7 @@ def templates(pg_admin_dsn):
 
     yield get
     for name in made.values():
-        testing.drop_database(pg_admin_dsn, name)
+        harness.drop_database(pg_admin_dsn, name)
 
 
 @pytest.fixture
@@ -52,13 +52,13 @@ def make_db(pg_admin_dsn, templates):
     created = []
 
     def make(how: str = "extension", plpython: bool = False) -> str:
-        name = testing.create_database(pg_admin_dsn, template=templates(how, plpython))
+        name = harness.create_database(pg_admin_dsn, template=templates(how, plpython))
         created.append(name)
-        return testing.with_db(pg_admin_dsn, name)
+        return harness.with_db(pg_admin_dsn, name)
 
     yield make
     for name in created:
-        testing.drop_database(pg_admin_dsn, name)
+        harness.drop_database(pg_admin_dsn, name)
 
 
 @pytest.fixture

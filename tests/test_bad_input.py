@@ -5,9 +5,10 @@ from __future__ import annotations
 import random
 import string
 
-import helpers
 import psycopg
 import pytest
+
+from tests import helpers
 
 GOOD = "kitchen renovation tiles"      # 3 terms: kitchen, renov, tile
 EMB = "[1,2,3,4,5,6,7,8]"

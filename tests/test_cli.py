@@ -11,9 +11,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from lab import demo, testing
+from lab import demo
 from storetopics import api, cli
 from storetopics import install as st_install
+from tests import harness
 
 VERSION = st_install.default_version()
 
@@ -65,9 +66,9 @@ def db_topics(conn: psycopg.Connection) -> dict[str, str]:
 @pytest.fixture
 def fresh_db(pg_admin_dsn):
     """An empty database: neither vector nor storetopics installed."""
-    name = testing.create_database(pg_admin_dsn)
-    yield testing.with_db(pg_admin_dsn, name)
-    testing.drop_database(pg_admin_dsn, name)
+    name = harness.create_database(pg_admin_dsn)
+    yield harness.with_db(pg_admin_dsn, name)
+    harness.drop_database(pg_admin_dsn, name)
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import zlib
 
-import helpers
 import numpy as np
 import psycopg
 import pytest
 
 from storetopics import api, refresh, tokens
+from tests import helpers
 
 DIM = 24
 TOPICS = {

@@ -6,8 +6,9 @@ import random
 import threading
 import time
 
-import helpers
 import psycopg
+
+from tests import helpers
 
 WORDS = ["kitchen", "renovation", "tiles", "plumbing", "bathroom", "garden", "fence", "roof", "paint", "floor",
          "the", "and", "running", "runs"]

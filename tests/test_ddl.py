@@ -8,9 +8,10 @@ second is the same database with the event triggers disabled.
 """
 from __future__ import annotations
 
-import helpers
 import psycopg
 import pytest
+
+from tests import helpers
 
 ROWS = [("kitchen", 1, "kitchen renovation with new tiles", '{"store": "kitchen"}'),
         ("kitchen", 2, "cabinets and a new kitchen sink", '{"store": "kitchen"}'),

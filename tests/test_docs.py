@@ -33,14 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-import helpers
 import psycopg
 import pytest
 from psycopg import conninfo
 
-from lab import testing
 from storetopics import cli as st_cli
 from storetopics import install as st_install
+from tests import harness, helpers
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -174,7 +173,8 @@ def library_tables(conn: psycopg.Connection, dsn: str) -> None:
     from llama_index.vector_stores.postgres import PGVectorStore as LlamaPGVectorStore
     from sqlalchemy import create_engine
     from sqlalchemy.pool import NullPool
-    from test_libraries import GARAGE, KITCHEN
+
+    from tests.test_libraries import GARAGE, KITCHEN
 
     def docs(files):
         return [Document(page_content=t, metadata={"source": f}) for f, texts in files.items() for t in texts]
@@ -414,9 +414,9 @@ def _argv(cmd: str) -> list[str]:
 @contextlib.contextmanager
 def pg_cron_database():
     """A database `app` with storetopics, on a cluster of its own whose pg_cron scheduler runs in `app`."""
-    if not testing.pg_cron_installed():
+    if not harness.pg_cron_installed():
         pytest.skip("pg_cron is not installed (make setup installs postgresql-15-cron)")
-    with testing.cluster(testing.pg_cron_settings("app")) as pg:
+    with harness.cluster(harness.pg_cron_settings("app")) as pg:
         admin = pg.dsn("postgres")
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute("CREATE DATABASE app")
@@ -427,11 +427,11 @@ def pg_cron_database():
 
 @contextlib.contextmanager
 def database(pg_admin_dsn: str, template: str | None):
-    name = testing.create_database(pg_admin_dsn, template=template, prefix="docs")
+    name = harness.create_database(pg_admin_dsn, template=template, prefix="docs")
     try:
-        yield testing.with_db(pg_admin_dsn, name)
+        yield harness.with_db(pg_admin_dsn, name)
     finally:
-        testing.drop_database(pg_admin_dsn, name)
+        harness.drop_database(pg_admin_dsn, name)
 
 
 RAN: Counter = Counter()

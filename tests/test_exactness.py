@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import itertools
 
-import helpers
 import psycopg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests import helpers
 
 # Small vocabularies so that terms, files and stores collide: run/runs/running share a stem, stopwords vanish.
 WORDS = ["apple", "apples", "banana", "cherry", "run", "running", "runs", "the", "and", "42", "kitchen", "tile",

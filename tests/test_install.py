@@ -6,12 +6,11 @@ import re
 import subprocess
 from pathlib import Path
 
-import helpers
 import psycopg
 import pytest
 
-from lab import testing
 from storetopics import install as st_install
+from tests import harness, helpers
 
 VERSION = st_install.default_version()
 
@@ -31,9 +30,9 @@ PUBLIC_EXECUTE = {"_usable_text(text)", "_dehyphenated(text)", "_showable_term(t
 @pytest.fixture
 def fresh_db(pg_admin_dsn):
     """A database with nothing installed (not even pgvector)."""
-    name = testing.create_database(pg_admin_dsn, prefix="st_fresh")
-    yield testing.with_db(pg_admin_dsn, name)
-    testing.drop_database(pg_admin_dsn, name)
+    name = harness.create_database(pg_admin_dsn, prefix="st_fresh")
+    yield harness.with_db(pg_admin_dsn, name)
+    harness.drop_database(pg_admin_dsn, name)
 
 
 def _connect(dsn):
@@ -90,7 +89,7 @@ def test_sql_backfill_tells_a_dba_only_its_own_notices(make_db, plpython):
     """SELECT storetopics.backfill() in psql (client_min_messages notice): its own NOTICEs (what it folded, that
     clustering needs plpython3u, how long it took), none about its temp tables (was: 'table "storetopics_new_terms"
     does not exist, skipping', the same for storetopics_mined and storetopics_assign; issue 31)."""
-    from test_clusters import base_rows, insert, setup_table
+    from tests.test_clusters import base_rows, insert, setup_table
     with _connect(make_db(plpython=plpython)) as conn:
         setup_table(conn)
         insert(conn, base_rows(files=6))

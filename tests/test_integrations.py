@@ -21,7 +21,6 @@ import sys
 import uuid
 from pathlib import Path
 
-import helpers
 import psycopg
 import pytest
 from langchain_core.embeddings import DeterministicFakeEmbedding
@@ -41,7 +40,12 @@ from psycopg import conninfo
 from pydantic import Field
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
-from test_libraries import (
+
+from storetopics.integrations import TOOL_NAME, StoreDescription, describe, descriptions, has_catalog, tool_name
+from storetopics.integrations import langchain as st_langchain
+from storetopics.integrations import llamaindex as st_llamaindex
+from tests import helpers
+from tests.test_libraries import (
     DIM,
     GARAGE,
     KITCHEN,
@@ -55,10 +59,6 @@ from test_libraries import (
     n_chunks,
     sa_url,
 )
-
-from storetopics.integrations import TOOL_NAME, StoreDescription, describe, descriptions, has_catalog, tool_name
-from storetopics.integrations import langchain as st_langchain
-from storetopics.integrations import llamaindex as st_llamaindex
 
 PREFIX = "Acme's internal documents."
 

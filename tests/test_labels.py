@@ -6,7 +6,6 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from lab.fakes.messages import MessagesServer
 from storetopics.labels import (
     AnthropicLabeler,
     ClusterInput,
@@ -17,6 +16,7 @@ from storetopics.labels import (
     prompt,
     store_prompt,
 )
+from tests.fakes.messages import MessagesServer
 
 CLUSTER = ClusterInput(keywords=["chess", "board", "engine", "opening"],
                        representatives=["A chess engine that plays strong openings.", "Board game for two players."])
@@ -155,9 +155,8 @@ def test_two_stores_with_embeddings_one_whose_terms_are_not_known_yet(make_db, m
     """The catalog's other stores are told to the labeller as '<key>: <first contrastive terms>'; a sibling whose
     topics hold no contrastive term yet is NULL there.  The labelling call goes ahead without it (was: TypeError in
     prompt(), the pass failed)."""
-    from test_clusters import insert, rows_for, setup_table
-
     from storetopics import api, refresh
+    from tests.test_clusters import insert, rows_for, setup_table
     with psycopg.connect(make_db(), autocommit=True) as conn:
         conn.execute("SET client_min_messages = warning")
         source = setup_table(conn)
@@ -284,10 +283,9 @@ def test_a_labeller_that_cannot_work_is_one_clear_error(make_db, monkeypatch, ca
     variable, which extra) and exit status 1: not one failed call, warning and SDK error per cluster."""
     import sys
 
-    from test_cli import assert_one_line_error, run
-    from test_clusters import insert, rows_for, setup_table
-
-    from lab.fakes.chat import ChatCompletionsServer
+    from tests.fakes.chat import ChatCompletionsServer
+    from tests.test_cli import assert_one_line_error, run
+    from tests.test_clusters import insert, rows_for, setup_table
     for name in LLM_ENV:
         monkeypatch.delenv(name, raising=False)
     dsn = make_db()

@@ -1,5 +1,5 @@
 """The OpenAI-compatible labeller through the real `openai` SDK against a local server that speaks the Chat
-Completions API (lab.fakes.chat: what OpenAI, Ollama, vLLM or a LiteLLM proxy answer; no mocked client objects):
+Completions API (tests.fakes.chat: what OpenAI, Ollama, vLLM or a LiteLLM proxy answer; no mocked client objects):
 the same prompt and checks as the Anthropic labeller, token usage, every failure a LabelError, and end to end in a
 real Postgres, the label, the ledger and the backoff."""
 from __future__ import annotations
@@ -11,9 +11,7 @@ from decimal import ROUND_HALF_UP, Decimal
 
 import psycopg
 import pytest
-from test_clusters import base_rows, insert, setup_table, summary
 
-from lab.fakes.chat import ChatCompletionsServer, prompt_of, token_count
 from storetopics import api, refresh
 from storetopics.labels import (
     AnthropicLabeler,
@@ -26,6 +24,8 @@ from storetopics.labels import (
     prompt,
     store_prompt,
 )
+from tests.fakes.chat import ChatCompletionsServer, prompt_of, token_count
+from tests.test_clusters import base_rows, insert, setup_table, summary
 
 CLUSTER = ClusterInput(keywords=["chess", "board", "engine", "opening"],
                        representatives=["A chess engine that plays strong openings.", "Board game for two players."],

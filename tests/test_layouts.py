@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import uuid
 
-import helpers
 import pytest
+
+from tests import helpers
 
 RECIPES = ["pasta with tomato sauce and garlic", "tomato soup with basil and garlic bread",
            "fresh pasta dough, knead and rest", "garlic butter for the pasta"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import uuid
 
-import helpers
 import pytest
 from langchain_core.documents import Document
 from langchain_core.embeddings import DeterministicFakeEmbedding
@@ -25,6 +24,8 @@ from llama_index.vector_stores.postgres import PGVectorStore as LlamaPGVectorSto
 from psycopg import conninfo
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
+
+from tests import helpers
 
 DIM = 8
 # file -> its chunks

@@ -24,10 +24,11 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import helpers
 import psycopg
 import pytest
 from psycopg import conninfo
+
+from tests import helpers
 
 pytest.importorskip("mcp", reason="the MCP server needs the extra `mcp`")
 

@@ -26,10 +26,10 @@ pytest.importorskip("mcp", reason="the MCP server needs the extra `mcp`")
 import anyio  # noqa: E402
 import httpx  # noqa: E402
 from mcp.client.session import ClientSession  # noqa: E402
-from test_mcp import REPO, TIMEOUT, _json, _setup, _tools  # noqa: E402
 
 from storetopics import cli  # noqa: E402
 from storetopics import mcp as st_mcp  # noqa: E402
+from tests.test_mcp import REPO, TIMEOUT, _json, _setup, _tools  # noqa: E402
 
 TOKEN = "s3cret-token-for-the-tests-0123456789"
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}

@@ -8,12 +8,12 @@ import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
-import helpers
 import psycopg
 import pytest
 from psycopg import conninfo
 
 from storetopics import install as st_install
+from tests import helpers
 
 EXPORTER_FILE = Path(__file__).resolve().parents[1] / "docker" / "postgres_exporter-queries.yaml"
 

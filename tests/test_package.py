@@ -256,9 +256,9 @@ def _python(env: Path, code: str) -> subprocess.CompletedProcess:
 def wheel_db(pg_admin_dsn):
     """A database with pgvector and a table `docs` (3-d embeddings, 12 files of one store), storetopics not yet
     installed."""
-    from lab import testing
-    name = testing.create_database(pg_admin_dsn, prefix="wheel")
-    dsn = testing.with_db(pg_admin_dsn, name)
+    from tests import harness
+    name = harness.create_database(pg_admin_dsn, prefix="wheel")
+    dsn = harness.with_db(pg_admin_dsn, name)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION vector")
         conn.execute("CREATE TABLE docs (id serial PRIMARY KEY, store text, file text, content text, "
@@ -267,7 +267,7 @@ def wheel_db(pg_admin_dsn):
                      "SELECT 'garden', 'f' || (g % 12), 'roses tulips compost soil watering pruning ' || g, "
                      "ARRAY[1 + g % 3, 1, g % 5]::vector FROM generate_series(1, 60) g")
     yield dsn
-    testing.drop_database(pg_admin_dsn, name)
+    harness.drop_database(pg_admin_dsn, name)
 
 
 def test_the_requirements_of_each_extra_are_what_the_code_imports(wheel):
@@ -338,8 +338,8 @@ def test_the_wheel_with_all_extras_clusters_labels_and_serves(venvs, wheel_db):
     """storetopics[all]: the wheel and what its extras ask for, nothing else: clusters (cluster), labels from the
     Anthropic and OpenAI-compatible labellers (the local fake servers), the MCP SDK, the LangChain and LlamaIndex
     helpers."""
-    from lab.fakes.chat import ChatCompletionsServer
-    from lab.fakes.messages import MessagesServer
+    from tests.fakes.chat import ChatCompletionsServer
+    from tests.fakes.messages import MessagesServer
     env = venvs("all")
     r = _python(env, "import storetopics.mcp, mcp.server.lowlevel, storetopics.integrations.langchain, "
                      "storetopics.integrations.llamaindex, sklearn, scipy.optimize; print(storetopics.mcp.__file__)")

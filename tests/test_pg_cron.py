@@ -17,12 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-import helpers
 import psycopg
 import pytest
 
-from lab import testing
 from storetopics import install as st_install
+from tests import harness, helpers
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = """SELECT cron.schedule('storetopics-refresh', '* * * * *',
@@ -134,10 +133,10 @@ def test_status_shows_the_refresh(dsn, conn):
     assert line.split()[1:2] == ["no"] and line.split()[-4:] == ["1", "1", "0", "0"], line   # alive no; 1 pass
 
 
-@pytest.mark.skipif(not testing.pg_cron_installed(), reason="pg_cron is not installed (make setup installs "
+@pytest.mark.skipif(not harness.pg_cron_installed(), reason="pg_cron is not installed (make setup installs "
                     "postgresql-15-cron)")
 def test_a_pg_cron_job_runs_the_refresh():
-    with testing.cluster(testing.pg_cron_settings("app")) as pg:
+    with harness.cluster(harness.pg_cron_settings("app")) as pg:
         with psycopg.connect(pg.dsn(), autocommit=True) as c:
             c.execute("CREATE DATABASE app")    # (pg_cron's launcher retries until it exists)
         dsn = pg.dsn("app")

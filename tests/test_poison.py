@@ -6,11 +6,11 @@ from __future__ import annotations
 import random
 import string
 
-import helpers
 import psycopg
 import pytest
 
 from storetopics import worker as st_worker
+from tests import helpers
 
 
 def _rand(n: int, seed: int = 1) -> str:

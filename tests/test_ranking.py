@@ -2,7 +2,7 @@
 people's names do not flood the distinctive list."""
 from __future__ import annotations
 
-from helpers import attach_chunks, backfill, create_chunks
+from tests.helpers import attach_chunks, backfill, create_chunks
 
 RENOVATION = ("kitchen renovation bathroom tiles cabinets plumbing flooring paint contractor budget wall ceiling "
               "window door insulation roof garden patio lighting electrician permit estimate quote carpenter "

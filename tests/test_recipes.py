@@ -9,10 +9,11 @@ Attached after the data exists and before; additions show; deleting them restore
 leaves the application's tables as they were.  Roles (non-superuser owner and worker) are in test_roles.py."""
 from __future__ import annotations
 
-import helpers
 import psycopg
 import pytest
-from test_libraries import GARAGE, KITCHEN, STARS, check
+
+from tests import helpers
+from tests.test_libraries import GARAGE, KITCHEN, STARS, check
 
 HAND_DDL = """
 CREATE TABLE stores (id int PRIMARY KEY, name text NOT NULL, store_topics text);

@@ -1,5 +1,5 @@
 """Routers on a streaming replica (issue 34): a throwaway primary and a hot standby made from it with
-`pg_basebackup -R` (lab.testing.replica), both on unix sockets.  Attached and written on the primary:
+`pg_basebackup -R` (tests.harness.replica), both on unix sockets.  Attached and written on the primary:
 
 * on the standby, a reader role (granted on the primary by an administrator with storetopics.grant_read) gets the
   same catalog(), route(), route_text() and search() answers as on the primary, and `storetopics status`/`show` work;
@@ -18,14 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-import helpers
 import psycopg
 import pytest
 from psycopg import conninfo
 
-from lab import testing
 from storetopics import api
 from storetopics import install as st_install
+from tests import harness, helpers
 
 REPO = Path(__file__).resolve().parents[1]
 STORES = {"games": {"chess": "chess opening gambit endgame bishop knight checkmate rook",
@@ -48,7 +47,7 @@ class Replica:
 def replica():
     # synchronous_commit on (the default; the throwaway clusters turn it off): a commit is sent to the standby at
     # once, as in production, not when the WAL writer next flushes
-    with testing.replica({"synchronous_commit": "on"}) as (primary, standby):
+    with harness.replica({"synchronous_commit": "on"}) as (primary, standby):
         with psycopg.connect(primary.dsn(), autocommit=True) as c:
             c.execute("CREATE DATABASE app")
         dsn = primary.dsn("app")
@@ -67,7 +66,7 @@ def replica():
             conn.execute("SELECT storetopics.grant_read('router')")
             conn.execute("GRANT SELECT ON chunks TO router")
         rep = Replica(dsn, standby.dsn("app"), source)
-        testing.replayed(rep.primary, rep.standby)
+        harness.replayed(rep.primary, rep.standby)
         yield rep
 
 
@@ -141,8 +140,9 @@ def test_replica_lag_from_a_render_on_the_primary_to_the_standbys_catalog(replic
 def test_storetopics_mcp_on_the_standby_polls_and_announces_changes(replica):
     pytest.importorskip("mcp", reason="the MCP server needs the extra `mcp`")
     import anyio
-    import test_mcp
     from mcp import types
+
+    from tests import test_mcp
 
     router_standby = replica.as_(replica.standby, "router")
 

@@ -9,12 +9,13 @@
 Both install paths (extension and plain script) are exercised."""
 from __future__ import annotations
 
-import helpers
 import psycopg
 import pytest
 from psycopg import conninfo
-from test_libraries import GARAGE, KITCHEN, STARS
-from test_recipes import HAND_ATTACH, HAND_DDL
+
+from tests import helpers
+from tests.test_libraries import GARAGE, KITCHEN, STARS
+from tests.test_recipes import HAND_ATTACH, HAND_DDL
 
 
 def as_role(dsn: str, role: str) -> psycopg.Connection:

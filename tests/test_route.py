@@ -7,13 +7,13 @@ import hashlib
 import math
 import re
 
-import helpers
 import numpy as np
 import psycopg
 import pytest
 
 from storetopics import api
 from storetopics import tokens as st_tokens
+from tests import helpers
 
 TOOL = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 KAPPA = 20

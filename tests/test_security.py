@@ -16,10 +16,11 @@ import os
 import re
 import uuid
 
-import helpers
 import psycopg
 import pytest
 from psycopg import conninfo
+
+from tests import helpers
 
 
 def _connect(dsn: str, role: str | None = None) -> psycopg.Connection:
@@ -707,10 +708,9 @@ HOSTILE_ANSWERS = [
 def test_hostile_llm_labels_never_reach_store_topics(make_db, monkeypatch):
     """End to end: the Anthropic labeller through the real SDK against the local Messages API server answers with
     hostile labels; record_label refuses them (the ledger says why), the offline label is shown instead."""
-    from test_clusters import base_rows, insert, setup_table
-
-    from lab.fakes.messages import MessagesServer
     from storetopics import api
+    from tests.fakes.messages import MessagesServer
+    from tests.test_clusters import base_rows, insert, setup_table
     with MessagesServer() as server, psycopg.connect(make_db(), autocommit=True) as conn:
         monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
         monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")

@@ -8,10 +8,10 @@ import os
 import subprocess
 import sys
 
-import helpers
 import psycopg
 
 from storetopics import api, refresh
+from tests import helpers
 
 OWN = {"cooking": "recipe oven flour", "sailing": "boat wind harbour", "chess": "pawn rook gambit",
        "music": "chord melody tempo"}

@@ -7,10 +7,10 @@ import json
 import random
 from pathlib import Path
 
-import helpers
 import pytest
 
 from storetopics import api, tokens
+from tests import helpers
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import threading
 import time
 
-import helpers
 import psycopg
 import pytest
-from test_install import _catalog
 
-from lab import demo, testing
+from lab import demo
 from storetopics import install as st_install
+from tests import harness, helpers
+from tests.test_install import _catalog
 
 STORES = ("games", "science", "mail")
 PER_STORE = 60
@@ -24,9 +24,9 @@ def database(pg_admin_dsn):
     created = []
 
     def make(prefix: str) -> str:
-        name = testing.create_database(pg_admin_dsn, prefix=prefix)
+        name = harness.create_database(pg_admin_dsn, prefix=prefix)
         created.append(name)
-        dsn = testing.with_db(pg_admin_dsn, name)
+        dsn = harness.with_db(pg_admin_dsn, name)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION vector")
             conn.execute("CREATE EXTENSION plpython3u")   # 0.1's backfill() clusters inside the database
@@ -34,7 +34,7 @@ def database(pg_admin_dsn):
 
     yield make
     for name in created:
-        testing.drop_database(pg_admin_dsn, name)
+        harness.drop_database(pg_admin_dsn, name)
 
 
 def _install(dsn: str, how: str, version: str | None) -> None:

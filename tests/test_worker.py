@@ -25,9 +25,9 @@ import numpy as np
 import psycopg
 import pytest
 
-from lab.fakes.messages import MessagesServer
 from lab.localpg import LocalPostgres
 from storetopics import install as st_install
+from tests.fakes.messages import MessagesServer
 
 DIM = 16
 WORDS = {

@@ -2,7 +2,7 @@
 
 A sample of the routing stores (DEFAULT_STORES; all with stores=None) is built a second time in its own table with the Anthropic labeller configured
 (`storetopics.configure(table, '{"labeller": "anthropic"}')`), the real `anthropic` SDK talking to the local
-Messages API server (lab.fakes.messages: no LLM is reachable from here; it answers like a small model).
+Messages API server (tests.fakes.messages: no LLM is reachable from here; it answers like a small model).
 Three phases, each followed by the CLI backfill (fit when due, label what is due, render):
   initial  every store built from scratch;
   churn    10% of each store's files deleted and as many other packages of the same section inserted;
@@ -64,7 +64,7 @@ DEFAULT_STORES = ("editors", "games", "kde", "math", "perl", "sound")  # a sampl
 
 def run(dsn: str, cfg: RoutingConfig, embedder, log=print, churn_share: float = 0.1,
         stores: tuple[str, ...] | None = DEFAULT_STORES) -> dict:
-    from ..fakes.messages import MessagesServer
+    from tests.fakes.messages import MessagesServer
 
     with pg.connect(dsn) as conn:
         if conn.execute("SELECT to_regclass('storetopics.label_ledger')").fetchone()[0] is None:

@@ -1,4 +1,4 @@
-"""The real Postgres the evaluated stores live in: a throwaway cluster (lab.testing.server, like the tests
+"""The real Postgres the evaluated stores live in: a throwaway cluster (tests.harness.server, like the tests
 and `make bench`) or an existing server ($STORETOPICS_TEST_DSN), a fresh database with vector + storetopics, and
 chunk tables attached with storetopics.attach and summarised with the CLI's backfill (fold + render)."""
 from __future__ import annotations
@@ -12,16 +12,15 @@ import psycopg
 
 from storetopics import api
 from storetopics import install as st_install
-
-from .. import testing
+from tests import harness
 
 
 @contextlib.contextmanager
 def database(log=print) -> Iterator[str]:
     """Yields the DSN of a new database with vector and storetopics installed; dropped afterwards."""
-    with testing.server() as admin:
-        name = testing.create_database(admin, prefix="eval")
-        dsn = testing.with_db(admin, name)
+    with harness.server() as admin:
+        name = harness.create_database(admin, prefix="eval")
+        dsn = harness.with_db(admin, name)
         try:
             try:
                 st_install.install(dsn, extension=True, log=lambda *a: None)
@@ -33,7 +32,7 @@ def database(log=print) -> Iterator[str]:
             log(f"  storetopics installed ({how}) in database {name}")
             yield dsn
         finally:
-            testing.drop_database(admin, name)
+            harness.drop_database(admin, name)
 
 
 def connect(dsn: str) -> psycopg.Connection:

@@ -15,9 +15,9 @@
 -- Every regular expression runs under COLLATE "C" and names its characters by code point (PostgreSQL's regular
 -- expressions know no Unicode scripts), so the result is the same in every database locale; the database must be
 -- UTF8 (normalize() needs it).  The patterns are constants: each is compiled once per backend and cached (the cache
--- holds 32 patterns; this file uses 23).  Cost, measured: about 0.1 ms for a short ASCII label, 0.3 ms for a line of
--- 50-60 characters; ASCII text skips the Unicode steps, and most patterns run only when a word they need is there
--- (the gates, above _screen_rules_en_routing).
+-- holds 32 patterns; this file uses 23).  Cheap enough for every label and line it is asked about: ASCII text skips
+-- the Unicode steps, and most patterns run only when a word they need is there (the gates, above
+-- _screen_rules_en_routing; bench/README.md has the cost per call).
 
 -- why: lower() under COLLATE "C" folds ASCII only; the capitals the checks read (Greek, Cyrillic, a few Latin ones
 -- NFD does not split) are folded here, so the result does not depend on the database's LC_CTYPE.

@@ -66,8 +66,8 @@ END $$;
 --   joined to the rows by store, as is each file's mean.
 --   ks by store (apply_fit: every file of one store): the one store's clusters as init plans, evaluated once and
 --   passed to the parallel workers, and _assign turns hash joins off, so each row finds its file's mean through
---   file_means' index.  Hashed, all the means of a large store were one shared hash table that every process of
---   the query held, growing with the store's files (bench/README.md has the figures).
+--   file_means' index.  Hashed, all the means of a large store would be one shared hash table that every process
+--   of the query holds, growing with the store's files (bench/README.md has the figures).
 CREATE OR REPLACE FUNCTION storetopics._assign_sql(src storetopics.sources) RETURNS text[]
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -175,8 +175,8 @@ RETURN (
 -- A store's sample for a fit, in parts: part 0 carries everything (the settings, the sample's size n and dimension,
 -- the previous fit's clusters, the sampling method, the fit generation it was read at) and the first vectors; parts
 -- 1, 2, ... carry only the next vectors (concatenated pgvector binary sends, `part_size` of them per part) and their
--- chunk refs.  Parts keep every message and every allocation small: one 50k x 1536-d bytea made the worker's
--- client library hold the sample three times (1.9 GB peak); read part by part it is held once.
+-- chunk refs.  Parts keep every message and every allocation small: a client library holds one large bytea
+-- several times over while it decodes it; read part by part the sample is held once (bench/README.md).
 CREATE OR REPLACE FUNCTION storetopics._fit_input(p_source int, p_store text, part_size int DEFAULT 4096)
 RETURNS TABLE (part int, settings jsonb, dim int, n int, vectors bytea, refs text[], old_ids int[],
                old_centroids bytea, old_radii real[], method text, generation int, space text)
@@ -263,7 +263,7 @@ END $$;
 -- over its chunks) and the cluster sizes are recounted.  Compare-and-set: if another fit was applied since the
 -- input was read, nothing is written.  Returns a jsonb report.
 -- (Joins between a store's files and the pass's result are hashed: right after a big fold file_terms has no
--- statistics yet, and the planner's nested loop over both was orders of magnitude slower.)
+-- statistics yet, and the nested loop the planner would then choose is quadratic in the store's files.)
 CREATE OR REPLACE FUNCTION storetopics._apply_fit(p_source int, p_store text, p_fit jsonb) RETURNS jsonb
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET enable_nestloop = off SET jit = off
 AS $$
@@ -387,7 +387,7 @@ END $$;
 -- files per cluster, the most committed first, ties by a hash of the key); tf(t, cluster) x log(1 + A / f(t)), A = average words per cluster, f(t) = count of t in all
 -- clusters.  A term must occur in two of the cluster's files (one file's names are not the cluster's theme).
 -- p_clusters: the clusters to update (NULL: all of the store).  No JIT, as for storetopics._mine_phrases: estimates
--- over unnested arrays are off by orders of magnitude, and the compilation took longer than the statement.
+-- over unnested arrays are far too high, and buy a compilation that takes longer than the statement.
 CREATE OR REPLACE FUNCTION storetopics._cluster_keywords(p_source int, p_store text, p_clusters int[] DEFAULT NULL,
                                               n_words int DEFAULT 15) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
@@ -423,7 +423,7 @@ BEGIN
   ), scored AS (
     -- (a store that is one theme has one cluster: its words are then simply its most frequent ones).  No factor
     -- for the term's rarity in the store: a word every file of the store shares ("perl" in a Perl store) is what
-    -- tells this store from others, and the routing benchmark lost 7 points of top-1 when labels lost such words.
+    -- tells this store from others, so labels must keep such words to route (bench/README.md, "Tried and not kept").
     SELECT ct.cluster_id, x.lexeme,
            CASE WHEN a.clusters = 1 THEN ct.n ELSE ct.n / s.size * ln(1 + a.avg / t.total) END AS score
       FROM ct JOIN tot t USING (term_id) JOIN sizes s USING (cluster_id) JOIN shown x ON x.term_id = ct.term_id,

@@ -60,8 +60,8 @@ END;
 -- the other groups (log(1 + groups / groups holding it)).  Shown in its most common spelling.  After those rank the
 -- runs that occur in a single file, then single weighted words ("debootstrap", "Docker"), which a keyword-only
 -- store's topics take rather than none.
--- No JIT: planned over temp tables and unnested arrays, these statements are estimated at up to 10^9 rows (they
--- have ~10^4-10^5), which buys them an LLVM compilation that takes longer than they run (bench/README.md).
+-- No JIT: planned over temp tables and unnested arrays, these statements are estimated at orders of magnitude more
+-- rows than they have, which buys them an LLVM compilation that takes longer than they run (bench/README.md).
 CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE

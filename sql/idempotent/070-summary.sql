@@ -61,15 +61,14 @@ RETURN coalesce((SELECT mode() WITHIN GROUP (ORDER BY storetopics._script(x.lexe
 --       store's own distribution (robust z-score >= 3.5) give their top terms by count x IDF.  This is how one football
 --       file among 100k renovation files surfaces: ranked per file, not on store-wide sums.  A file the clustering also
 --       finds apart (every chunk beyond its nearest cluster's radius) needs only z >= 2.5: two independent signals,
---       each moderately extreme (measured in Debian's haskell section: packages planted from other sections mostly had
---       z 2.5-4.4 with every chunk outside the clusters; 2 of the section's own 1,076 files had both).  Up to 3
---       such files are shown, those both signals find apart first, then the most novel.  A store made of one-off
---       tokens (names) has no outlier file, so its names do not flood the list;
+--       each moderately extreme: a file planted from elsewhere usually shows both, a store's own file rarely does
+--       (bench/README.md).  Up to 3 such files are shown, those both signals find apart first, then the most
+--       novel.  A store made of one-off tokens (names) has no outlier file, so its names do not flood the list;
 --     * recurring dense terms: (total_sq / total) x IDF, for terms in at least three files whose occurrences come
 --       in clusters (total_sq / total >= 2, i.e. one-off mentions are ignored; a name two files share is not a
 --       theme).
--- No merge joins: the planner cannot know how long the arrays are, so it sorted every (file, term) pair of the store
--- by term to merge them with the store's terms; hashing the terms streams the pairs instead (bench/README.md).
+-- No merge joins: the planner cannot know how long the arrays are, so it would sort every (file, term) pair of the
+-- store by term to merge them with the store's terms; hashing the terms streams the pairs instead (bench/README.md).
 CREATE OR REPLACE FUNCTION storetopics._keywords(p_source int, p_store text, n_dominant int DEFAULT 10,
                                      n_distinctive int DEFAULT 8)
 RETURNS TABLE (kind text, rank int, lexeme text, score float8, files int, total bigint, file_key text)

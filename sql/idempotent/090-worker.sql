@@ -176,7 +176,7 @@ END $$;
 
 -- Seconds until a store or a source can next be claimed (0: now; NULL: nothing dirty): how long a worker with
 -- nothing to do may sleep before polling again (it also wakes on NOTIFY storetopics_dirty).  (NULL stays NULL:
--- greatest(0, NULL) is 0, which had an idle worker poll every 50 ms.)
+-- greatest(0, NULL) is 0, which would have an idle worker poll without rest.)
 CREATE OR REPLACE FUNCTION storetopics._next_due() RETURNS float8
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN (SELECT greatest(0, extract(epoch FROM d.due - now()))

@@ -123,9 +123,9 @@ END $$;
 -- store scores above one near a single small cluster).  This form and kappa = 20 were chosen on the tuning half of
 -- the routing evaluation (lab/evaluation: report.md, "Retrieve or not"), against the best cluster's cosine alone,
 -- the cosine with a share prior, kappa 10 and 40, and scores relative to the cluster's radius (1 - d / radius,
--- radius - d, with and without the share): within 0.01 of the best abstention F1 there and a point of the best
--- top-1; the radius-relative scores were 14-17 points worse in top-1 (a radius is the 95th percentile of the member
--- chunks' distances in their files' context, which a query is not).  cluster_id is the cluster that weighs most in the sum
+-- radius - d, with and without the share; the figures: bench/README.md, "Tried and not kept").  Radius-relative
+-- scores route worst: a radius is the 95th percentile of the member chunks' distances in their files' context,
+-- which a query is not.  cluster_id is the cluster that weighs most in the sum
 -- (ties: the lower id), distance its cosine distance, within_radius whether the query lies inside its radius; label
 -- its label as the summary shows it.
 -- search: the score reaches the store's source's route_threshold (settings); false on every row means no store
@@ -214,9 +214,9 @@ COMMENT ON FUNCTION storetopics.route(vector, int, text) IS
 -- the query likelihood's log ratio per query word (Jelinek-Mercer smoothing, lambda 1/2): above 0 when the store
 -- holds the query's words more than the others do, ln(1/2) for each it lacks; a lexeme no listed store holds counts
 -- in the denominator only (a query of words no store has, or of no words, scores 0 everywhere).  This smoothing and
--- lambda were chosen on the tuning half of the routing evaluation's queries (a one-off comparison, not part of
--- `make eval`), against Dirichlet smoothing (mu 100 to 10,000) and lambda 0.8 and 0.95: all within two points in
--- top-1; this one had the best abstention F1 carried to the other half, and does not depend on the stores' sizes.  A store alone in the list is its own background: it scores 0 whatever the query (a
+-- lambda were chosen on the tuning half of the routing evaluation's queries, against Dirichlet smoothing and other
+-- lambdas (bench/README.md, "Tried and not kept"): as good at top-1, the best abstention F1 on the other half too,
+-- and independent of the stores' sizes.  A store alone in the list is its own background: it scores 0 whatever the query (a
 -- ratio needs something to be told apart from; route() has no such limit).  One index probe per listed store and
 -- query lexeme (the words a store has no row for score ln(1/2) each: only the rows it has are read).  label: the query's word that
 -- weighs most for the store, as people write it (NULL when none weighs for it); cluster_id, distance and

@@ -64,7 +64,7 @@ BEGIN
         EXECUTE FUNCTION storetopics._forget_dropped_tables();
     END IF;
     ALTER EVENT TRIGGER storetopics_forget_dropped_tables ENABLE;
-    DROP EVENT TRIGGER IF EXISTS storetopics_cover_partitions;   -- (an earlier build of 0.2; _follow_ddl does it)
+    DROP EVENT TRIGGER IF EXISTS storetopics_cover_partitions;   -- (where a pre-release 0.2 made it; _follow_ddl covers partitions)
     DROP FUNCTION IF EXISTS storetopics._cover_partitions();
     DROP EVENT TRIGGER IF EXISTS storetopics_follow_ddl;         -- made again: its tags may have changed
     CREATE EVENT TRIGGER storetopics_follow_ddl ON ddl_command_end

@@ -1,7 +1,8 @@
-"""Real PostgreSQL servers for tests: a throwaway cluster, or the server named by STORETOPICS_TEST_DSN; a throwaway
-primary with a streaming hot standby (replica()).
+"""Real PostgreSQL servers for the tests, the benchmarks and the evaluation: a throwaway cluster (the demo's
+LocalPostgres in a temp dir), or the server named by STORETOPICS_TEST_DSN; a throwaway primary with a streaming hot
+standby (replica()).
 
-`python -m lab.testing regress` runs the extension's pg_regress suite (`make installcheck`) against a
+`python -m tests.harness regress` runs the extension's pg_regress suite (`make installcheck`) against a
 throwaway cluster.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import psycopg
 from psycopg import conninfo
 
-from .localpg import DEFAULT_BINDIR, LocalPostgres
+from lab.localpg import DEFAULT_BINDIR, LocalPostgres
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -135,5 +136,5 @@ def regress() -> int:
 if __name__ == "__main__":
     if sys.argv[1:] == ["regress"]:
         sys.exit(regress())
-    print("usage: python -m lab.testing regress", file=sys.stderr)
+    print("usage: python -m tests.harness regress", file=sys.stderr)
     sys.exit(2)

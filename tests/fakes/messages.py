@@ -125,7 +125,7 @@ class MessagesServer:
         self.stop()
 
 
-if __name__ == "__main__":  # python -m lab.fakes.messages [port]
+if __name__ == "__main__":  # python -m tests.fakes.messages [port]
     import sys
 
     srv = MessagesServer(port=int(sys.argv[1]) if len(sys.argv) > 1 else 8765).start()

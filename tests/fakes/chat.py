@@ -179,7 +179,7 @@ class ChatCompletionsServer:
         self.stop()
 
 
-if __name__ == "__main__":  # python -m lab.fakes.chat [port]
+if __name__ == "__main__":  # python -m tests.fakes.chat [port]
     import sys
 
     srv = ChatCompletionsServer(port=int(sys.argv[1]) if len(sys.argv) > 1 else 8766).start()
