@@ -100983,9 +100983,9 @@ COMMENT ON FUNCTION storetopics._tsvector_or_null(regconfig, text) IS
 -- Every regular expression runs under COLLATE "C" and names its characters by code point (PostgreSQL's regular
 -- expressions know no Unicode scripts), so the result is the same in every database locale; the database must be
 -- UTF8 (normalize() needs it).  The patterns are constants: each is compiled once per backend and cached (the cache
--- holds 32 patterns; this file uses 23).  Cost, measured: about 0.1 ms for a short ASCII label, 0.3 ms for a line of
--- 50-60 characters; ASCII text skips the Unicode steps, and most patterns run only when a word they need is there
--- (the gates, above _screen_rules_en_routing).
+-- holds 32 patterns; this file uses 23).  Cheap enough for every label and line it is asked about: ASCII text skips
+-- the Unicode steps, and most patterns run only when a word they need is there (the gates, above
+-- _screen_rules_en_routing; bench/README.md has the cost per call).
 
 -- why: lower() under COLLATE "C" folds ASCII only; the capitals the checks read (Greek, Cyrillic, a few Latin ones
 -- NFD does not split) are folded here, so the result does not depend on the database's LC_CTYPE.
@@ -103160,7 +103160,7 @@ BEGIN
   END IF;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'storetopics: the table of source % was dropped', p_source USING ERRCODE = 'undefined_table',
-      HINT = format('Forget it with SELECT storetopics._detach_source(%s).', p_source);
+      HINT = 'Forget it with SELECT * FROM storetopics.detach_dropped().';
   ELSIF v_owner <> src.owner THEN
     RAISE EXCEPTION 'storetopics: source %: the owner of % is now %, not % who attached it', p_source, src.chunks,
       v_owner::regrole, src.owner USING ERRCODE = 'insufficient_privilege',
@@ -103492,6 +103492,14 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN storetopics.default_settings() || coalesce((SELECT s.settings FROM storetopics.sources s WHERE s.id = p_source),
                                                   '{}');
 
+-- Whether a source's stores get their labels from an LLM (its labeller is not 'offline'): the one place that decides
+-- it.  What asks for, waits on or shows an LLM label asks this (labels_due, store_labels_due, the store labels' gate,
+-- stores_due, the worker's dirty tests, render, metrics), and so does the refresh pass outside the database
+-- (refresh.labeller).  Offline, a label is derived in SQL from the cluster's words and no call is made.
+CREATE OR REPLACE FUNCTION storetopics._llm_labeller(p_source int) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN coalesce(storetopics._settings(p_source) ->> 'labeller', 'offline') <> 'offline';
+
 -- The effective settings of an attached table (for a caller who may act as its owner).
 CREATE OR REPLACE FUNCTION storetopics.settings(chunks regclass) RETURNS jsonb
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -103703,8 +103711,8 @@ END $$;
 --   joined to the rows by store, as is each file's mean.
 --   ks by store (apply_fit: every file of one store): the one store's clusters as init plans, evaluated once and
 --   passed to the parallel workers, and _assign turns hash joins off, so each row finds its file's mean through
---   file_means' index.  Hashed, all the means of a large store were one shared hash table that every process of
---   the query held, growing with the store's files (bench/README.md has the figures).
+--   file_means' index.  Hashed, all the means of a large store would be one shared hash table that every process
+--   of the query holds, growing with the store's files (bench/README.md has the figures).
 CREATE OR REPLACE FUNCTION storetopics._assign_sql(src storetopics.sources) RETURNS text[]
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -103812,8 +103820,8 @@ RETURN (
 -- A store's sample for a fit, in parts: part 0 carries everything (the settings, the sample's size n and dimension,
 -- the previous fit's clusters, the sampling method, the fit generation it was read at) and the first vectors; parts
 -- 1, 2, ... carry only the next vectors (concatenated pgvector binary sends, `part_size` of them per part) and their
--- chunk refs.  Parts keep every message and every allocation small: one 50k x 1536-d bytea made the worker's
--- client library hold the sample three times (1.9 GB peak); read part by part it is held once.
+-- chunk refs.  Parts keep every message and every allocation small: a client library holds one large bytea
+-- several times over while it decodes it; read part by part the sample is held once (bench/README.md).
 CREATE OR REPLACE FUNCTION storetopics._fit_input(p_source int, p_store text, part_size int DEFAULT 4096)
 RETURNS TABLE (part int, settings jsonb, dim int, n int, vectors bytea, refs text[], old_ids int[],
                old_centroids bytea, old_radii real[], method text, generation int, space text)
@@ -103900,7 +103908,7 @@ END $$;
 -- over its chunks) and the cluster sizes are recounted.  Compare-and-set: if another fit was applied since the
 -- input was read, nothing is written.  Returns a jsonb report.
 -- (Joins between a store's files and the pass's result are hashed: right after a big fold file_terms has no
--- statistics yet, and the planner's nested loop over both was orders of magnitude slower.)
+-- statistics yet, and the nested loop the planner would then choose is quadratic in the store's files.)
 CREATE OR REPLACE FUNCTION storetopics._apply_fit(p_source int, p_store text, p_fit jsonb) RETURNS jsonb
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET enable_nestloop = off SET jit = off
 AS $$
@@ -104024,7 +104032,7 @@ END $$;
 -- files per cluster, the most committed first, ties by a hash of the key); tf(t, cluster) x log(1 + A / f(t)), A = average words per cluster, f(t) = count of t in all
 -- clusters.  A term must occur in two of the cluster's files (one file's names are not the cluster's theme).
 -- p_clusters: the clusters to update (NULL: all of the store).  No JIT, as for storetopics._mine_phrases: estimates
--- over unnested arrays are off by orders of magnitude, and the compilation took longer than the statement.
+-- over unnested arrays are far too high, and buy a compilation that takes longer than the statement.
 CREATE OR REPLACE FUNCTION storetopics._cluster_keywords(p_source int, p_store text, p_clusters int[] DEFAULT NULL,
                                               n_words int DEFAULT 15) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
@@ -104060,7 +104068,7 @@ BEGIN
   ), scored AS (
     -- (a store that is one theme has one cluster: its words are then simply its most frequent ones).  No factor
     -- for the term's rarity in the store: a word every file of the store shares ("perl" in a Perl store) is what
-    -- tells this store from others, and the routing benchmark lost 7 points of top-1 when labels lost such words.
+    -- tells this store from others, so labels must keep such words to route (bench/README.md, "Tried and not kept").
     SELECT ct.cluster_id, x.lexeme,
            CASE WHEN a.clusters = 1 THEN ct.n ELSE ct.n / s.size * ln(1 + a.avg / t.total) END AS score
       FROM ct JOIN tot t USING (term_id) JOIN sizes s USING (cluster_id) JOIN shown x ON x.term_id = ct.term_id,
@@ -104216,7 +104224,7 @@ BEGIN ATOMIC
     FROM storetopics.clusters k
    WHERE k.source_id = p_source AND k.store_key = p_store AND k.label_needed AND k.chunks > 0
      AND coalesce(k.label_retry_at, '-infinity') <= now()
-     AND storetopics._settings(p_source) ->> 'labeller' <> 'offline'
+     AND storetopics._llm_labeller(p_source)
    ORDER BY k.chunks DESC, k.cluster_id;
 END;
 
@@ -104386,8 +104394,8 @@ END;
 -- the other groups (log(1 + groups / groups holding it)).  Shown in its most common spelling.  After those rank the
 -- runs that occur in a single file, then single weighted words ("debootstrap", "Docker"), which a keyword-only
 -- store's topics take rather than none.
--- No JIT: planned over temp tables and unnested arrays, these statements are estimated at up to 10^9 rows (they
--- have ~10^4-10^5), which buys them an LLVM compilation that takes longer than they run (bench/README.md).
+-- No JIT: planned over temp tables and unnested arrays, these statements are estimated at orders of magnitude more
+-- rows than they have, which buys them an LLVM compilation that takes longer than they run (bench/README.md).
 CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
@@ -104712,15 +104720,14 @@ RETURN coalesce((SELECT mode() WITHIN GROUP (ORDER BY storetopics._script(x.lexe
 --       store's own distribution (robust z-score >= 3.5) give their top terms by count x IDF.  This is how one football
 --       file among 100k renovation files surfaces: ranked per file, not on store-wide sums.  A file the clustering also
 --       finds apart (every chunk beyond its nearest cluster's radius) needs only z >= 2.5: two independent signals,
---       each moderately extreme (measured in Debian's haskell section: packages planted from other sections mostly had
---       z 2.5-4.4 with every chunk outside the clusters; 2 of the section's own 1,076 files had both).  Up to 3
---       such files are shown, those both signals find apart first, then the most novel.  A store made of one-off
---       tokens (names) has no outlier file, so its names do not flood the list;
+--       each moderately extreme: a file planted from elsewhere usually shows both, a store's own file rarely does
+--       (bench/README.md).  Up to 3 such files are shown, those both signals find apart first, then the most
+--       novel.  A store made of one-off tokens (names) has no outlier file, so its names do not flood the list;
 --     * recurring dense terms: (total_sq / total) x IDF, for terms in at least three files whose occurrences come
 --       in clusters (total_sq / total >= 2, i.e. one-off mentions are ignored; a name two files share is not a
 --       theme).
--- No merge joins: the planner cannot know how long the arrays are, so it sorted every (file, term) pair of the store
--- by term to merge them with the store's terms; hashing the terms streams the pairs instead (bench/README.md).
+-- No merge joins: the planner cannot know how long the arrays are, so it would sort every (file, term) pair of the
+-- store by term to merge them with the store's terms; hashing the terms streams the pairs instead (bench/README.md).
 CREATE OR REPLACE FUNCTION storetopics._keywords(p_source int, p_store text, n_dominant int DEFAULT 10,
                                      n_distinctive int DEFAULT 8)
 RETURNS TABLE (kind text, rank int, lexeme text, score float8, files int, total bigint, file_key text)
@@ -105145,7 +105152,7 @@ BEGIN
   v_screened := v_screened || v_s.dropped;
 
   -- Clusters, largest first, with the label a router sees: the labeller's, or the offline one (a phrase).
-  PERFORM storetopics._render_clusters(src.id, st.store_key, v_cfg ->> 'labeller' = 'offline');
+  PERFORM storetopics._render_clusters(src.id, st.store_key, NOT storetopics._llm_labeller(src.id));
   SELECT coalesce(jsonb_agg(jsonb_build_object(
            'id', k.cluster_id, 'label', k.shown, 'labeller', CASE WHEN k.shown = k.label THEN k.labeller ELSE 'offline' END,
            'phrase', k.phrase, 'share', round(k.share::numeric, 4), 'chunks', k.chunks, 'files', k.files,
@@ -105175,7 +105182,7 @@ BEGIN
                            ORDER BY t.share DESC, t.first LIMIT 8);
   ELSIF src.embedding IS NULL THEN
     -- the LLM labeller's labels for the store (storetopics._record_store_labels), else the phrases mined offline
-    v_topics_from := CASE WHEN v_cfg ->> 'labeller' <> 'offline' AND cardinality(st.store_labels) > 0
+    v_topics_from := CASE WHEN storetopics._llm_labeller(src.id) AND cardinality(st.store_labels) > 0
                           THEN 'labeller' ELSE 'phrases' END;
     SELECT * INTO v_s FROM storetopics._screened(
       CASE WHEN v_topics_from = 'labeller' THEN st.store_labels
@@ -105305,7 +105312,7 @@ DECLARE
   v_terms text[];
 BEGIN
   SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
-  IF NOT FOUND OR st.store_label_needed OR v_cfg ->> 'labeller' = 'offline' OR st.files <= 0 THEN
+  IF NOT FOUND OR st.store_label_needed OR NOT storetopics._llm_labeller(p_source) OR st.files <= 0 THEN
     RETURN 0;
   END IF;
   v_terms := ARRAY(SELECT c.lexeme FROM storetopics._contrast_shown(p_source, p_store, 80) c ORDER BY c.rank LIMIT 15);
@@ -105332,7 +105339,7 @@ BEGIN
   SELECT * INTO st FROM storetopics.store_state s
    WHERE s.source_id = p_source AND s.store_key = p_store AND s.store_label_needed AND s.files > 0
      AND coalesce(s.store_label_retry_at, '-infinity') <= now();
-  IF NOT FOUND OR storetopics._settings(p_source) ->> 'labeller' = 'offline' THEN
+  IF NOT FOUND OR NOT storetopics._llm_labeller(p_source) THEN
     RETURN;
   END IF;
   -- the contrastive terms render shows (so the phrases mined here are those render shows offline, mined once)
@@ -105469,7 +105476,7 @@ BEGIN ATOMIC
                  st.words_version <> st.version
                    AND EXISTS (SELECT 1 FROM storetopics.clusters k
                                 WHERE k.source_id = st.source_id AND k.store_key = st.store_key) AS words,
-                 storetopics._settings(st.source_id) ->> 'labeller' <> 'offline'
+                 storetopics._llm_labeller(st.source_id)
                    AND (EXISTS (SELECT 1 FROM storetopics.clusters k
                                  WHERE k.source_id = st.source_id AND k.store_key = st.store_key AND k.label_needed
                                    AND k.chunks > 0 AND coalesce(k.label_retry_at, '-infinity') <= now())
@@ -105650,7 +105657,7 @@ RETURN EXISTS (SELECT 1 FROM storetopics.pending p
                 WHERE p.source_id = p_source AND (p.store_key = p_store OR p.store_key IS NULL))
     OR EXISTS (SELECT 1 FROM storetopics.store_state st
                 WHERE st.source_id = p_source AND st.store_key = p_store AND storetopics._render_due(st))
-    OR (storetopics._settings(p_source) ->> 'labeller' <> 'offline'
+    OR (storetopics._llm_labeller(p_source)
         AND (EXISTS (SELECT 1 FROM storetopics.clusters k
                       WHERE k.source_id = p_source AND k.store_key = p_store AND k.label_needed AND k.chunks > 0
                         AND k.label_retry_at <= now())
@@ -105684,13 +105691,13 @@ BEGIN
     SELECT k.source_id, k.store_key, min(k.label_retry_at), min(k.label_retry_at), true
       FROM storetopics.clusters k
      WHERE k.label_needed AND k.chunks > 0 AND k.label_retry_at <= now()
-       AND storetopics._settings(k.source_id) ->> 'labeller' <> 'offline'
+       AND storetopics._llm_labeller(k.source_id)
      GROUP BY 1, 2
     UNION ALL
     SELECT st.source_id, st.store_key, st.store_label_retry_at, st.store_label_retry_at, true
       FROM storetopics.store_state st
      WHERE st.store_label_needed AND st.store_label_retry_at <= now()
-       AND storetopics._settings(st.source_id) ->> 'labeller' <> 'offline'
+       AND storetopics._llm_labeller(st.source_id)
   ), agg AS (
     SELECT s.source_id, s.store_key, min(s.first) AS first, max(s.last) AS last, bool_or(s.logged) AS logged
       FROM seen s GROUP BY 1, 2
@@ -105772,7 +105779,7 @@ END $$;
 
 -- Claim up to p_limit due stores for p_worker, leased for p_lease seconds (renewed by worker_heartbeat).
 -- Due: dirty, quiet for `debounce` or dirty for `max_staleness`, its backoff over, its source not paused (nor its
--- table dropped where no event trigger saw it: detach_source() forgets such a source), and no live lease on it.
+-- table dropped where no event trigger saw it: detach_dropped() forgets such a source), and no live lease on it.
 -- Returns the stores with the generation the result is checked against in work_done().
 -- Stores of a source whose last pass over some store failed come after every other due store: a source whose
 -- passes keep failing (a tenant's key expression that runs into the worker's time limit, and a fold fails for every
@@ -105811,7 +105818,7 @@ END $$;
 
 -- Seconds until a store or a source can next be claimed (0: now; NULL: nothing dirty): how long a worker with
 -- nothing to do may sleep before polling again (it also wakes on NOTIFY storetopics_dirty).  (NULL stays NULL:
--- greatest(0, NULL) is 0, which had an idle worker poll every 50 ms.)
+-- greatest(0, NULL) is 0, which would have an idle worker poll without rest.)
 CREATE OR REPLACE FUNCTION storetopics._next_due() RETURNS float8
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN (SELECT greatest(0, extract(epoch FROM d.due - now()))
@@ -106080,7 +106087,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET jit = off
 BEGIN ATOMIC
 WITH src AS (
-  SELECT s.id, s.chunks, storetopics._settings(s.id) AS cfg
+  SELECT s.id, s.chunks, storetopics._settings(s.id) AS cfg, storetopics._llm_labeller(s.id) AS llm
     FROM storetopics.sources s
    WHERE storetopics._may_act_as(s.owner)
       OR EXISTS (SELECT 1 FROM storetopics.grants g
@@ -106103,10 +106110,10 @@ WITH src AS (
    WHERE w.source_id IN (SELECT src.id FROM src) AND w.dirty_since IS NOT NULL
   UNION
   SELECT k.source_id, k.store_key FROM storetopics.clusters k JOIN src ON src.id = k.source_id
-   WHERE k.label_needed AND k.chunks > 0 AND k.label_retry_at <= now() AND src.cfg ->> 'labeller' <> 'offline'
+   WHERE k.label_needed AND k.chunks > 0 AND k.label_retry_at <= now() AND src.llm
   UNION
   SELECT st.source_id, st.store_key FROM storetopics.store_state st JOIN src ON src.id = st.source_id
-   WHERE st.store_label_needed AND st.store_label_retry_at <= now() AND src.cfg ->> 'labeller' <> 'offline'
+   WHERE st.store_label_needed AND st.store_label_retry_at <= now() AND src.llm
 ), failing AS (
   SELECT w.source_id, w.store_key FROM storetopics.work w
    WHERE w.source_id IN (SELECT src.id FROM src) AND w.attempts >= storetopics._failing_after()
@@ -106328,9 +106335,9 @@ END $$;
 -- store scores above one near a single small cluster).  This form and kappa = 20 were chosen on the tuning half of
 -- the routing evaluation (lab/evaluation: report.md, "Retrieve or not"), against the best cluster's cosine alone,
 -- the cosine with a share prior, kappa 10 and 40, and scores relative to the cluster's radius (1 - d / radius,
--- radius - d, with and without the share): within 0.01 of the best abstention F1 there and a point of the best
--- top-1; the radius-relative scores were 14-17 points worse in top-1 (a radius is the 95th percentile of the member
--- chunks' distances in their files' context, which a query is not).  cluster_id is the cluster that weighs most in the sum
+-- radius - d, with and without the share; the figures: bench/README.md, "Tried and not kept").  Radius-relative
+-- scores route worst: a radius is the 95th percentile of the member chunks' distances in their files' context,
+-- which a query is not.  cluster_id is the cluster that weighs most in the sum
 -- (ties: the lower id), distance its cosine distance, within_radius whether the query lies inside its radius; label
 -- its label as the summary shows it.
 -- search: the score reaches the store's source's route_threshold (settings); false on every row means no store
@@ -106419,9 +106426,9 @@ COMMENT ON FUNCTION storetopics.route(vector, int, text) IS
 -- the query likelihood's log ratio per query word (Jelinek-Mercer smoothing, lambda 1/2): above 0 when the store
 -- holds the query's words more than the others do, ln(1/2) for each it lacks; a lexeme no listed store holds counts
 -- in the denominator only (a query of words no store has, or of no words, scores 0 everywhere).  This smoothing and
--- lambda were chosen on the tuning half of the routing evaluation's queries (a one-off comparison, not part of
--- `make eval`), against Dirichlet smoothing (mu 100 to 10,000) and lambda 0.8 and 0.95: all within two points in
--- top-1; this one had the best abstention F1 carried to the other half, and does not depend on the stores' sizes.  A store alone in the list is its own background: it scores 0 whatever the query (a
+-- lambda were chosen on the tuning half of the routing evaluation's queries, against Dirichlet smoothing and other
+-- lambdas (bench/README.md, "Tried and not kept"): as good at top-1, the best abstention F1 on the other half too,
+-- and independent of the stores' sizes.  A store alone in the list is its own background: it scores 0 whatever the query (a
 -- ratio needs something to be told apart from; route() has no such limit).  One index probe per listed store and
 -- query lexeme (the words a store has no row for score ln(1/2) each: only the rows it has are read).  label: the query's word that
 -- weighs most for the store, as people write it (NULL when none weighs for it); cluster_id, distance and
@@ -106673,7 +106680,7 @@ BEGIN
         EXECUTE FUNCTION storetopics._forget_dropped_tables();
     END IF;
     ALTER EVENT TRIGGER storetopics_forget_dropped_tables ENABLE;
-    DROP EVENT TRIGGER IF EXISTS storetopics_cover_partitions;   -- (an earlier build of 0.2; _follow_ddl does it)
+    DROP EVENT TRIGGER IF EXISTS storetopics_cover_partitions;   -- (where a pre-release 0.2 made it; _follow_ddl covers partitions)
     DROP FUNCTION IF EXISTS storetopics._cover_partitions();
     DROP EVENT TRIGGER IF EXISTS storetopics_follow_ddl;         -- made again: its tags may have changed
     CREATE EVENT TRIGGER storetopics_follow_ddl ON ddl_command_end
@@ -106712,4 +106719,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '2690210261') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1840461386') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
