@@ -204,10 +204,9 @@ def test_one_sql_function_decides_whether_a_source_gets_llm_labels(make_db, mess
     import pathlib
     import re
 
-    from test_clusters import insert, rows_for, setup_table
-    from test_store_labels import setup as setup_keyword_only
-
     from storetopics import api, refresh
+    from tests.test_clusters import insert, rows_for, setup_table
+    from tests.test_store_labels import setup as setup_keyword_only
     with psycopg.connect(make_db(), autocommit=True) as conn:
         conn.execute("SET client_min_messages = warning")
         compares = re.compile(r"(<>|!=|=)\s*'offline'|'offline'(::text)?\s*(<>|!=|=)")
