@@ -468,7 +468,6 @@ DECLARE
   v_topics_from text;   -- what the topic list is made of: clusters, the labeller's store labels, mined phrases
 BEGIN
   PERFORM storetopics.refresh_words(src.id, st.store_key);   -- the clusters' words and phrases, from the current counts
-  PERFORM storetopics._render_terms(src, st.store_key);         -- pg_temp.storetopics_kw: dominant, distinctive, contrast
   SELECT array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'contrast'),
          array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'),
          jsonb_build_object(
@@ -482,8 +481,7 @@ BEGIN
                                 'score', round(k.score::numeric, 6), 'files', k.files) ORDER BY k.rank)
                                FILTER (WHERE k.kind = 'contrast'), '[]'))
     INTO v_terms, v_dist, v_kw
-    FROM pg_temp.storetopics_kw k;
-  DROP TABLE pg_temp.storetopics_kw;
+    FROM storetopics._render_terms(src, st.store_key) k;   -- dominant, distinctive, contrast
 
   -- Everything rendered is user text a router reads: screened (storetopics.screen), what is dropped is recorded.
   SELECT * INTO v_s FROM storetopics._screened(v_terms, 'terms');
@@ -494,7 +492,8 @@ BEGIN
   v_screened := v_screened || v_s.dropped;
 
   -- Clusters, largest first, with the label a router sees: the labeller's, or the offline one (a phrase).
-  PERFORM storetopics._render_clusters(src.id, st.store_key, v_cfg ->> 'labeller' = 'offline');
+  WITH k AS MATERIALIZED (SELECT * FROM storetopics._render_clusters(src.id, st.store_key,
+                                                                     v_cfg ->> 'labeller' = 'offline'))
   SELECT coalesce(jsonb_agg(jsonb_build_object(
            'id', k.cluster_id, 'label', k.shown, 'labeller', CASE WHEN k.shown = k.label THEN k.labeller ELSE 'offline' END,
            'phrase', k.phrase, 'share', round(k.share::numeric, 4), 'chunks', k.chunks, 'files', k.files,
@@ -507,11 +506,10 @@ BEGIN
                                  ORDER BY k.chunks DESC, k.cluster_id)
                          FILTER (WHERE k.label IS NOT NULL AND storetopics.screen(k.label) IS NOT NULL), '[]')
            || coalesce((SELECT jsonb_agg(d ORDER BY k2.chunks DESC, k2.cluster_id, o)
-                          FROM pg_temp.storetopics_shown k2, jsonb_array_elements(k2.dropped) WITH ORDINALITY AS x(d, o)),
+                          FROM k AS k2, jsonb_array_elements(k2.dropped) WITH ORDINALITY AS x(d, o)),
                        '[]')
     INTO v_clusters, v_explained, v_screened
-    FROM pg_temp.storetopics_shown k;
-  DROP TABLE pg_temp.storetopics_shown;
+    FROM k;
   v_explained := regexp_split_to_array(coalesce(array_to_string(v_explained, ' '), ''), '\s+');
   -- The topic list: clusters that show the same label are one topic to a reader; a keyword-only store's topics are
   -- phrases of its contrastive terms.
@@ -588,39 +586,57 @@ BEGIN
      ORDER BY x.i;
 END $$;
 
--- render()'s term lists, in pg_temp.storetopics_kw (kind, rank, lexeme, word, score, files, total, file_key): the
--- dominant and distinctive lists of keywords() and the contrastive terms (as _contrast_shown() shows them), as people
--- write them; two lexemes that show as one word ("run", "running") are shown once, where they rank first.  The
--- words of the three lists are learnt together: each learning reads every (file, term) pair of the store once.
-CREATE OR REPLACE FUNCTION storetopics._render_terms(src storetopics.sources, p_store text) RETURNS void
+-- render()'s term lists (kind, rank, lexeme, word, score, files, total, file_key): the dominant and distinctive
+-- lists of keywords() and the contrastive terms (as _contrast_shown() shows them), as people write them; two lexemes
+-- that show as one word ("run", "running") are shown once, where they rank first.  The words of the three lists are
+-- learnt together: each learning reads every (file, term) pair of the store once.
+DROP FUNCTION IF EXISTS storetopics._render_terms(storetopics.sources, text);   -- (it filled pg_temp.storetopics_kw)
+CREATE FUNCTION storetopics._render_terms(src storetopics.sources, p_store text)
+RETURNS TABLE (kind text, rank int, lexeme text, word text, score float8, files int, total bigint, file_key text)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  -- the lists' rows, column by column (the aggregates of one query read the rows in the same order)
+  v_kind text[];
+  v_rank int[];
+  v_lexeme text[];
+  v_score float8[];
+  v_files int[];
+  v_total bigint[];
+  v_file text[];
 BEGIN
-  CREATE TEMP TABLE storetopics_kw ON COMMIT DROP AS
-  SELECT k.kind, k.rank, k.lexeme, NULL::text AS word, k.score, k.files, k.total, k.file_key
-    FROM storetopics.keywords(src.id, p_store) k
-  UNION ALL
-  SELECT 'contrast', (row_number() OVER (ORDER BY c.score DESC, c.lexeme))::int, c.lexeme, NULL, c.score, c.files,
-         NULL, NULL
-    FROM storetopics.contrast_terms(src.id, p_store, 80) c;
-  PERFORM storetopics._learn_words(src.id, p_store, ARRAY(SELECT DISTINCT k.lexeme FROM pg_temp.storetopics_kw k));
-  UPDATE pg_temp.storetopics_kw SET word = storetopics._show(src.ts_config, lexeme);
-  DELETE FROM pg_temp.storetopics_kw k USING pg_temp.storetopics_kw k2
-   WHERE k.word = k2.word AND k.kind = k2.kind AND k2.rank < k.rank;
+  SELECT array_agg(k.kind), array_agg(k.rank), array_agg(k.lexeme), array_agg(k.score), array_agg(k.files),
+         array_agg(k.total), array_agg(k.file_key)
+    INTO v_kind, v_rank, v_lexeme, v_score, v_files, v_total, v_file
+    FROM (SELECT k.kind, k.rank, k.lexeme, k.score, k.files, k.total, k.file_key
+            FROM storetopics.keywords(src.id, p_store) k
+          UNION ALL
+          SELECT 'contrast', (row_number() OVER (ORDER BY c.score DESC, c.lexeme))::int, c.lexeme, c.score, c.files,
+                 NULL, NULL
+            FROM storetopics.contrast_terms(src.id, p_store, 80) c) k;
+  PERFORM storetopics._learn_words(src.id, p_store, ARRAY(SELECT DISTINCT l FROM unnest(v_lexeme) l));
+  RETURN QUERY
+    SELECT DISTINCT ON (u.k, u.w) u.k, u.r, u.l, u.w, u.s, u.f, u.t, u.fk
+      FROM (SELECT x.k, x.r, x.l, storetopics._show(src.ts_config, x.l) AS w, x.s, x.f, x.t, x.fk
+              FROM unnest(v_kind, v_rank, v_lexeme, v_score, v_files, v_total, v_file) AS x(k, r, l, s, f, t, fk)) u
+     ORDER BY u.k, u.w, u.r;
 END $$;
 
--- render()'s clusters, in pg_temp.storetopics_shown: each with its screened words and the label shown (the
--- labeller's if it passes the screen, else the offline phrase, else the offline words).
-CREATE OR REPLACE FUNCTION storetopics._render_clusters(p_source int, p_store text, p_offline boolean) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-  CREATE TEMP TABLE storetopics_shown ON COMMIT DROP AS
+-- render()'s clusters: each with its screened words and the label shown (the labeller's if it passes the screen,
+-- else the offline phrase, else the offline words), and its share of the store's clustered chunks.
+DROP FUNCTION IF EXISTS storetopics._render_clusters(int, text, boolean);   -- (it filled pg_temp.storetopics_shown)
+CREATE FUNCTION storetopics._render_clusters(p_source int, p_store text, p_offline boolean)
+RETURNS TABLE (cluster_id int, label text, labeller text, phrase text, chunks bigint, files bigint,
+               representatives jsonb, outliers bigint, outliers_at_fit bigint, keywords text[], dropped jsonb,
+               shown text, share float8)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
   SELECT k.cluster_id, k.label, k.labeller, k.phrase, k.chunks, k.files, k.representatives, k.outliers,
          k.outliers_at_fit, s.kept AS keywords, s.dropped,
          storetopics._shown_label(k.label, k.phrase, s.kept, p_offline) AS shown,
          k.chunks::float8 / greatest(sum(k.chunks) OVER (), 1) AS share
     FROM storetopics.clusters k CROSS JOIN LATERAL storetopics._screened(k.keywords, 'cluster words') AS s
    WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0;
-END $$;
+END;
 
 -- What \df+ shows a DBA.
 COMMENT ON FUNCTION storetopics.keywords(int, text, int, int) IS
