@@ -50,10 +50,10 @@ RETURN CASE
        'applies', 'enables', 'disables', 'tells', 'says', 'receives', 'sends') THEN 'verb at its start'
 END;
 
--- Mines phrases for groups of files.  Input: pg_temp.storetopics_mine_files (grp, file_key), the files of each group
--- (a cluster, or a whole store), and pg_temp.storetopics_mine_words (grp, lexeme, weight), the words a group's
--- phrases should be made of.  Output: pg_temp.storetopics_mined (grp, phrase, one_file, hits, score, rank); hits:
--- how many of its words weigh 0.5 or more for the group (a cluster's three first words).
+-- Mines phrases for groups of files.  Input: p_files, [{grp, file_key}], the files of each group (a cluster, or a
+-- whole store), and p_words, [{grp, lexeme, weight}], the words a group's phrases should be made of.  Returns
+-- (grp, phrase, one_file, hits, score, rank); hits: how many of its words weigh 0.5 or more for the group (a
+-- cluster's three first words).
 -- A phrase is a run of 2-3 different words within a clause (never across punctuation), letters only, its first and
 -- last word no stopword, at least one of its words (as a lexeme) weighted for the group; it must occur in two of the group's
 -- files (one file's names are no topic).  Score: files it occurs in x (1 + weight of its words) x how rare it is in
@@ -62,11 +62,15 @@ END;
 -- store's topics take rather than none.
 -- No JIT: planned over temp tables and unnested arrays, these statements are estimated at up to 10^9 rows (they
 -- have ~10^4-10^5), which buys them an LLVM compilation that takes longer than they run (bench/README.md).
-CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text) RETURNS void
+-- Its n-grams and their words are temp tables made and dropped here: several statements read them.
+DROP FUNCTION IF EXISTS storetopics._mine_phrases(int, text);   -- (it read and wrote pg_temp.storetopics_mine*)
+CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text, p_files jsonb, p_words jsonb)
+RETURNS TABLE (grp int, phrase text, one_file boolean, hits bigint, score numeric, rank bigint)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+#variable_conflict use_column
 DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
-  v_groups int := (SELECT count(DISTINCT g.grp) FROM pg_temp.storetopics_mine_files g);
+  v_groups int := (SELECT count(DISTINCT g.grp) FROM jsonb_to_recordset(p_files) AS g(grp int, file_key text));
   v_files bigint := (SELECT st.files FROM storetopics.store_state st
                       WHERE st.source_id = p_source AND st.store_key = p_store);
   v_words bigint := (SELECT st.words FROM storetopics.store_state st
@@ -74,12 +78,9 @@ DECLARE
   v_script text := storetopics._store_script(p_source, p_store);
   v_noise text[];
 BEGIN
-  IF to_regclass('pg_temp.storetopics_mined') IS NOT NULL THEN   -- (IF EXISTS would send the client a NOTICE)
-    DROP TABLE pg_temp.storetopics_mined;
-  END IF;
   EXECUTE format('CREATE TEMP TABLE storetopics_mine_texts ON COMMIT DROP AS SELECT * FROM %s(''sample_texts'', $1, '
                  '$2, NULL) AS r(file_key text, t text)', storetopics._reader(p_source))
-    USING ARRAY(SELECT DISTINCT g.file_key FROM pg_temp.storetopics_mine_files g), p_store;
+    USING ARRAY(SELECT DISTINCT g.file_key FROM jsonb_to_recordset(p_files) AS g(grp int, file_key text)), p_store;
   CREATE TEMP TABLE storetopics_mine_grams ON COMMIT DROP AS
   WITH clauses AS (
     SELECT x.file_key, c.clause, row_number() OVER () AS n
@@ -109,12 +110,16 @@ BEGIN
       JOIN storetopics.store_terms t ON t.source_id = p_source AND t.store_key = p_store AND t.term_id = x.id
      WHERE storetopics._noise(l.lexeme, t.files, t.total, t.total_sq, v_files, v_words, v_script) IS NOT NULL);
   -- set-based throughout (joins, not per-row look-ups): a store's sample holds 10^5 n-grams
-  CREATE TEMP TABLE storetopics_mined ON COMMIT DROP AS
-  WITH per AS (
+  RETURN QUERY
+  WITH files AS (
+    SELECT f.grp, f.file_key FROM jsonb_to_recordset(p_files) AS f(grp int, file_key text)
+  ), wanted AS (
+    SELECT w.grp, w.lexeme, w.weight FROM jsonb_to_recordset(p_words) AS w(grp int, lexeme text, weight numeric)
+  ), per AS (
     SELECT f.grp, lower(array_to_string(g.words, ' ')) AS key, array_to_string(g.words, ' ') AS surface, g.file_key,
            g.words
       FROM pg_temp.storetopics_mine_grams g
-      JOIN pg_temp.storetopics_mine_files f ON f.file_key = g.file_key
+      JOIN files f ON f.file_key = g.file_key
       JOIN pg_temp.storetopics_mine_lex l1 ON l1.word = lower(g.words[1]) AND l1.lexeme IS NOT NULL
       JOIN pg_temp.storetopics_mine_lex l2 ON l2.word = lower(g.words[cardinality(g.words)]) AND l2.lexeme IS NOT NULL
      WHERE NOT string_to_array(lower(array_to_string(g.words, ' ')), ' ') && v_noise
@@ -127,12 +132,12 @@ BEGIN
     SELECT s.grp, s.key, sum(mw.weight) AS weight, count(*) FILTER (WHERE mw.weight >= 0.5) AS hits
       FROM scored s CROSS JOIN LATERAL unnest(s.words) AS u(w)
       JOIN pg_temp.storetopics_mine_lex l ON l.word = lower(u.w)
-      JOIN pg_temp.storetopics_mine_words mw ON mw.grp = s.grp AND mw.lexeme = l.lexeme
+      JOIN wanted mw ON mw.grp = s.grp AND mw.lexeme = l.lexeme
      GROUP BY 1, 2
   ), spread AS (
     SELECT s.key, count(*) AS groups FROM scored s GROUP BY 1
   ), sizes AS (
-    SELECT f.grp, count(*) AS files FROM pg_temp.storetopics_mine_files f GROUP BY 1
+    SELECT f.grp, count(*) AS files FROM files f GROUP BY 1
   )
   SELECT s.grp, s.phrase, s.files < least(2, z.files) AS one_file, w.hits,
          round((s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups))::numeric, 9) AS score,
@@ -152,43 +157,46 @@ CREATE OR REPLACE FUNCTION storetopics._cluster_phrases(p_source int, p_store te
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
+  v_words jsonb;   -- [{grp, lexeme, weight}]: the clusters' words, best first
+  v_files jsonb;   -- [{grp, file_key}]: each cluster's 20 most committed files
   v_from text;
 BEGIN
-  CREATE TEMP TABLE storetopics_mine_words ON COMMIT DROP AS
-  SELECT k.cluster_id AS grp, l.lexeme, max(1.0 / (1 + u.i / 3.0)) AS weight   -- the cluster's words, best first
-    FROM storetopics.clusters k, unnest(k.keywords[1:15]) WITH ORDINALITY AS u(w, i),
-         LATERAL unnest(tsvector_to_array(to_tsvector(v_cfg, u.w))) AS l(lexeme)
-   WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0
-   GROUP BY 1, 2;
-  CREATE TEMP TABLE storetopics_mine_files ON COMMIT DROP AS
-  SELECT x.grp, x.file_key, x.digest FROM (
-    SELECT u.cluster_id AS grp, f.file_key, md5(f.term_ids::text || f.counts::text) AS digest,
-           row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC,
-                                                                 hashtext(f.file_key), f.file_key) AS r
-      FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
-     WHERE f.source_id = p_source AND f.store_key = p_store
-       AND u.cluster_id IN (SELECT w.grp FROM pg_temp.storetopics_mine_words w)) x
+  SELECT coalesce(jsonb_agg(jsonb_build_object('grp', w.grp, 'lexeme', w.lexeme, 'weight', w.weight)
+                            ORDER BY w.grp, w.lexeme), '[]'),
+         coalesce(string_agg(w.grp || ':' || w.lexeme || ':' || w.weight, ',' ORDER BY w.grp, w.lexeme), '')
+    INTO v_words, v_from
+    FROM (SELECT k.cluster_id AS grp, l.lexeme, max(1.0 / (1 + u.i / 3.0)) AS weight
+            FROM storetopics.clusters k, unnest(k.keywords[1:15]) WITH ORDINALITY AS u(w, i),
+                 LATERAL unnest(tsvector_to_array(to_tsvector(v_cfg, u.w))) AS l(lexeme)
+           WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0
+           GROUP BY 1, 2) w;
+  SELECT coalesce(jsonb_agg(jsonb_build_object('grp', x.grp, 'file_key', x.file_key) ORDER BY x.grp, x.file_key), '[]'),
+         md5(v_from || '|' ||
+             coalesce(string_agg(x.grp || ':' || x.file_key || ':' || x.digest, ',' ORDER BY x.grp, x.file_key), ''))
+    INTO v_files, v_from
+    FROM (SELECT u.cluster_id AS grp, f.file_key, md5(f.term_ids::text || f.counts::text) AS digest,
+                 row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC,
+                                                                       hashtext(f.file_key), f.file_key) AS r
+            FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
+           WHERE f.source_id = p_source AND f.store_key = p_store
+             AND u.cluster_id IN (SELECT (w ->> 'grp')::int FROM jsonb_array_elements(v_words) w)) x
    WHERE x.r <= 20;
-  v_from := md5(coalesce((SELECT string_agg(w.grp || ':' || w.lexeme || ':' || w.weight, ',' ORDER BY w.grp, w.lexeme)
-                            FROM pg_temp.storetopics_mine_words w), '') || '|' ||
-                coalesce((SELECT string_agg(f.grp || ':' || f.file_key || ':' || f.digest, ',' ORDER BY f.grp, f.file_key)
-                            FROM pg_temp.storetopics_mine_files f), ''));
   IF v_from IS NOT DISTINCT FROM (SELECT st.cluster_phrases_from FROM storetopics.store_state st
                                    WHERE st.source_id = p_source AND st.store_key = p_store) THEN
-    DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files;
     RETURN;
   END IF;
-  PERFORM storetopics._mine_phrases(p_source, p_store);
   -- a run of words two of its files share, else one file's run that holds two of the cluster's three first words:
   -- where there is neither, those three words say more to a router than a single word or one file's other phrases
   -- (measured: bench/README.md, "Offline labels")
+  WITH best AS MATERIALIZED (
+    SELECT DISTINCT ON (m.grp) m.grp, m.phrase
+      FROM storetopics._mine_phrases(p_source, p_store, v_files, v_words) m
+     WHERE strpos(m.phrase, ' ') > 0 AND (NOT m.one_file OR m.hits >= 2)
+     ORDER BY m.grp, m.rank)
   UPDATE storetopics.clusters k
-     SET phrase = (SELECT m.phrase FROM pg_temp.storetopics_mined m
-                    WHERE m.grp = k.cluster_id AND strpos(m.phrase, ' ') > 0 AND (NOT m.one_file OR m.hits >= 2)
-                    ORDER BY m.rank LIMIT 1)
+     SET phrase = (SELECT b.phrase FROM best b WHERE b.grp = k.cluster_id)
    WHERE k.source_id = p_source AND k.store_key = p_store;
   UPDATE storetopics.store_state SET cluster_phrases_from = v_from WHERE source_id = p_source AND store_key = p_store;
-  DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files, pg_temp.storetopics_mined;
 END $$;
 
 -- A keyword-only store's topics (it has no clusters): up to 8 phrases made of its contrastive terms, from the 40
@@ -198,36 +206,38 @@ CREATE OR REPLACE FUNCTION storetopics._store_phrases(p_source int, p_store text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   st storetopics.store_state;
+  v_files jsonb;   -- [{grp: 0, file_key}]
   v_phrases text[];
   v_from text;
 BEGIN
   SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
-  CREATE TEMP TABLE storetopics_mine_files ON COMMIT DROP AS
-  SELECT 0 AS grp, x.file_key, x.digest FROM (
-    SELECT f.file_key, md5(f.term_ids::text || f.counts::text) AS digest, count(*) AS hits
-      FROM storetopics.file_terms f, unnest(f.term_ids) AS u(term_id)
-     WHERE f.source_id = p_source AND f.store_key = p_store
-       AND u.term_id IN (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (p_terms[1:30]))
-     GROUP BY 1, 2 ORDER BY 3 DESC, hashtext(f.file_key), 1 LIMIT 40) x;
-  v_from := md5(array_to_string(p_terms[1:30], ' ') || '|' ||
-                coalesce((SELECT string_agg(f.file_key || ':' || f.digest, ',' ORDER BY f.file_key)
-                            FROM pg_temp.storetopics_mine_files f), ''));
+  SELECT coalesce(jsonb_agg(jsonb_build_object('grp', 0, 'file_key', x.file_key) ORDER BY x.file_key), '[]'),
+         md5(array_to_string(p_terms[1:30], ' ') || '|' ||
+             coalesce(string_agg(x.file_key || ':' || x.digest, ',' ORDER BY x.file_key), ''))
+    INTO v_files, v_from
+    FROM (SELECT f.file_key, md5(f.term_ids::text || f.counts::text) AS digest, count(*) AS hits
+            FROM storetopics.file_terms f, unnest(f.term_ids) AS u(term_id)
+           WHERE f.source_id = p_source AND f.store_key = p_store
+             AND u.term_id IN (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (p_terms[1:30]))
+           GROUP BY 1, 2 ORDER BY 3 DESC, hashtext(f.file_key), 1 LIMIT 40) x;
   IF st.phrases_from IS NOT DISTINCT FROM v_from THEN
-    DROP TABLE pg_temp.storetopics_mine_files;
     RETURN st.phrases;
   END IF;
-  CREATE TEMP TABLE storetopics_mine_words ON COMMIT DROP AS
-  SELECT 0 AS grp, u.lexeme, 1.0 / (1 + u.i / 5.0) AS weight FROM unnest(p_terms[1:30]) WITH ORDINALITY AS u(lexeme, i);
-  PERFORM storetopics._mine_phrases(p_source, p_store);
   -- distinct phrases that share no word with a better one; phrases of a single file and single words (they rank
   -- after the others) only to make up three topics: beyond that the terms list says them
   v_phrases := ARRAY(
-    WITH RECURSIVE pick AS (
+    WITH RECURSIVE mined AS MATERIALIZED (
+      SELECT * FROM storetopics._mine_phrases(
+        p_source, p_store, v_files,
+        (SELECT coalesce(jsonb_agg(jsonb_build_object('grp', 0, 'lexeme', u.lexeme, 'weight', 1.0 / (1 + u.i / 5.0))
+                                   ORDER BY u.i), '[]')
+           FROM unnest(p_terms[1:30]) WITH ORDINALITY AS u(lexeme, i)))
+    ), pick AS (
       SELECT 1 AS n, m.rank, ARRAY[m.phrase] AS phrases, regexp_split_to_array(lower(m.phrase), ' ') AS used
-        FROM pg_temp.storetopics_mined m WHERE m.rank = 1
+        FROM mined m WHERE m.rank = 1
       UNION ALL
       SELECT p.n + 1, m.rank, p.phrases || m.phrase, p.used || regexp_split_to_array(lower(m.phrase), ' ')
-        FROM pick p, LATERAL (SELECT * FROM pg_temp.storetopics_mined m
+        FROM pick p, LATERAL (SELECT * FROM mined m
                                WHERE m.rank > p.rank AND NOT regexp_split_to_array(lower(m.phrase), ' ') && p.used
                                  AND ((strpos(m.phrase, ' ') > 0 AND NOT m.one_file) OR p.n < 3)
                                ORDER BY m.rank LIMIT 1) m
@@ -235,6 +245,5 @@ BEGIN
     SELECT unnest(phrases) FROM (SELECT phrases FROM pick ORDER BY n DESC LIMIT 1) x);
   UPDATE storetopics.store_state SET phrases = v_phrases, phrases_from = v_from
    WHERE source_id = p_source AND store_key = p_store;
-  DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files, pg_temp.storetopics_mined;
   RETURN v_phrases;
 END $$;
