@@ -7,9 +7,9 @@
 -- clusters agree better with the Debian sections: bench/README.md).  Both the fit (_fit_input) and the assignment
 -- below use it, so distances and radii agree.
 --
--- Assigns the chunk rows of the files p_files (or of the store p_store) to their store's clusters, into
--- pg_temp.storetopics_assign: per (store, file), the chunks per nearest cluster of the store's fit, the outliers
--- among them, and the chunks whose vector no cluster can take (another dimension).
+-- Assigns the chunk rows of the files p_files (or of the store p_store) to their store's clusters; returns per
+-- (store, file) the chunks per nearest cluster of the store's fit, the outliers among them, and the chunks whose
+-- vector no cluster can take (another dimension).
 --
 -- Two passes over the rows, both by the source's reader (as the table's owner).  The first gives each file's mean
 -- direction, which goes to storetopics.file_means (a table, because parallel workers cannot read temp tables; the
@@ -21,9 +21,13 @@
 -- 1 + (c <#> q) / |q| (a zero vector is NaN, as cosine makes it: an outlier).  enable_nestloop is on here even when
 -- the caller turned it off (apply_fit, for its own joins): the per-row function scans are nested loops, and a
 -- penalised plan is a worse one.
-CREATE OR REPLACE FUNCTION storetopics._assign(src storetopics.sources, p_files text[], p_store text) RETURNS void
+DROP FUNCTION IF EXISTS storetopics._assign(storetopics.sources, text[], text);   -- (it filled pg_temp.storetopics_assign)
+CREATE FUNCTION storetopics._assign(src storetopics.sources, p_files text[], p_store text)
+RETURNS TABLE (store_key text, file_key text, cluster_ids int[], cluster_chunks int[], cluster_outliers int[],
+               other_dim int)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET jit = off SET enable_nestloop = on
 AS $$
+#variable_conflict use_column
 DECLARE
   v_reader text := storetopics._generated(src.id, 'read');
   v_clusters jsonb;
@@ -31,9 +35,6 @@ DECLARE
                           current_setting('min_parallel_table_scan_size'), current_setting('enable_sort'),
                           current_setting('enable_hashjoin'), current_setting('enable_material')];
 BEGIN
-  IF to_regclass('pg_temp.storetopics_assign') IS NOT NULL THEN   -- (IF EXISTS would send the client a NOTICE)
-    DROP TABLE pg_temp.storetopics_assign;
-  END IF;
   PERFORM set_config('parallel_setup_cost', '0', true), set_config('parallel_tuple_cost', '0', true),
           set_config('min_parallel_table_scan_size', '0', true), set_config('enable_sort', 'off', true);
   IF p_files IS NULL THEN   -- a whole store: each row finds its file's mean through the index (see _assign_sql)
@@ -49,7 +50,7 @@ BEGIN
                                                                      'radius', k.radius, 'centroid', k.centroid::text)))
     INTO v_clusters
     FROM storetopics.clusters k WHERE k.source_id = src.id AND (p_store IS NULL OR k.store_key = p_store);
-  EXECUTE format('CREATE TEMP TABLE storetopics_assign ON COMMIT DROP AS SELECT * FROM %s(''assign'', $1, $2, $3) '
+  RETURN QUERY EXECUTE format('SELECT * FROM %s(''assign'', $1, $2, $3) '
                  'AS r(store_key text, file_key text, cluster_ids int[], cluster_chunks int[], cluster_outliers int[], '
                  'other_dim int)', v_reader)
     USING p_files, p_store, v_clusters;
@@ -127,26 +128,8 @@ BEGIN
      GROUP BY 1, 2$q$];
 END $$;
 
--- fold()'s step for clusters: subtract the files' old cluster arrays, add the new ones (in pg_temp's new files).
-CREATE OR REPLACE FUNCTION storetopics._add_to_clusters(p_source int) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-  UPDATE storetopics.clusters k
-     SET chunks = k.chunks + d.chunks, files = k.files + d.files, outliers = k.outliers + d.outliers
-    FROM (SELECT x.store_key, x.cluster_id, sum(x.files) AS files, sum(x.chunks) AS chunks, sum(x.outliers) AS outliers
-            FROM (SELECT f.store_key, u.cluster_id, -1 AS files, -u.n AS chunks, -u.o AS outliers
-                    FROM pg_temp.storetopics_old_files f,
-                         unnest(f.cluster_ids, f.cluster_chunks, f.cluster_outliers) AS u(cluster_id, n, o)
-                   WHERE f.store_key IS NOT NULL
-                  UNION ALL
-                  SELECT nf.store_key, u.cluster_id, 1, u.n, u.o
-                    FROM pg_temp.storetopics_new_files nf,
-                         unnest(nf.cluster_ids, nf.cluster_chunks, nf.cluster_outliers) AS u(cluster_id, n, o)
-                   WHERE nf.store_key IS NOT NULL) x
-           GROUP BY 1, 2) d
-   WHERE k.source_id = p_source AND k.store_key = d.store_key AND k.cluster_id = d.cluster_id
-     AND (d.files <> 0 OR d.chunks <> 0 OR d.outliers <> 0);
-END $$;
+-- (fold()'s step for clusters, which read fold's temp tables, is part of storetopics._fold_apply now)
+DROP FUNCTION IF EXISTS storetopics._add_to_clusters(int);
 
 -- Whether a store's clustering is due, and why: 'no fit' (enough vectors, never fitted), 'outliers' (outliers since
 -- the fit pass refit_outliers of the store), 'dimension' (most vectors have another dimension than the fit), or
@@ -335,7 +318,8 @@ BEGIN
   DROP TABLE pg_temp.storetopics_fit, pg_temp.storetopics_old;
 
   -- Every file of the store, assigned to the clusters now in place.
-  PERFORM storetopics._assign(src, NULL, p_store);
+  -- (a temp table made and dropped here: two statements read it, planned on its statistics)
+  CREATE TEMP TABLE storetopics_assign ON COMMIT DROP AS SELECT * FROM storetopics._assign(src, NULL, p_store);
   ANALYZE pg_temp.storetopics_assign;
   UPDATE storetopics.file_terms f
      SET cluster_ids = a.cluster_ids, cluster_chunks = a.cluster_chunks, cluster_outliers = a.cluster_outliers,
