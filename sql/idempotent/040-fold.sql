@@ -201,6 +201,56 @@ BEGIN
   RETURN v_files;
 END $$;
 
+-- The reader's queries fold makes (storetopics._reader_body puts them in read_<id>): keys (a resync's list of
+-- files), file_counts (the count check), null_files (rows whose file key is NULL), terms and terms_slow (the
+-- recount of files: _fold_recount).
+CREATE OR REPLACE FUNCTION storetopics._fold_reads(src storetopics.sources) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  tbl text := src.chunks::text;
+  t text := src.content_sql;
+  fast_tsv text := format('CASE WHEN k.s IS NOT NULL AND storetopics.usable_text(%s) THEN to_tsvector(%L::regconfig, %s) END',
+                          t, src.ts_config, storetopics._read_text_sql(src));
+  slow_tsv text := format('storetopics.tsvector_or_null(%L::regconfig, CASE WHEN k.s IS NOT NULL THEN %s END)',
+                          src.ts_config, storetopics._read_text_sql(src));
+BEGIN
+  RETURN storetopics._read_arm('keys', format('SELECT DISTINCT (%s)::text, (%s)::text FROM %s AS c',
+                                              src.store_sql, src.file_sql, tbl))
+      || storetopics._read_arm('file_counts', format('SELECT (%s)::text, count(*) FROM %s AS c GROUP BY 1',
+                                                     src.file_sql, tbl))
+      || storetopics._read_arm('null_files', format('SELECT count(*) FROM %s AS c WHERE (%s) IS NULL',
+                                                    tbl, src.file_sql))
+      || storetopics._read_arm('terms', storetopics._fold_terms_sql(
+           src, fast_tsv, format('(NOT storetopics.usable_text(%s))::int', t)), 'files')
+      || storetopics._read_arm('terms_slow', storetopics._fold_terms_sql(
+           src, slow_tsv,
+           format('(%s IS NULL AND (k.s IS NOT NULL OR NOT storetopics.usable_text(%s)))::int', slow_tsv, t)), 'files');
+END $$;
+
+-- The chunk rows c with their store key k.s, as fold keeps it (NULL when longer than max_store_key()).
+CREATE OR REPLACE FUNCTION storetopics._read_keyed_rows(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format($q$%1$s AS c
+     CROSS JOIN LATERAL unnest(ARRAY[CASE WHEN char_length((%2$s)::text) <= storetopics.max_store_key()
+                                          THEN (%2$s)::text END]) AS k(s)$q$, src.chunks, src.store_sql);
+
+-- The recount of the files of a call ($1): per (store, file, term) its count and the rows, and per (store, file)
+-- a row with no term (the rows, and in n those skipped).  The store key is computed once per row (a function scan:
+-- expressions may be subqueries), NULL when longer than max_store_key().  tsv: the row's tsvector (NULL for unusable
+-- text or a NULL key); skip: 1 for a skipped row.  Neither refers to the other, so the planner cannot end up
+-- tokenising a row twice.
+CREATE OR REPLACE FUNCTION storetopics._fold_terms_sql(src storetopics.sources, tsv text, skip text) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format($q$
+    SELECT k.s AS store_key, (%1$s)::text AS file_key, l.term, sum(l.n)::int AS n, count(*)::int AS rows
+      FROM %2$s
+     CROSS JOIN LATERAL (SELECT x.lexeme, cardinality(x.positions) FROM unnest(%3$s) AS x
+                         UNION ALL
+                         SELECT NULL, %4$s) AS l(term, n)
+     WHERE %5$s
+     GROUP BY 1, 2, 3$q$,
+  src.file_sql, storetopics._read_keyed_rows(src), tsv, skip, storetopics._read_by_files(src));
+
 -- Fold step 4: recount the files from the live rows; returns per (store, file) the counters, the term/count arrays
 -- and the chunks per cluster.  The reader's recount is one parallel scan (the planner takes to_tsvector for cheap,
 -- so parallel plans are made free for it).  A text whose tsvector would pass 1 MB fails the batch: it is redone row

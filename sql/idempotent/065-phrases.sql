@@ -50,6 +50,20 @@ RETURN CASE
        'applies', 'enables', 'disables', 'tells', 'says', 'receives', 'sends') THEN 'verb at its start'
 END;
 
+-- The reader's query for _mine_phrases (storetopics._reader_body puts it in read_<id>): sample_texts (files, store),
+-- (file_key, t), 3 chunks of each file (chosen by content, not by row: the same texts give the same phrases however
+-- they were written), 1,500 characters each.
+CREATE OR REPLACE FUNCTION storetopics._phrase_reads(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN storetopics._read_arm('sample_texts', format($q$
+      SELECT x.f, x.t FROM (SELECT (%1$s)::text AS f, left((storetopics.dehyphenated(%2$s))::text, 1500) AS t,
+                                   row_number() OVER (PARTITION BY (%1$s)::text
+                                                      ORDER BY pg_catalog.md5((%2$s)::text), %3$s) AS r
+                              FROM %4$s) x
+       WHERE x.r <= 3$q$, src.file_sql, src.content_sql, storetopics._chunk_ref_sql(src.chunks),
+  format('%s AS c WHERE %s AND %s', src.chunks, storetopics._read_by_files(src), storetopics._read_by_store(src))),
+  'files, store');
+
 -- Mines phrases for groups of files.  Input: p_files, [{grp, file_key}], the files of each group (a cluster, or a
 -- whole store), and p_words, [{grp, lexeme, weight}], the words a group's phrases should be made of.  Returns
 -- (grp, phrase, one_file, hits, score, rank); hits: how many of its words weigh 0.5 or more for the group (a
@@ -62,7 +76,8 @@ END;
 -- store's topics take rather than none.
 -- No JIT: planned over temp tables and unnested arrays, these statements are estimated at up to 10^9 rows (they
 -- have ~10^4-10^5), which buys them an LLVM compilation that takes longer than they run (bench/README.md).
--- Its n-grams and their words are temp tables made and dropped here: several statements read them.
+-- (About 85 lines: its n-grams and their words are temp tables made and dropped here, which several of its
+-- statements read.)
 DROP FUNCTION IF EXISTS storetopics._mine_phrases(int, text);   -- (it read and wrote pg_temp.storetopics_mine*)
 CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text, p_files jsonb, p_words jsonb)
 RETURNS TABLE (grp int, phrase text, one_file boolean, hits bigint, score numeric, rank bigint)
