@@ -76,7 +76,7 @@ RETURN storetopics._read_arm('sample_texts', format($q$
 -- store's topics take rather than none.
 -- No JIT: planned over temp tables and unnested arrays, these statements are estimated at up to 10^9 rows (they
 -- have ~10^4-10^5), which buys them an LLVM compilation that takes longer than they run (bench/README.md).
--- (About 85 lines: its n-grams and their words are temp tables made and dropped here, which several of its
+-- (About 90 lines: its input, n-grams and their words are temp tables made and dropped here, which several of its
 -- statements read.)
 DROP FUNCTION IF EXISTS storetopics._mine_phrases(int, text);   -- (it read and wrote pg_temp.storetopics_mine*)
 CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text, p_files jsonb, p_words jsonb)
@@ -85,7 +85,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
-  v_groups int := (SELECT count(DISTINCT g.grp) FROM jsonb_to_recordset(p_files) AS g(grp int, file_key text));
+  v_groups int;
   v_files bigint := (SELECT st.files FROM storetopics.store_state st
                       WHERE st.source_id = p_source AND st.store_key = p_store);
   v_words bigint := (SELECT st.words FROM storetopics.store_state st
@@ -93,9 +93,15 @@ DECLARE
   v_script text := storetopics._store_script(p_source, p_store);
   v_noise text[];
 BEGIN
+  -- (its input as temp tables too: joined to 10^5 n-grams, they are planned on their real sizes)
+  CREATE TEMP TABLE storetopics_mine_files ON COMMIT DROP AS
+  SELECT f.grp, f.file_key FROM jsonb_to_recordset(p_files) AS f(grp int, file_key text);
+  CREATE TEMP TABLE storetopics_mine_words ON COMMIT DROP AS
+  SELECT w.grp, w.lexeme, w.weight FROM jsonb_to_recordset(p_words) AS w(grp int, lexeme text, weight numeric);
+  v_groups := (SELECT count(DISTINCT g.grp) FROM pg_temp.storetopics_mine_files g);
   EXECUTE format('CREATE TEMP TABLE storetopics_mine_texts ON COMMIT DROP AS SELECT * FROM %s(''sample_texts'', $1, '
                  '$2, NULL) AS r(file_key text, t text)', storetopics._reader(p_source))
-    USING ARRAY(SELECT DISTINCT g.file_key FROM jsonb_to_recordset(p_files) AS g(grp int, file_key text)), p_store;
+    USING ARRAY(SELECT DISTINCT g.file_key FROM pg_temp.storetopics_mine_files g), p_store;
   CREATE TEMP TABLE storetopics_mine_grams ON COMMIT DROP AS
   WITH clauses AS (
     SELECT x.file_key, c.clause, row_number() OVER () AS n
@@ -126,15 +132,11 @@ BEGIN
      WHERE storetopics._noise(l.lexeme, t.files, t.total, t.total_sq, v_files, v_words, v_script) IS NOT NULL);
   -- set-based throughout (joins, not per-row look-ups): a store's sample holds 10^5 n-grams
   RETURN QUERY
-  WITH files AS (
-    SELECT f.grp, f.file_key FROM jsonb_to_recordset(p_files) AS f(grp int, file_key text)
-  ), wanted AS (
-    SELECT w.grp, w.lexeme, w.weight FROM jsonb_to_recordset(p_words) AS w(grp int, lexeme text, weight numeric)
-  ), per AS (
+  WITH per AS (
     SELECT f.grp, lower(array_to_string(g.words, ' ')) AS key, array_to_string(g.words, ' ') AS surface, g.file_key,
            g.words
       FROM pg_temp.storetopics_mine_grams g
-      JOIN files f ON f.file_key = g.file_key
+      JOIN pg_temp.storetopics_mine_files f ON f.file_key = g.file_key
       JOIN pg_temp.storetopics_mine_lex l1 ON l1.word = lower(g.words[1]) AND l1.lexeme IS NOT NULL
       JOIN pg_temp.storetopics_mine_lex l2 ON l2.word = lower(g.words[cardinality(g.words)]) AND l2.lexeme IS NOT NULL
      WHERE NOT string_to_array(lower(array_to_string(g.words, ' ')), ' ') && v_noise
@@ -147,12 +149,12 @@ BEGIN
     SELECT s.grp, s.key, sum(mw.weight) AS weight, count(*) FILTER (WHERE mw.weight >= 0.5) AS hits
       FROM scored s CROSS JOIN LATERAL unnest(s.words) AS u(w)
       JOIN pg_temp.storetopics_mine_lex l ON l.word = lower(u.w)
-      JOIN wanted mw ON mw.grp = s.grp AND mw.lexeme = l.lexeme
+      JOIN pg_temp.storetopics_mine_words mw ON mw.grp = s.grp AND mw.lexeme = l.lexeme
      GROUP BY 1, 2
   ), spread AS (
     SELECT s.key, count(*) AS groups FROM scored s GROUP BY 1
   ), sizes AS (
-    SELECT f.grp, count(*) AS files FROM files f GROUP BY 1
+    SELECT f.grp, count(*) AS files FROM pg_temp.storetopics_mine_files f GROUP BY 1
   )
   SELECT s.grp, s.phrase, s.files < least(2, z.files) AS one_file, w.hits,
          round((s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups))::numeric, 9) AS score,
@@ -161,7 +163,8 @@ BEGIN
                                                         DESC, s.phrase) AS rank
     FROM scored s JOIN weighted w USING (grp, key) JOIN spread sp USING (key) JOIN sizes z USING (grp)
    WHERE w.weight > 0 AND storetopics._clause_fragment(s.words) IS NULL;
-  DROP TABLE pg_temp.storetopics_mine_texts, pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex;
+  DROP TABLE pg_temp.storetopics_mine_files, pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_texts,
+             pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex;
 END $$;
 
 -- The clusters' offline labels, mined for all of a store's clusters together (a phrase's rarity is counted across
@@ -240,24 +243,26 @@ BEGIN
   END IF;
   -- distinct phrases that share no word with a better one; phrases of a single file and single words (they rank
   -- after the others) only to make up three topics: beyond that the terms list says them
+  -- (a temp table made and dropped here: the pick below reads it once per phrase it takes)
+  CREATE TEMP TABLE storetopics_mined ON COMMIT DROP AS
+  SELECT * FROM storetopics._mine_phrases(
+    p_source, p_store, v_files,
+    (SELECT coalesce(jsonb_agg(jsonb_build_object('grp', 0, 'lexeme', u.lexeme, 'weight', 1.0 / (1 + u.i / 5.0))
+                               ORDER BY u.i), '[]')
+       FROM unnest(p_terms[1:30]) WITH ORDINALITY AS u(lexeme, i)));
   v_phrases := ARRAY(
-    WITH RECURSIVE mined AS MATERIALIZED (
-      SELECT * FROM storetopics._mine_phrases(
-        p_source, p_store, v_files,
-        (SELECT coalesce(jsonb_agg(jsonb_build_object('grp', 0, 'lexeme', u.lexeme, 'weight', 1.0 / (1 + u.i / 5.0))
-                                   ORDER BY u.i), '[]')
-           FROM unnest(p_terms[1:30]) WITH ORDINALITY AS u(lexeme, i)))
-    ), pick AS (
+    WITH RECURSIVE pick AS (
       SELECT 1 AS n, m.rank, ARRAY[m.phrase] AS phrases, regexp_split_to_array(lower(m.phrase), ' ') AS used
-        FROM mined m WHERE m.rank = 1
+        FROM pg_temp.storetopics_mined m WHERE m.rank = 1
       UNION ALL
       SELECT p.n + 1, m.rank, p.phrases || m.phrase, p.used || regexp_split_to_array(lower(m.phrase), ' ')
-        FROM pick p, LATERAL (SELECT * FROM mined m
+        FROM pick p, LATERAL (SELECT * FROM pg_temp.storetopics_mined m
                                WHERE m.rank > p.rank AND NOT regexp_split_to_array(lower(m.phrase), ' ') && p.used
                                  AND ((strpos(m.phrase, ' ') > 0 AND NOT m.one_file) OR p.n < 3)
                                ORDER BY m.rank LIMIT 1) m
        WHERE p.n < 8)
     SELECT unnest(phrases) FROM (SELECT phrases FROM pick ORDER BY n DESC LIMIT 1) x);
+  DROP TABLE pg_temp.storetopics_mined;
   UPDATE storetopics.store_state SET phrases = v_phrases, phrases_from = v_from
    WHERE source_id = p_source AND store_key = p_store;
   RETURN v_phrases;
