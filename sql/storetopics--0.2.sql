@@ -101260,7 +101260,7 @@ BEGIN ATOMIC
   ) p(kind, starts, follows, gate);
 END;
 
--- why: instructions in English, read on m.
+-- why: instructions in English, read on m.  (About 100 lines: a table of rules, one a line.)
 CREATE OR REPLACE FUNCTION storetopics._screen_rules_en_instruction()
 RETURNS TABLE (kind text, starts text, follows text, gate text)
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
@@ -102073,158 +102073,36 @@ END;
 
 -- The reader: read_<id>(op, files, store, args) RETURNS SETOF record, one query per op (callers name the columns).
 -- Every query is fixed at generation; the arguments are only ever bound values ($1 files, $2 store, $3 args), and
--- the one piece assembled at run time (assign's cluster slots) is built from integers.
---   keys                        (store_key, file_key) of every row: a resync's list of files
---   file_counts                 (file_key, chunks): the count check
---   null_files                  (n): rows whose file key is NULL
---   terms, terms_slow (files)   (store_key, file_key, term, n, rows): fold's recount; the slow path tokenises row by
---                               row, skipping texts whose tsvector would pass 1 MB
---   means (files | store)       (store_key, file_key, dims, m): each file's mean direction
---   assign (files | store, args.clusters)   the chunks per nearest cluster, see storetopics._assign
---   sample (store, args)        (ref, file_key, e): a fit's sample, see storetopics._fit_input
---   chunks (files = refs)       (ref, file_key, text): representatives
---   texts (files, store)        (t): the texts surface words are learnt from
---   sample_texts (files, store) (file_key, t): 3 chunks of each file (chosen by content, not by row: the same
---                               texts give the same phrases however they were written), 1,500 characters each: what
---                               phrases are mined from
---   search (store, args.query, args.k, args.embedding)   (file_key, chunk, content, rank, text_rank, distance): the
---                               store's k best chunks for a query (storetopics.search checks the caller first).
---                               Full-text always: websearch_to_tsquery(ts_config, query) matched against the row's
---                               tsvector, ranked by ts_rank; the content is cut at 1,000 characters.  With an embedding
---                               (a pgvector text, `[...]`) and an embedding column, also the k nearest chunks by cosine
---                               distance (rows of another dimension left out), and the two lists fused by reciprocal
---                               rank (1/(60 + rank in each list)); rank is then that score, else ts_rank.  A text whose
---                               tsvector would pass 1 MB fails the whole query, which then runs again tokenising row by
---                               row (tsvector_or_null: such texts are left out).  Written so that an application's
---                               GIN index on to_tsvector('<ts_config>', <content column>) can serve the match.
+-- the one piece assembled at run time (assign's cluster slots) is built from integers.  Each concern writes its own
+-- queries, beside the code that reads them (each returns its ops' arms of the reader's CASE):
+--   storetopics._fold_reads (040-fold.sql)
+--     keys                        (store_key, file_key) of every row: a resync's list of files
+--     file_counts                 (file_key, chunks): the count check
+--     null_files                  (n): rows whose file key is NULL
+--     terms, terms_slow (files)   (store_key, file_key, term, n, rows): fold's recount; the slow path tokenises row by
+--                                 row, skipping texts whose tsvector would pass 1 MB
+--   storetopics._cluster_reads (060-clusters.sql)
+--     means (files | store)       (store_key, file_key, dims, m): each file's mean direction
+--     assign (files | store, args.clusters)   the chunks per nearest cluster, see storetopics._assign
+--     sample (store, args)        (ref, file_key, e): a fit's sample, see storetopics._fit_input
+--     chunks (files = refs)       (ref, file_key, text): representatives
+--   storetopics._phrase_reads (065-phrases.sql)
+--     sample_texts (files, store) (file_key, t): what phrases are mined from
+--   storetopics._word_reads (070-summary.sql)
+--     texts (files, store)        (t): the texts surface words are learnt from
+--   storetopics._search_reads (120-search.sql)
+--     search (store, args.query, args.k, args.embedding)   (file_key, chunk, content, rank, text_rank, distance)
+-- (PL/pgSQL: the concerns' functions come in later files.)
 CREATE OR REPLACE FUNCTION storetopics._reader_body(src storetopics.sources) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  tbl text := src.chunks::text;
-  s text := src.store_sql;
-  f text := src.file_sql;
-  t text := src.content_sql;
-  by_files text := format('%s = ANY ($1::%s[])', src.file_sql, src.file_type);
-  by_store text := format('(%s)::text = $2', src.store_sql);
-  -- The store key is computed once per row (a function scan: expressions may be subqueries), NULL when longer than
-  -- max_store_key().  tsv: the row's tsvector (NULL for unusable text or a NULL key); skip: 1 for a skipped row.
-  -- Neither refers to the other, so the planner cannot end up tokenising a row twice.
-  terms text := $q$
-    SELECT k.s AS store_key, (%2$s)::text AS file_key, l.term, sum(l.n)::int AS n, count(*)::int AS rows
-      FROM %1$s AS c
-     CROSS JOIN LATERAL unnest(ARRAY[CASE WHEN char_length((%3$s)::text) <= storetopics._max_store_key()
-                                          THEN (%3$s)::text END]) AS k(s)
-     CROSS JOIN LATERAL (SELECT x.lexeme, cardinality(x.positions) FROM unnest(%4$s) AS x
-                         UNION ALL
-                         SELECT NULL, %5$s) AS l(term, n)
-     WHERE %6$s
-     GROUP BY 1, 2, 3$q$;
-  -- the text as it is counted (storetopics._dehyphenated)
-  td text := format('storetopics._dehyphenated(%s)', t);
-  fast_tsv text := format('CASE WHEN k.s IS NOT NULL AND storetopics._usable_text(%s) THEN to_tsvector(%L::regconfig, %s) END',
-                          t, src.ts_config, td);
-  slow_tsv text := format('storetopics._tsvector_or_null(%L::regconfig, CASE WHEN k.s IS NOT NULL THEN %s END)',
-                          src.ts_config, td);
-  means text := '';
-  assign text[] := '{"", "", "", "", "", ""}';
-  sample text := '';
-  -- search: %1$s the tsvector of the row's text, %2$s the CTE v of the nearest chunks (none without an embedding)
-  search text := $q$
-    WITH t AS (
-      SELECT x.*, pg_catalog.row_number() OVER (ORDER BY x.r DESC, x.chunk) AS n FROM (
-        SELECT (%3$s)::pg_catalog.text AS file_key, %4$s AS chunk,
-               pg_catalog.left((%5$s)::pg_catalog.text, 1000) AS content,
-               pg_catalog.ts_rank(%1$s, pg_catalog.websearch_to_tsquery(%6$L::pg_catalog.regconfig,
-                                                                         $3 OPERATOR(pg_catalog.->>) 'query'))::pg_catalog.float8 AS r
-          FROM %7$s AS c
-         WHERE %8$s
-           AND %1$s OPERATOR(pg_catalog.@@) pg_catalog.websearch_to_tsquery(%6$L::pg_catalog.regconfig,
-                                                                           $3 OPERATOR(pg_catalog.->>) 'query')
-         ORDER BY 4 DESC, 2
-         LIMIT ($3 OPERATOR(pg_catalog.->>) 'k')::pg_catalog.int4) x),
-    v AS (%2$s)
-    SELECT coalesce(t.file_key, v.file_key), coalesce(t.chunk, v.chunk), coalesce(t.content, v.content),
-           CASE WHEN $3 OPERATOR(pg_catalog.->>) 'embedding' IS NULL THEN t.r
-                ELSE coalesce(1 OPERATOR(pg_catalog./) (60 OPERATOR(pg_catalog.+) t.n)::pg_catalog.float8, 0)
-                     OPERATOR(pg_catalog.+)
-                     coalesce(1 OPERATOR(pg_catalog./) (60 OPERATOR(pg_catalog.+) v.n)::pg_catalog.float8, 0) END,
-           t.r, v.d
-      FROM t FULL JOIN v ON v.chunk OPERATOR(pg_catalog.=) t.chunk
-     ORDER BY 4 DESC, 2
-     LIMIT ($3 OPERATOR(pg_catalog.->>) 'k')::pg_catalog.int4$q$;
-  nearest text := 'SELECT NULL::pg_catalog.text AS file_key, NULL::pg_catalog.text AS chunk, '
-                  'NULL::pg_catalog.text AS content, NULL::pg_catalog.float8 AS d, NULL::pg_catalog.int8 AS n WHERE false';
-  vs name;
-  e text;
 BEGIN
-  IF src.embedding IS NOT NULL THEN
-    vs := storetopics._vector_schema();
-    e := storetopics._embedding_sql(src);
-    means := format($q$
-      SELECT (%1$s)::text, (%2$s)::text, %3$I.vector_dims(%4$s), %3$I.l2_normalize(%3$I.sum(%3$I.l2_normalize(%4$s)))
-        FROM %5$s AS c
-       WHERE (%1$s) IS NOT NULL AND %4$s IS NOT NULL AND $q$, s, f, vs, e, tbl);
-    assign := storetopics._assign_sql(src);
-    sample := format($q$
-      SELECT %1$s AS ref, (%2$s)::text AS file_key, %3$s AS e
-        FROM %4$s AS c $q$, storetopics._chunk_ref_sql(src.chunks), f, e, tbl);
-    nearest := format($q$
-      SELECT x.*, pg_catalog.row_number() OVER (ORDER BY x.d, x.chunk) AS n FROM (
-        SELECT (%1$s)::pg_catalog.text AS file_key, %2$s AS chunk,
-               pg_catalog.left((%3$s)::pg_catalog.text, 1000) AS content,
-               (%4$s OPERATOR(%5$I.<=>) ($3 OPERATOR(pg_catalog.->>) 'embedding')::%5$I.vector)::pg_catalog.float8 AS d
-          FROM %6$s AS c
-         WHERE $3 OPERATOR(pg_catalog.->>) 'embedding' IS NOT NULL AND %7$s AND %4$s IS NOT NULL
-           AND %5$I.vector_dims(%4$s)
-               OPERATOR(pg_catalog.=) %5$I.vector_dims(($3 OPERATOR(pg_catalog.->>) 'embedding')::%5$I.vector)
-         ORDER BY %4$s OPERATOR(%5$I.<=>) ($3 OPERATOR(pg_catalog.->>) 'embedding')::%5$I.vector
-         LIMIT ($3 OPERATOR(pg_catalog.->>) 'k')::pg_catalog.int4) x$q$,
-      f, storetopics._chunk_ref_sql(src.chunks), t, e, vs, tbl, by_store);
-  END IF;
   RETURN format($f$
 DECLARE
   v_slots int;
 BEGIN
   %1$s
   CASE op
-  WHEN 'keys' THEN RETURN QUERY EXECUTE %2$L;
-  WHEN 'file_counts' THEN RETURN QUERY EXECUTE %3$L;
-  WHEN 'null_files' THEN RETURN QUERY EXECUTE %4$L;
-  WHEN 'terms' THEN RETURN QUERY EXECUTE %5$L USING files;
-  WHEN 'terms_slow' THEN RETURN QUERY EXECUTE %6$L USING files;
-  WHEN 'texts' THEN RETURN QUERY EXECUTE %7$L USING files, store;
-  WHEN 'chunks' THEN RETURN QUERY EXECUTE %8$L USING files;
-  WHEN 'sample_texts' THEN RETURN QUERY EXECUTE %18$L USING files, store;
-  WHEN 'means' THEN
-    RETURN QUERY EXECUTE %9$L OPERATOR(pg_catalog.||) CASE WHEN files IS NULL THEN %10$L ELSE %11$L END
-                                 OPERATOR(pg_catalog.||) ' GROUP BY 1, 2, 3' USING files, store;
-  WHEN 'assign' THEN
-    -- one least() argument per cluster slot: the most clusters a store of the call has
-    v_slots := (SELECT pg_catalog.max(x.n) FROM (
-                  SELECT pg_catalog.count(*) AS n
-                    FROM pg_catalog.jsonb_array_elements(args OPERATOR(pg_catalog.->) 'clusters') AS k
-                   GROUP BY k OPERATOR(pg_catalog.->>) 'store_key') AS x);
-    RETURN QUERY EXECUTE %12$L OPERATOR(pg_catalog.||) CASE WHEN files IS NULL THEN %22$L ELSE %21$L END
-      OPERATOR(pg_catalog.||) %23$L
-      OPERATOR(pg_catalog.||) coalesce((SELECT pg_catalog.string_agg(pg_catalog.format(%13$L, i, i), ', ')
-                                          FROM pg_catalog.generate_series(1, v_slots) AS i), 'NULL::float8[]')
-      OPERATOR(pg_catalog.||) %14$L OPERATOR(pg_catalog.||) CASE WHEN files IS NULL THEN %10$L ELSE %11$L END
-      OPERATOR(pg_catalog.||) %15$L
-      USING files, store, args;
-  WHEN 'sample' THEN
-    RETURN QUERY EXECUTE %16$L OPERATOR(pg_catalog.||)
-      CASE WHEN args OPERATOR(pg_catalog.->>) 'percent' IS NULL THEN ''
-           ELSE 'TABLESAMPLE SYSTEM (($3 ->> ''percent'')::float8) REPEATABLE (($3 ->> ''seed'')::int)' END
-      OPERATOR(pg_catalog.||) %17$L
-      USING files, store, args;
-  WHEN 'search' THEN
-    -- The fused list is sorted before its first row comes out, so a query that fails has returned no row yet.
-    BEGIN
-      RETURN QUERY EXECUTE %19$L USING files, store, args;
-    EXCEPTION WHEN program_limit_exceeded THEN
-      RETURN QUERY EXECUTE %20$L USING files, store, args;
-    END;
-  ELSE
+%2$s  ELSE
     RAISE EXCEPTION 'storetopics: unknown read %%', op;
   END CASE;
 END$f$,
@@ -102233,33 +102111,28 @@ END$f$,
       format('storetopics: source %s: %s no longer runs as the owner of %s (it was altered)', src.id,
              storetopics._generated(src.id, 'read'), src.chunks),
       'insufficient_privilege', format('Detach %s and attach it again.', src.chunks))),
-    format('SELECT DISTINCT (%s)::text, (%s)::text FROM %s AS c', s, f, tbl),
-    format('SELECT (%s)::text, count(*) FROM %s AS c GROUP BY 1', f, tbl),
-    format('SELECT count(*) FROM %s AS c WHERE (%s) IS NULL', tbl, f),
-    format(terms, tbl, f, s, fast_tsv, format('(NOT storetopics._usable_text(%s))::int', t), by_files),
-    format(terms, tbl, f, s, slow_tsv,
-           format('(%s IS NULL AND (k.s IS NOT NULL OR NOT storetopics._usable_text(%s)))::int', slow_tsv, t), by_files),
-    format('SELECT (%s)::text FROM %s AS c WHERE %s AND %s', td, tbl, by_files, by_store),
-    format('SELECT %s, (%s)::text, left(%s, 1000) FROM %s AS c WHERE %s', storetopics._chunk_ref_sql(src.chunks),
-           f, t, tbl, storetopics._chunk_lookup_sql(src.chunks)),
-    means, by_store, by_files,
-    assign[1], format('ARRAY[ks.cen[%%s] OPERATOR(%I.<#>) q.q, %%s]', coalesce(vs, 'public')), assign[5], assign[6],
-    sample, format($q$
-       WHERE %s AND %s IS NOT NULL AND (%s) IS NOT NULL
-       ORDER BY hashtext(%s || ':' || ($3 ->> 'seed')), 1
-       LIMIT ($3 ->> 'limit')::int$q$, by_store, e, f, storetopics._chunk_ref_sql(src.chunks)),
-    format($q$
-      SELECT x.f, x.t FROM (SELECT (%1$s)::text AS f, left((storetopics._dehyphenated(%2$s))::text, 1500) AS t,
-                                   row_number() OVER (PARTITION BY (%1$s)::text
-                                                      ORDER BY pg_catalog.md5((%2$s)::text), %3$s) AS r
-                              FROM %4$s AS c WHERE %5$s AND %6$s) x
-       WHERE x.r <= 3$q$, f, t, storetopics._chunk_ref_sql(src.chunks), tbl, by_files, by_store),
-    format(search, format('pg_catalog.to_tsvector(%L::pg_catalog.regconfig, %s)', src.ts_config, t), nearest, f,
-           storetopics._chunk_ref_sql(src.chunks), t, src.ts_config, tbl, by_store),
-    format(search, format('storetopics._tsvector_or_null(%L::pg_catalog.regconfig, %s)', src.ts_config, t), nearest, f,
-           storetopics._chunk_ref_sql(src.chunks), t, src.ts_config, tbl, by_store),
-    assign[2], assign[3], assign[4]);
+    storetopics._fold_reads(src) || storetopics._word_reads(src) || storetopics._phrase_reads(src) ||
+    storetopics._cluster_reads(src) || storetopics._search_reads(src));
 END $$;
+
+-- One arm of the reader's CASE: op runs its query, with the arguments it binds (a list such as 'files, store').
+CREATE OR REPLACE FUNCTION storetopics._read_arm(op text, query text, binds text DEFAULT NULL) RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+RETURN format(E'  WHEN %L THEN RETURN QUERY EXECUTE %L%s;\n', op, query, ' USING ' || binds);
+
+-- The reads' filters of the rows: by the files of the call ($1), by its store ($2).
+CREATE OR REPLACE FUNCTION storetopics._read_by_files(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format('%s = ANY ($1::%s[])', src.file_sql, src.file_type);
+
+CREATE OR REPLACE FUNCTION storetopics._read_by_store(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format('(%s)::text = $2', src.store_sql);
+
+-- The text as it is counted (storetopics._dehyphenated).
+CREATE OR REPLACE FUNCTION storetopics._read_text_sql(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format('storetopics._dehyphenated(%s)', src.content_sql);
 
 -- The mirror: UPDATE mirror SET mirror_column = summary WHERE mirror_key::text = store (NULL once the store is gone).
 CREATE OR REPLACE FUNCTION storetopics._mirror_body(src storetopics.sources) RETURNS text
@@ -102335,11 +102208,12 @@ BEGIN
     WHERE (x.kind <> 'mirror' OR EXISTS (SELECT 1 FROM pg_class m WHERE m.oid = src.mirror))
       AND (x.kind <> 'try' OR storetopics._has_expression_key(src)) LOOP
     fn := format('%s(%s)', storetopics._generated(src.id, g.kind), g.types);
-    EXECUTE format('CREATE OR REPLACE FUNCTION %s(%s) RETURNS %s LANGUAGE plpgsql %s %s AS %L',
+    EXECUTE format('CREATE OR REPLACE FUNCTION %s(%s) RETURNS %s LANGUAGE plpgsql %s AS %L',
                    storetopics._generated(src.id, g.kind), g.params, g.returns,
-                   CASE WHEN g.definer THEN 'SECURITY DEFINER' ELSE '' END,
-                   CASE WHEN g.kind = 'capture' AND storetopics._capture_bound(src) THEN ''
-                        ELSE 'SET search_path = pg_catalog, pg_temp' END, g.body);
+                   -- its security and its search_path
+                   format('%s %s', CASE WHEN g.definer THEN 'SECURITY DEFINER' ELSE '' END,
+                          CASE WHEN g.kind = 'capture' AND storetopics._capture_bound(src) THEN ''
+                               ELSE 'SET search_path = pg_catalog, pg_temp' END), g.body);
     EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', fn);
     -- DROP EXTENSION storetopics must not leave triggers behind that would fail the application's writes.
     IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'storetopics') THEN
@@ -103108,8 +102982,7 @@ BEGIN
   PERFORM storetopics._fold_check_counts(src);
   v_files := storetopics._fold_claim(src, max_files);
   IF cardinality(v_files) > 0 THEN
-    PERFORM storetopics._fold_recount(src, v_files);
-    v_n := storetopics._fold_apply(src, v_files);
+    v_n := storetopics._fold_apply(src, v_files);   -- (it recounts them: storetopics._fold_recount)
   END IF;
   UPDATE storetopics.sources SET folded_at = now() WHERE id = p_source;
   -- (a first backfill: without statistics the planner took the state for "one row"; see _analyze_if_stale)
@@ -103272,12 +103145,65 @@ BEGIN
   RETURN v_files;
 END $$;
 
--- Fold step 4: recount the files from the live rows into pg_temp.storetopics_new_files: per (store, file) the
--- counters, the term/count arrays and the chunks per cluster.  The reader's recount is one parallel scan (the
--- planner takes to_tsvector for cheap, so parallel plans are made free for it).  A text whose tsvector would pass
--- 1 MB fails the batch: it is redone row by row, skipping such rows.
-CREATE OR REPLACE FUNCTION storetopics._fold_recount(src storetopics.sources, p_files text[]) RETURNS void
+-- The reader's queries fold makes (storetopics._reader_body puts them in read_<id>): keys (a resync's list of
+-- files), file_counts (the count check), null_files (rows whose file key is NULL), terms and terms_slow (the
+-- recount of files: _fold_recount).
+CREATE OR REPLACE FUNCTION storetopics._fold_reads(src storetopics.sources) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  tbl text := src.chunks::text;
+  t text := src.content_sql;
+  fast_tsv text := format('CASE WHEN k.s IS NOT NULL AND storetopics._usable_text(%s) THEN to_tsvector(%L::regconfig, %s) END',
+                          t, src.ts_config, storetopics._read_text_sql(src));
+  slow_tsv text := format('storetopics._tsvector_or_null(%L::regconfig, CASE WHEN k.s IS NOT NULL THEN %s END)',
+                          src.ts_config, storetopics._read_text_sql(src));
+BEGIN
+  RETURN storetopics._read_arm('keys', format('SELECT DISTINCT (%s)::text, (%s)::text FROM %s AS c',
+                                              src.store_sql, src.file_sql, tbl))
+      || storetopics._read_arm('file_counts', format('SELECT (%s)::text, count(*) FROM %s AS c GROUP BY 1',
+                                                     src.file_sql, tbl))
+      || storetopics._read_arm('null_files', format('SELECT count(*) FROM %s AS c WHERE (%s) IS NULL',
+                                                    tbl, src.file_sql))
+      || storetopics._read_arm('terms', storetopics._fold_terms_sql(
+           src, fast_tsv, format('(NOT storetopics._usable_text(%s))::int', t)), 'files')
+      || storetopics._read_arm('terms_slow', storetopics._fold_terms_sql(
+           src, slow_tsv,
+           format('(%s IS NULL AND (k.s IS NOT NULL OR NOT storetopics._usable_text(%s)))::int', slow_tsv, t)), 'files');
+END $$;
+
+-- The chunk rows c with their store key k.s, as fold keeps it (NULL when longer than max_store_key()).
+CREATE OR REPLACE FUNCTION storetopics._read_keyed_rows(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format($q$%1$s AS c
+     CROSS JOIN LATERAL unnest(ARRAY[CASE WHEN char_length((%2$s)::text) <= storetopics._max_store_key()
+                                          THEN (%2$s)::text END]) AS k(s)$q$, src.chunks, src.store_sql);
+
+-- The recount of the files of a call ($1): per (store, file, term) its count and the rows, and per (store, file)
+-- a row with no term (the rows, and in n those skipped).  The store key is computed once per row (a function scan:
+-- expressions may be subqueries), NULL when longer than max_store_key().  tsv: the row's tsvector (NULL for unusable
+-- text or a NULL key); skip: 1 for a skipped row.  Neither refers to the other, so the planner cannot end up
+-- tokenising a row twice.
+CREATE OR REPLACE FUNCTION storetopics._fold_terms_sql(src storetopics.sources, tsv text, skip text) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format($q$
+    SELECT k.s AS store_key, (%1$s)::text AS file_key, l.term, sum(l.n)::int AS n, count(*)::int AS rows
+      FROM %2$s
+     CROSS JOIN LATERAL (SELECT x.lexeme, cardinality(x.positions) FROM unnest(%3$s) AS x
+                         UNION ALL
+                         SELECT NULL, %4$s) AS l(term, n)
+     WHERE %5$s
+     GROUP BY 1, 2, 3$q$,
+  src.file_sql, storetopics._read_keyed_rows(src), tsv, skip, storetopics._read_by_files(src));
+
+-- Fold step 4: recount the files from the live rows; returns per (store, file) the counters, the term/count arrays
+-- and the chunks per cluster.  The reader's recount is one parallel scan (the planner takes to_tsvector for cheap,
+-- so parallel plans are made free for it).  A text whose tsvector would pass 1 MB fails the batch: it is redone row
+-- by row, skipping such rows.  (Its terms and files are temp tables made and dropped here.)
+CREATE FUNCTION storetopics._fold_recount(src storetopics.sources, p_files text[])
+RETURNS TABLE (store_key text, file_key text, chunks int, skipped int, words bigint, term_ids int[], counts int[],
+               cluster_ids int[], cluster_chunks int[], cluster_outliers int[], other_dim int)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
   v_op text := 'terms';
   v_saved text[] := ARRAY[current_setting('parallel_setup_cost'), current_setting('parallel_tuple_cost'),
@@ -103285,7 +103211,7 @@ DECLARE
 BEGIN
   -- (dropped only when there: DROP ... IF EXISTS would send the client a NOTICE each time)
   IF to_regclass('pg_temp.storetopics_new_terms') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_new_terms; END IF;
-  IF to_regclass('pg_temp.storetopics_new_files') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_new_files; END IF;
+  IF to_regclass('pg_temp.storetopics_recount') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_recount; END IF;
   PERFORM set_config('parallel_setup_cost', '0', true), set_config('parallel_tuple_cost', '0', true),
           set_config('min_parallel_table_scan_size', '0', true);
   LOOP
@@ -103313,7 +103239,7 @@ BEGIN
   -- aggregates read the rows in the same order, so the term and count arrays line up.  A NULL store key makes the
   -- file's chunks null-key rows.
   PERFORM set_config('enable_sort', 'off', true);
-  CREATE TEMP TABLE storetopics_new_files AS
+  CREATE TEMP TABLE storetopics_recount AS
   SELECT nt.store_key, nt.file_key,
          max(nt.rows) FILTER (WHERE nt.term IS NULL) AS chunks,
          max(nt.n) FILTER (WHERE nt.term IS NULL) AS skipped,
@@ -103326,27 +103252,37 @@ BEGIN
   PERFORM set_config('enable_sort', v_saved[4], true);
   DROP TABLE pg_temp.storetopics_new_terms;
   -- The files' chunks per cluster of their store's fit (nothing to do while no store of the source has one).
-  ALTER TABLE pg_temp.storetopics_new_files ADD cluster_ids int[] NOT NULL DEFAULT '{}',
+  ALTER TABLE pg_temp.storetopics_recount ADD cluster_ids int[] NOT NULL DEFAULT '{}',
     ADD cluster_chunks int[] NOT NULL DEFAULT '{}', ADD cluster_outliers int[] NOT NULL DEFAULT '{}',
     ADD other_dim int NOT NULL DEFAULT 0;
   IF src.embedding IS NOT NULL AND EXISTS (SELECT 1 FROM storetopics.clusters k WHERE k.source_id = src.id) THEN
-    PERFORM storetopics._assign(src, p_files, NULL);
-    UPDATE pg_temp.storetopics_new_files nf SET cluster_ids = a.cluster_ids, cluster_chunks = a.cluster_chunks,
+    UPDATE pg_temp.storetopics_recount nf SET cluster_ids = a.cluster_ids, cluster_chunks = a.cluster_chunks,
            cluster_outliers = a.cluster_outliers, other_dim = a.other_dim
-      FROM pg_temp.storetopics_assign a WHERE a.store_key = nf.store_key AND a.file_key = nf.file_key;
-    DROP TABLE pg_temp.storetopics_assign;
+      FROM storetopics._assign(src, p_files, NULL) a WHERE a.store_key = nf.store_key AND a.file_key = nf.file_key;
   END IF;
+  RETURN QUERY SELECT * FROM pg_temp.storetopics_recount;
+  DROP TABLE pg_temp.storetopics_recount;
 END $$;
 
--- Fold step 5: subtract the files' old counts and add the new ones, in the store-wide term statistics, the cluster
--- sizes and the store counters; then replace the files' own rows.  Returns the number of file rows written.
+-- Fold step 5: recount the files (storetopics._fold_recount), subtract their old counts and add the new ones, in the
+-- store-wide term statistics and the catalog's, the cluster sizes and the store counters; then replace the files'
+-- own rows.  Returns the number of file rows written.
 -- (file_terms is found by a digest of the file key: keys may be longer than an index entry can be)
+-- (About 110 lines: its statements share the batch's old and new rows, temp tables that stay inside it.)
 CREATE OR REPLACE FUNCTION storetopics._fold_apply(src storetopics.sources, p_files text[]) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_digests uuid[] := ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x);
   v_n int;
+  -- the catalog's background: per term the difference, and the stores that gain or lose it
+  v_terms int[];
+  v_totals numeric[];
+  v_stores int[];
+  v_files bigint[];
 BEGIN
+  -- (dropped only when there: DROP ... IF EXISTS would send the client a NOTICE each time)
+  IF to_regclass('pg_temp.storetopics_new_files') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_new_files; END IF;
+  CREATE TEMP TABLE storetopics_new_files AS SELECT * FROM storetopics._fold_recount(src, p_files);
   CREATE TEMP TABLE storetopics_old_files ON COMMIT DROP AS
   SELECT f.* FROM storetopics.file_terms f
    WHERE f.source_id = src.id AND md5(f.file_key)::uuid = ANY (v_digests) AND f.file_key = ANY (p_files);
@@ -103363,14 +103299,16 @@ BEGIN
    GROUP BY 1, 2
   HAVING sum(d.df) <> 0 OR sum(d.tf) <> 0 OR sum(d.tf2) <> 0;
   -- the catalog's background: the same difference, and the stores that gain or lose a term
-  CREATE TEMP TABLE storetopics_catalog_delta ON COMMIT DROP AS
-  SELECT d.term_id, sum(d.tf) AS total,
-         sum((coalesce(t.files, 0) + d.df > 0)::int - (coalesce(t.files, 0) > 0)::int)::int AS stores,
-         sum(d.df) AS files
-    FROM pg_temp.storetopics_delta d
-    LEFT JOIN storetopics.store_terms t ON t.source_id = src.id AND t.store_key = d.store_key AND t.term_id = d.term_id
-   GROUP BY 1;
-  PERFORM storetopics._catalog_apply(storetopics._catalog(src.id));
+  SELECT array_agg(x.term_id), array_agg(x.total), array_agg(x.stores), array_agg(x.files)
+    INTO v_terms, v_totals, v_stores, v_files
+    FROM (SELECT d.term_id, sum(d.tf) AS total,
+                 sum((coalesce(t.files, 0) + d.df > 0)::int - (coalesce(t.files, 0) > 0)::int)::int AS stores,
+                 sum(d.df) AS files
+            FROM pg_temp.storetopics_delta d
+            LEFT JOIN storetopics.store_terms t
+                   ON t.source_id = src.id AND t.store_key = d.store_key AND t.term_id = d.term_id
+           GROUP BY 1) x;
+  PERFORM storetopics._catalog_apply(storetopics._catalog(src.id), v_terms, v_totals, v_stores, v_files);
   INSERT INTO storetopics.store_terms AS t (source_id, store_key, term_id, files, total, total_sq)
   SELECT src.id, d.store_key, d.term_id, d.df, d.tf, d.tf2 FROM pg_temp.storetopics_delta d
   ORDER BY d.store_key, d.term_id
@@ -103380,8 +103318,24 @@ BEGIN
    WHERE t.source_id = src.id AND t.store_key = d.store_key AND t.term_id = d.term_id AND t.files <= 0;
   DROP TABLE pg_temp.storetopics_delta;
 
+  -- the clusters' sizes: the files' old cluster arrays subtracted, the new ones added
   IF src.embedding IS NOT NULL THEN
-    PERFORM storetopics._add_to_clusters(src.id);
+    UPDATE storetopics.clusters k
+       SET chunks = k.chunks + d.chunks, files = k.files + d.files, outliers = k.outliers + d.outliers
+      FROM (SELECT x.store_key, x.cluster_id, sum(x.files) AS files, sum(x.chunks) AS chunks,
+                   sum(x.outliers) AS outliers
+              FROM (SELECT f.store_key, u.cluster_id, -1 AS files, -u.n AS chunks, -u.o AS outliers
+                      FROM pg_temp.storetopics_old_files f,
+                           unnest(f.cluster_ids, f.cluster_chunks, f.cluster_outliers) AS u(cluster_id, n, o)
+                     WHERE f.store_key IS NOT NULL
+                    UNION ALL
+                    SELECT nf.store_key, u.cluster_id, 1, u.n, u.o
+                      FROM pg_temp.storetopics_new_files nf,
+                           unnest(nf.cluster_ids, nf.cluster_chunks, nf.cluster_outliers) AS u(cluster_id, n, o)
+                     WHERE nf.store_key IS NOT NULL) x
+             GROUP BY 1, 2) d
+     WHERE k.source_id = src.id AND k.store_key = d.store_key AND k.cluster_id = d.cluster_id
+       AND (d.files <> 0 OR d.chunks <> 0 OR d.outliers <> 0);
   END IF;
 
   CREATE TEMP TABLE storetopics_store_delta ON COMMIT DROP AS
@@ -103605,20 +103559,21 @@ RETURN coalesce((SELECT storetopics._catalog_key(s.id, s.owner, storetopics._set
                    FROM storetopics.sources s WHERE s.id = p_source),
                 'source:' || p_source);
 
--- Adds the rows of pg_temp.storetopics_catalog_delta (term_id, total, files, stores) to a catalog's background, in
--- term order (folds of two sources of one catalog lock its rows in the same order), and drops terms no store holds.
-CREATE OR REPLACE FUNCTION storetopics._catalog_apply(p_catalog text) RETURNS void
+-- Adds a difference (per term: total, stores, files; arrays in step) to a catalog's background, in term order (folds
+-- of two sources of one catalog lock its rows in the same order), and drops terms no store holds.
+CREATE OR REPLACE FUNCTION storetopics._catalog_apply(p_catalog text, p_terms int[], p_totals numeric[],
+                                                      p_stores int[], p_files bigint[]) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   INSERT INTO storetopics.catalog_terms AS c (catalog, term_id, total, stores, files)
-  SELECT p_catalog, d.term_id, d.total, d.stores, d.files FROM pg_temp.storetopics_catalog_delta d
+  SELECT p_catalog, d.term_id, d.total, d.stores, d.files
+    FROM unnest(p_terms, p_totals, p_stores, p_files) AS d(term_id, total, stores, files)
    WHERE d.total <> 0 OR d.stores <> 0 OR d.files <> 0
    ORDER BY d.term_id
   ON CONFLICT (catalog, term_id) DO UPDATE
      SET total = c.total + excluded.total, stores = c.stores + excluded.stores, files = c.files + excluded.files;
-  DELETE FROM storetopics.catalog_terms c USING pg_temp.storetopics_catalog_delta d
+  DELETE FROM storetopics.catalog_terms c USING unnest(p_terms) AS d(term_id)
    WHERE c.catalog = p_catalog AND c.term_id = d.term_id AND c.stores <= 0;
-  DROP TABLE pg_temp.storetopics_catalog_delta;
 END $$;
 
 -- A source's whole contribution (its stores' term sums), subtracted from one catalog and added to another (either
@@ -103630,11 +103585,11 @@ DECLARE
   v_sign int;
 BEGIN
   FOR v_catalog, v_sign IN SELECT x.c, x.s FROM (VALUES (p_from, -1), (p_to, 1)) x(c, s) WHERE x.c IS NOT NULL LOOP
-    CREATE TEMP TABLE storetopics_catalog_delta ON COMMIT DROP AS
-    SELECT t.term_id, v_sign * sum(t.total) AS total, (v_sign * count(*))::int AS stores,
-           v_sign * sum(t.files) AS files
-      FROM storetopics.store_terms t WHERE t.source_id = p_source GROUP BY 1;
-    PERFORM storetopics._catalog_apply(v_catalog);
+    PERFORM storetopics._catalog_apply(v_catalog, array_agg(x.term_id), array_agg(x.total), array_agg(x.stores),
+                                       array_agg(x.files))
+       FROM (SELECT t.term_id, v_sign * sum(t.total) AS total, (v_sign * count(*))::int AS stores,
+                    v_sign * sum(t.files) AS files
+               FROM storetopics.store_terms t WHERE t.source_id = p_source GROUP BY 1) x;
   END LOOP;
 END $$;
 
@@ -103652,9 +103607,9 @@ COMMENT ON FUNCTION storetopics.default_settings() IS
 -- clusters agree better with the Debian sections: bench/README.md).  Both the fit (_fit_input) and the assignment
 -- below use it, so distances and radii agree.
 --
--- Assigns the chunk rows of the files p_files (or of the store p_store) to their store's clusters, into
--- pg_temp.storetopics_assign: per (store, file), the chunks per nearest cluster of the store's fit, the outliers
--- among them, and the chunks whose vector no cluster can take (another dimension).
+-- Assigns the chunk rows of the files p_files (or of the store p_store) to their store's clusters; returns per
+-- (store, file) the chunks per nearest cluster of the store's fit, the outliers among them, and the chunks whose
+-- vector no cluster can take (another dimension).
 --
 -- Two passes over the rows, both by the source's reader (as the table's owner).  The first gives each file's mean
 -- direction, which goes to storetopics.file_means (a table, because parallel workers cannot read temp tables; the
@@ -103666,9 +103621,12 @@ COMMENT ON FUNCTION storetopics.default_settings() IS
 -- 1 + (c <#> q) / |q| (a zero vector is NaN, as cosine makes it: an outlier).  enable_nestloop is on here even when
 -- the caller turned it off (apply_fit, for its own joins): the per-row function scans are nested loops, and a
 -- penalised plan is a worse one.
-CREATE OR REPLACE FUNCTION storetopics._assign(src storetopics.sources, p_files text[], p_store text) RETURNS void
+CREATE FUNCTION storetopics._assign(src storetopics.sources, p_files text[], p_store text)
+RETURNS TABLE (store_key text, file_key text, cluster_ids int[], cluster_chunks int[], cluster_outliers int[],
+               other_dim int)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET jit = off SET enable_nestloop = on
 AS $$
+#variable_conflict use_column
 DECLARE
   v_reader text := storetopics._generated(src.id, 'read');
   v_clusters jsonb;
@@ -103676,9 +103634,6 @@ DECLARE
                           current_setting('min_parallel_table_scan_size'), current_setting('enable_sort'),
                           current_setting('enable_hashjoin'), current_setting('enable_material')];
 BEGIN
-  IF to_regclass('pg_temp.storetopics_assign') IS NOT NULL THEN   -- (IF EXISTS would send the client a NOTICE)
-    DROP TABLE pg_temp.storetopics_assign;
-  END IF;
   PERFORM set_config('parallel_setup_cost', '0', true), set_config('parallel_tuple_cost', '0', true),
           set_config('min_parallel_table_scan_size', '0', true), set_config('enable_sort', 'off', true);
   IF p_files IS NULL THEN   -- a whole store: each row finds its file's mean through the index (see _assign_sql)
@@ -103694,7 +103649,7 @@ BEGIN
                                                                      'radius', k.radius, 'centroid', k.centroid::text)))
     INTO v_clusters
     FROM storetopics.clusters k WHERE k.source_id = src.id AND (p_store IS NULL OR k.store_key = p_store);
-  EXECUTE format('CREATE TEMP TABLE storetopics_assign ON COMMIT DROP AS SELECT * FROM %s(''assign'', $1, $2, $3) '
+  RETURN QUERY EXECUTE format('SELECT * FROM %s(''assign'', $1, $2, $3) '
                  'AS r(store_key text, file_key text, cluster_ids int[], cluster_chunks int[], cluster_outliers int[], '
                  'other_dim int)', v_reader)
     USING p_files, p_store, v_clusters;
@@ -103702,6 +103657,73 @@ BEGIN
   PERFORM set_config('parallel_setup_cost', v_saved[1], true), set_config('parallel_tuple_cost', v_saved[2], true),
           set_config('min_parallel_table_scan_size', v_saved[3], true), set_config('enable_sort', v_saved[4], true),
           set_config('enable_hashjoin', v_saved[5], true), set_config('enable_material', v_saved[6], true);
+END $$;
+
+-- The reader's queries for the clusters (storetopics._reader_body puts them in read_<id>): means (files | store)
+-- and assign (files | store, args.clusters), for _assign; sample (store, args), a fit's sample (_fit_input); chunks
+-- (files = refs), the representatives' texts (apply_fit).  Without an embedding only chunks has a query.
+CREATE OR REPLACE FUNCTION storetopics._cluster_reads(src storetopics.sources) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  vs name;
+  e text;
+  ref text := storetopics._chunk_ref_sql(src.chunks);
+  by_files text := storetopics._read_by_files(src);
+  by_store text := storetopics._read_by_store(src);
+  means text := '';
+  assign text[] := '{"", "", "", "", "", ""}';
+  sample text := '';
+BEGIN
+  IF src.embedding IS NOT NULL THEN
+    vs := storetopics._vector_schema();
+    e := storetopics._embedding_sql(src);
+    means := format($q$
+      SELECT (%1$s)::text, (%2$s)::text, %3$I.vector_dims(%4$s), %3$I.l2_normalize(%3$I.sum(%3$I.l2_normalize(%4$s)))
+        FROM %5$s AS c
+       WHERE (%1$s) IS NOT NULL AND %4$s IS NOT NULL AND $q$, src.store_sql, src.file_sql, vs, e, src.chunks);
+    assign := storetopics._assign_sql(src);
+    sample := format($q$
+      SELECT %1$s AS ref, (%2$s)::text AS file_key, %3$s AS e
+        FROM %4$s AS c $q$, ref, src.file_sql, e, src.chunks);
+  END IF;
+  RETURN storetopics._read_arm('chunks', format('SELECT %s, (%s)::text, left(%s, 1000) FROM %s AS c WHERE %s', ref,
+                                                src.file_sql, src.content_sql, src.chunks,
+                                                storetopics._chunk_lookup_sql(src.chunks)), 'files')
+    || format($a$  WHEN 'means' THEN
+    RETURN QUERY EXECUTE %1$L OPERATOR(pg_catalog.||) CASE WHEN files IS NULL THEN %2$L ELSE %3$L END
+                                 OPERATOR(pg_catalog.||) ' GROUP BY 1, 2, 3' USING files, store;
+$a$, means, by_store, by_files)
+    || format($a$  WHEN 'assign' THEN
+    -- one least() argument per cluster slot: the most clusters a store of the call has
+    v_slots := (SELECT pg_catalog.max(x.n) FROM (
+                  SELECT pg_catalog.count(*) AS n
+                    FROM pg_catalog.jsonb_array_elements(args OPERATOR(pg_catalog.->) 'clusters') AS k
+                   GROUP BY k OPERATOR(pg_catalog.->>) 'store_key') AS x);
+    RETURN QUERY EXECUTE %1$s
+      OPERATOR(pg_catalog.||) %2$s
+      OPERATOR(pg_catalog.||) %3$s
+      USING files, store, args;
+$a$,
+      -- the head, the clusters (ks) by store or by files, the joins up to least()
+      format(E'%L OPERATOR(pg_catalog.||) CASE WHEN files IS NULL THEN %L ELSE %L END\n      OPERATOR(pg_catalog.||) %L',
+             assign[1], assign[3], assign[2], assign[4]),
+      -- least()'s arguments, one per cluster slot
+      format($a$coalesce((SELECT pg_catalog.string_agg(pg_catalog.format(%L, i, i), ', ')
+                                          FROM pg_catalog.generate_series(1, v_slots) AS i), 'NULL::float8[]')$a$,
+             format('ARRAY[ks.cen[%%s] OPERATOR(%I.<#>) q.q, %%s]', coalesce(vs, 'public'))),
+      -- the next piece, the rows' filter, the tail
+      format(E'%L OPERATOR(pg_catalog.||) CASE WHEN files IS NULL THEN %L ELSE %L END\n      OPERATOR(pg_catalog.||) %L',
+             assign[5], by_store, by_files, assign[6]))
+    || format($a$  WHEN 'sample' THEN
+    RETURN QUERY EXECUTE %1$L OPERATOR(pg_catalog.||)
+      CASE WHEN args OPERATOR(pg_catalog.->>) 'percent' IS NULL THEN ''
+           ELSE 'TABLESAMPLE SYSTEM (($3 ->> ''percent'')::float8) REPEATABLE (($3 ->> ''seed'')::int)' END
+      OPERATOR(pg_catalog.||) %2$L
+      USING files, store, args;
+$a$, sample, format($q$
+       WHERE %s AND %s IS NOT NULL AND (%s) IS NOT NULL
+       ORDER BY hashtext(%s || ':' || ($3 ->> 'seed')), 1
+       LIMIT ($3 ->> 'limit')::int$q$, by_store, e, src.file_sql, ref));
 END $$;
 
 -- The reader's assignment query (see _assign), in pieces the reader puts together at run time: the head, then the
@@ -103753,18 +103775,18 @@ BEGIN
                format($q$) ks
                              ON ks.store_key = (%1$s)::text
                       LEFT JOIN storetopics.file_means fm
-                             ON fm.source_id = %6$s AND fm.store_key = (%1$s)::text AND fm.file_key = (%2$s)::text
-                            AND fm.dims = %5$I.vector_dims(%4$s)
+                             ON fm.source_id = %5$s AND fm.store_key = (%1$s)::text AND fm.file_key = (%2$s)::text
+                            AND fm.dims = %4$I.vector_dims(%3$s)
                       -- q: the chunk in its file's context (not normalised again) and its length, each computed once
                       -- per row (a function scan's result is not inlined into the expressions that use it)
-                      CROSS JOIN LATERAL unnest(ARRAY[CASE WHEN fm.m IS NULL THEN %4$s
-                                                           ELSE %5$I.l2_normalize(%4$s) OPERATOR(%5$I.+) fm.m END]) AS q(q)
-                      CROSS JOIN LATERAL unnest(ARRAY[%5$I.vector_norm(q.q)]) AS b(qn)
+                      CROSS JOIN LATERAL unnest(ARRAY[CASE WHEN fm.m IS NULL THEN %3$s
+                                                           ELSE %4$I.l2_normalize(%3$s) OPERATOR(%4$I.+) fm.m END]) AS q(q)
+                      CROSS JOIN LATERAL unnest(ARRAY[%4$I.vector_norm(q.q)]) AS b(qn)
                       -- m = [inner product, slot] of the nearest centroid; NULL for a NULL vector, one of another
                       -- dimension, or a store without clusters
-                      CROSS JOIN LATERAL unnest(ARRAY[ROW(CASE WHEN %5$I.vector_dims(q.q) = ks.dims
+                      CROSS JOIN LATERAL unnest(ARRAY[ROW(CASE WHEN %4$I.vector_dims(q.q) = ks.dims
                                                                THEN least($q$,
-                      src.store_sql, src.file_sql, src.chunks, e, vs, src.id),
+                      src.store_sql, src.file_sql, e, vs, src.id),
                format($q$) END)]) AS a(m float8[])
                      WHERE (%1$s) IS NOT NULL AND $q$, src.store_sql),
                $q$) y
@@ -103772,26 +103794,7 @@ BEGIN
      GROUP BY 1, 2$q$];
 END $$;
 
--- fold()'s step for clusters: subtract the files' old cluster arrays, add the new ones (in pg_temp's new files).
-CREATE OR REPLACE FUNCTION storetopics._add_to_clusters(p_source int) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-  UPDATE storetopics.clusters k
-     SET chunks = k.chunks + d.chunks, files = k.files + d.files, outliers = k.outliers + d.outliers
-    FROM (SELECT x.store_key, x.cluster_id, sum(x.files) AS files, sum(x.chunks) AS chunks, sum(x.outliers) AS outliers
-            FROM (SELECT f.store_key, u.cluster_id, -1 AS files, -u.n AS chunks, -u.o AS outliers
-                    FROM pg_temp.storetopics_old_files f,
-                         unnest(f.cluster_ids, f.cluster_chunks, f.cluster_outliers) AS u(cluster_id, n, o)
-                   WHERE f.store_key IS NOT NULL
-                  UNION ALL
-                  SELECT nf.store_key, u.cluster_id, 1, u.n, u.o
-                    FROM pg_temp.storetopics_new_files nf,
-                         unnest(nf.cluster_ids, nf.cluster_chunks, nf.cluster_outliers) AS u(cluster_id, n, o)
-                   WHERE nf.store_key IS NOT NULL) x
-           GROUP BY 1, 2) d
-   WHERE k.source_id = p_source AND k.store_key = d.store_key AND k.cluster_id = d.cluster_id
-     AND (d.files <> 0 OR d.chunks <> 0 OR d.outliers <> 0);
-END $$;
+-- (fold()'s step for clusters, which read fold's temp tables, is part of storetopics._fold_apply now)
 
 -- Whether a store's clustering is due, and why: 'no fit' (enough vectors, never fitted), 'outliers' (outliers since
 -- the fit pass refit_outliers of the store), 'dimension' (most vectors have another dimension than the fit), or
@@ -103894,6 +103897,49 @@ BEGIN
   DROP TABLE pg_temp.storetopics_sample;
 END $$;
 
+-- apply_fit()'s second half: every file of a store assigned again to the clusters now in place (one pass over its
+-- chunks), and the clusters' sizes recounted.  Returns the chunks assigned.
+-- (Joins between a store's files and the pass's result are hashed: right after a big fold file_terms has no
+-- statistics yet, and the planner's nested loop over both was orders of magnitude slower.)
+CREATE OR REPLACE FUNCTION storetopics._reassign_store(src storetopics.sources, p_store text) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET enable_nestloop = off SET jit = off
+AS $$
+DECLARE
+  v_updated bigint;
+BEGIN
+  -- (a temp table made and dropped here: two statements read it, planned on its statistics)
+  CREATE TEMP TABLE storetopics_assign ON COMMIT DROP AS SELECT * FROM storetopics._assign(src, NULL, p_store);
+  ANALYZE pg_temp.storetopics_assign;
+  UPDATE storetopics.file_terms f
+     SET cluster_ids = a.cluster_ids, cluster_chunks = a.cluster_chunks, cluster_outliers = a.cluster_outliers,
+         other_dim = a.other_dim
+    FROM pg_temp.storetopics_assign a
+   WHERE f.source_id = src.id AND f.store_key = p_store AND a.store_key = p_store AND f.file_key = a.file_key;
+  GET DIAGNOSTICS v_updated = ROW_COUNT;
+  -- (a store backfilled in two batches kept the statistics of the first, and render's keywords() crawled until
+  -- autovacuum came by)
+  PERFORM storetopics._analyze_if_stale(v_updated);
+  -- files of the store the pass did not see (their rows changed since; a pending event will recount them)
+  UPDATE storetopics.file_terms f
+     SET cluster_ids = '{}', cluster_chunks = '{}', cluster_outliers = '{}', other_dim = 0
+   WHERE f.source_id = src.id AND f.store_key = p_store
+     AND NOT EXISTS (SELECT 1 FROM pg_temp.storetopics_assign a WHERE a.file_key = f.file_key);
+  DROP TABLE pg_temp.storetopics_assign;
+  UPDATE storetopics.clusters k SET chunks = 0, files = 0, outliers = 0, outliers_at_fit = 0, outliers_seen = 0
+   WHERE k.source_id = src.id AND k.store_key = p_store;
+  UPDATE storetopics.clusters k
+     SET chunks = x.chunks, files = x.files, outliers = x.outliers, outliers_at_fit = x.outliers,
+         outliers_seen = x.outliers
+    FROM (SELECT u.cluster_id, sum(u.n) AS chunks, count(*) AS files, sum(u.o) AS outliers
+            FROM storetopics.file_terms f,
+                 unnest(f.cluster_ids, f.cluster_chunks, f.cluster_outliers) AS u(cluster_id, n, o)
+           WHERE f.source_id = src.id AND f.store_key = p_store
+           GROUP BY 1) x
+   WHERE k.source_id = src.id AND k.store_key = p_store AND k.cluster_id = x.cluster_id;
+  RETURN (SELECT coalesce(sum(k.chunks), 0)
+            FROM storetopics.clusters k WHERE k.source_id = src.id AND k.store_key = p_store);
+END $$;
+
 -- Apply a fit computed from _fit_input() (by plpython3u in the database, or by the worker/CLI): p_fit is
 --   {"generation": the store's fit_generation the input was read at, "k", "silhouette", "single_theme", "sample",
 --    "seed", "dim", "space", "seconds",
@@ -103906,7 +103952,8 @@ END $$;
 -- words and label: no call either.  Only a cluster of what the old fit called outliers is new.  The other old clusters go; new ones come with
 -- representatives and c-TF-IDF words, and need a label.  Then every file of the store is assigned again (one pass
 -- over its chunks) and the cluster sizes are recounted.  Compare-and-set: if another fit was applied since the
--- input was read, nothing is written.  Returns a jsonb report.
+-- input was read, nothing is written.  Returns a jsonb report.  (About 85 lines: the new clusters' rows are made
+-- from the old ones it keeps in temp tables, made and dropped here.)
 -- (Joins between a store's files and the pass's result are hashed: right after a big fold file_terms has no
 -- statistics yet, and the nested loop the planner would then choose is quadratic in the store's files.)
 CREATE OR REPLACE FUNCTION storetopics._apply_fit(p_source int, p_store text, p_fit jsonb) RETURNS jsonb
@@ -103923,7 +103970,6 @@ DECLARE
   r record;
   v_reps jsonb;
   v_assigned bigint;
-  v_updated bigint;
 BEGIN
   SELECT * INTO src FROM storetopics.sources WHERE id = p_source FOR UPDATE;   -- one writer of a source's state
   SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store FOR UPDATE;
@@ -103979,37 +104025,7 @@ BEGIN
   END LOOP;
   DROP TABLE pg_temp.storetopics_fit, pg_temp.storetopics_old;
 
-  -- Every file of the store, assigned to the clusters now in place.
-  PERFORM storetopics._assign(src, NULL, p_store);
-  ANALYZE pg_temp.storetopics_assign;
-  UPDATE storetopics.file_terms f
-     SET cluster_ids = a.cluster_ids, cluster_chunks = a.cluster_chunks, cluster_outliers = a.cluster_outliers,
-         other_dim = a.other_dim
-    FROM pg_temp.storetopics_assign a
-   WHERE f.source_id = p_source AND f.store_key = p_store AND a.store_key = p_store AND f.file_key = a.file_key;
-  GET DIAGNOSTICS v_updated = ROW_COUNT;
-  -- (a store backfilled in two batches kept the statistics of the first, and render's keywords() crawled until
-  -- autovacuum came by)
-  PERFORM storetopics._analyze_if_stale(v_updated);
-  -- files of the store the pass did not see (their rows changed since; a pending event will recount them)
-  UPDATE storetopics.file_terms f
-     SET cluster_ids = '{}', cluster_chunks = '{}', cluster_outliers = '{}', other_dim = 0
-   WHERE f.source_id = p_source AND f.store_key = p_store
-     AND NOT EXISTS (SELECT 1 FROM pg_temp.storetopics_assign a WHERE a.file_key = f.file_key);
-  DROP TABLE pg_temp.storetopics_assign;
-  UPDATE storetopics.clusters k SET chunks = 0, files = 0, outliers = 0, outliers_at_fit = 0, outliers_seen = 0
-   WHERE k.source_id = p_source AND k.store_key = p_store;
-  UPDATE storetopics.clusters k
-     SET chunks = x.chunks, files = x.files, outliers = x.outliers, outliers_at_fit = x.outliers,
-         outliers_seen = x.outliers
-    FROM (SELECT u.cluster_id, sum(u.n) AS chunks, count(*) AS files, sum(u.o) AS outliers
-            FROM storetopics.file_terms f,
-                 unnest(f.cluster_ids, f.cluster_chunks, f.cluster_outliers) AS u(cluster_id, n, o)
-           WHERE f.source_id = p_source AND f.store_key = p_store
-           GROUP BY 1) x
-   WHERE k.source_id = p_source AND k.store_key = p_store AND k.cluster_id = x.cluster_id;
-  SELECT coalesce(sum(k.chunks), 0) INTO v_assigned
-    FROM storetopics.clusters k WHERE k.source_id = p_source AND k.store_key = p_store;
+  v_assigned := storetopics._reassign_store(src, p_store);   -- every file of the store, to the clusters now in place
 
   UPDATE storetopics.store_state
      SET other_dim = (SELECT coalesce(sum(f.other_dim), 0) FROM storetopics.file_terms f
@@ -104384,10 +104400,24 @@ RETURN CASE
        'applies', 'enables', 'disables', 'tells', 'says', 'receives', 'sends') THEN 'verb at its start'
 END;
 
--- Mines phrases for groups of files.  Input: pg_temp.storetopics_mine_files (grp, file_key), the files of each group
--- (a cluster, or a whole store), and pg_temp.storetopics_mine_words (grp, lexeme, weight), the words a group's
--- phrases should be made of.  Output: pg_temp.storetopics_mined (grp, phrase, one_file, hits, score, rank); hits:
--- how many of its words weigh 0.5 or more for the group (a cluster's three first words).
+-- The reader's query for _mine_phrases (storetopics._reader_body puts it in read_<id>): sample_texts (files, store),
+-- (file_key, t), 3 chunks of each file (chosen by content, not by row: the same texts give the same phrases however
+-- they were written), 1,500 characters each.
+CREATE OR REPLACE FUNCTION storetopics._phrase_reads(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN storetopics._read_arm('sample_texts', format($q$
+      SELECT x.f, x.t FROM (SELECT (%1$s)::text AS f, left((storetopics._dehyphenated(%2$s))::text, 1500) AS t,
+                                   row_number() OVER (PARTITION BY (%1$s)::text
+                                                      ORDER BY pg_catalog.md5((%2$s)::text), %3$s) AS r
+                              FROM %4$s) x
+       WHERE x.r <= 3$q$, src.file_sql, src.content_sql, storetopics._chunk_ref_sql(src.chunks),
+  format('%s AS c WHERE %s AND %s', src.chunks, storetopics._read_by_files(src), storetopics._read_by_store(src))),
+  'files, store');
+
+-- Mines phrases for groups of files.  Input: p_files, [{grp, file_key}], the files of each group (a cluster, or a
+-- whole store), and p_words, [{grp, lexeme, weight}], the words a group's phrases should be made of.  Returns
+-- (grp, phrase, one_file, hits, score, rank); hits: how many of its words weigh 0.5 or more for the group (a
+-- cluster's three first words).
 -- A phrase is a run of 2-3 different words within a clause (never across punctuation), letters only, its first and
 -- last word no stopword, at least one of its words (as a lexeme) weighted for the group; it must occur in two of the group's
 -- files (one file's names are no topic).  Score: files it occurs in x (1 + weight of its words) x how rare it is in
@@ -104396,11 +104426,15 @@ END;
 -- store's topics take rather than none.
 -- No JIT: planned over temp tables and unnested arrays, these statements are estimated at orders of magnitude more
 -- rows than they have, which buys them an LLVM compilation that takes longer than they run (bench/README.md).
-CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text) RETURNS void
+-- (About 90 lines: its input, n-grams and their words are temp tables made and dropped here, which several of its
+-- statements read.)
+CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text, p_files jsonb, p_words jsonb)
+RETURNS TABLE (grp int, phrase text, one_file boolean, hits bigint, score numeric, rank bigint)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+#variable_conflict use_column
 DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
-  v_groups int := (SELECT count(DISTINCT g.grp) FROM pg_temp.storetopics_mine_files g);
+  v_groups int;
   v_files bigint := (SELECT st.files FROM storetopics.store_state st
                       WHERE st.source_id = p_source AND st.store_key = p_store);
   v_words bigint := (SELECT st.words FROM storetopics.store_state st
@@ -104408,9 +104442,12 @@ DECLARE
   v_script text := storetopics._store_script(p_source, p_store);
   v_noise text[];
 BEGIN
-  IF to_regclass('pg_temp.storetopics_mined') IS NOT NULL THEN   -- (IF EXISTS would send the client a NOTICE)
-    DROP TABLE pg_temp.storetopics_mined;
-  END IF;
+  -- (its input as temp tables too: joined to 10^5 n-grams, they are planned on their real sizes)
+  CREATE TEMP TABLE storetopics_mine_files ON COMMIT DROP AS
+  SELECT f.grp, f.file_key FROM jsonb_to_recordset(p_files) AS f(grp int, file_key text);
+  CREATE TEMP TABLE storetopics_mine_words ON COMMIT DROP AS
+  SELECT w.grp, w.lexeme, w.weight FROM jsonb_to_recordset(p_words) AS w(grp int, lexeme text, weight numeric);
+  v_groups := (SELECT count(DISTINCT g.grp) FROM pg_temp.storetopics_mine_files g);
   EXECUTE format('CREATE TEMP TABLE storetopics_mine_texts ON COMMIT DROP AS SELECT * FROM %s(''sample_texts'', $1, '
                  '$2, NULL) AS r(file_key text, t text)', storetopics._reader(p_source))
     USING ARRAY(SELECT DISTINCT g.file_key FROM pg_temp.storetopics_mine_files g), p_store;
@@ -104443,7 +104480,7 @@ BEGIN
       JOIN storetopics.store_terms t ON t.source_id = p_source AND t.store_key = p_store AND t.term_id = x.id
      WHERE storetopics._noise(l.lexeme, t.files, t.total, t.total_sq, v_files, v_words, v_script) IS NOT NULL);
   -- set-based throughout (joins, not per-row look-ups): a store's sample holds 10^5 n-grams
-  CREATE TEMP TABLE storetopics_mined ON COMMIT DROP AS
+  RETURN QUERY
   WITH per AS (
     SELECT f.grp, lower(array_to_string(g.words, ' ')) AS key, array_to_string(g.words, ' ') AS surface, g.file_key,
            g.words
@@ -104475,7 +104512,8 @@ BEGIN
                                                         DESC, s.phrase) AS rank
     FROM scored s JOIN weighted w USING (grp, key) JOIN spread sp USING (key) JOIN sizes z USING (grp)
    WHERE w.weight > 0 AND storetopics._clause_fragment(s.words) IS NULL;
-  DROP TABLE pg_temp.storetopics_mine_texts, pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex;
+  DROP TABLE pg_temp.storetopics_mine_files, pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_texts,
+             pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex;
 END $$;
 
 -- The clusters' offline labels, mined for all of a store's clusters together (a phrase's rarity is counted across
@@ -104486,43 +104524,46 @@ CREATE OR REPLACE FUNCTION storetopics._cluster_phrases(p_source int, p_store te
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
+  v_words jsonb;   -- [{grp, lexeme, weight}]: the clusters' words, best first
+  v_files jsonb;   -- [{grp, file_key}]: each cluster's 20 most committed files
   v_from text;
 BEGIN
-  CREATE TEMP TABLE storetopics_mine_words ON COMMIT DROP AS
-  SELECT k.cluster_id AS grp, l.lexeme, max(1.0 / (1 + u.i / 3.0)) AS weight   -- the cluster's words, best first
-    FROM storetopics.clusters k, unnest(k.keywords[1:15]) WITH ORDINALITY AS u(w, i),
-         LATERAL unnest(tsvector_to_array(to_tsvector(v_cfg, u.w))) AS l(lexeme)
-   WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0
-   GROUP BY 1, 2;
-  CREATE TEMP TABLE storetopics_mine_files ON COMMIT DROP AS
-  SELECT x.grp, x.file_key, x.digest FROM (
-    SELECT u.cluster_id AS grp, f.file_key, md5(f.term_ids::text || f.counts::text) AS digest,
-           row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC,
-                                                                 hashtext(f.file_key), f.file_key) AS r
-      FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
-     WHERE f.source_id = p_source AND f.store_key = p_store
-       AND u.cluster_id IN (SELECT w.grp FROM pg_temp.storetopics_mine_words w)) x
+  SELECT coalesce(jsonb_agg(jsonb_build_object('grp', w.grp, 'lexeme', w.lexeme, 'weight', w.weight)
+                            ORDER BY w.grp, w.lexeme), '[]'),
+         coalesce(string_agg(w.grp || ':' || w.lexeme || ':' || w.weight, ',' ORDER BY w.grp, w.lexeme), '')
+    INTO v_words, v_from
+    FROM (SELECT k.cluster_id AS grp, l.lexeme, max(1.0 / (1 + u.i / 3.0)) AS weight
+            FROM storetopics.clusters k, unnest(k.keywords[1:15]) WITH ORDINALITY AS u(w, i),
+                 LATERAL unnest(tsvector_to_array(to_tsvector(v_cfg, u.w))) AS l(lexeme)
+           WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0
+           GROUP BY 1, 2) w;
+  SELECT coalesce(jsonb_agg(jsonb_build_object('grp', x.grp, 'file_key', x.file_key) ORDER BY x.grp, x.file_key), '[]'),
+         md5(v_from || '|' ||
+             coalesce(string_agg(x.grp || ':' || x.file_key || ':' || x.digest, ',' ORDER BY x.grp, x.file_key), ''))
+    INTO v_files, v_from
+    FROM (SELECT u.cluster_id AS grp, f.file_key, md5(f.term_ids::text || f.counts::text) AS digest,
+                 row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC,
+                                                                       hashtext(f.file_key), f.file_key) AS r
+            FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
+           WHERE f.source_id = p_source AND f.store_key = p_store
+             AND u.cluster_id IN (SELECT (w ->> 'grp')::int FROM jsonb_array_elements(v_words) w)) x
    WHERE x.r <= 20;
-  v_from := md5(coalesce((SELECT string_agg(w.grp || ':' || w.lexeme || ':' || w.weight, ',' ORDER BY w.grp, w.lexeme)
-                            FROM pg_temp.storetopics_mine_words w), '') || '|' ||
-                coalesce((SELECT string_agg(f.grp || ':' || f.file_key || ':' || f.digest, ',' ORDER BY f.grp, f.file_key)
-                            FROM pg_temp.storetopics_mine_files f), ''));
   IF v_from IS NOT DISTINCT FROM (SELECT st.cluster_phrases_from FROM storetopics.store_state st
                                    WHERE st.source_id = p_source AND st.store_key = p_store) THEN
-    DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files;
     RETURN;
   END IF;
-  PERFORM storetopics._mine_phrases(p_source, p_store);
   -- a run of words two of its files share, else one file's run that holds two of the cluster's three first words:
   -- where there is neither, those three words say more to a router than a single word or one file's other phrases
   -- (measured: bench/README.md, "Offline labels")
+  WITH best AS MATERIALIZED (
+    SELECT DISTINCT ON (m.grp) m.grp, m.phrase
+      FROM storetopics._mine_phrases(p_source, p_store, v_files, v_words) m
+     WHERE strpos(m.phrase, ' ') > 0 AND (NOT m.one_file OR m.hits >= 2)
+     ORDER BY m.grp, m.rank)
   UPDATE storetopics.clusters k
-     SET phrase = (SELECT m.phrase FROM pg_temp.storetopics_mined m
-                    WHERE m.grp = k.cluster_id AND strpos(m.phrase, ' ') > 0 AND (NOT m.one_file OR m.hits >= 2)
-                    ORDER BY m.rank LIMIT 1)
+     SET phrase = (SELECT b.phrase FROM best b WHERE b.grp = k.cluster_id)
    WHERE k.source_id = p_source AND k.store_key = p_store;
   UPDATE storetopics.store_state SET cluster_phrases_from = v_from WHERE source_id = p_source AND store_key = p_store;
-  DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files, pg_temp.storetopics_mined;
 END $$;
 
 -- A keyword-only store's topics (it has no clusters): up to 8 phrases made of its contrastive terms, from the 40
@@ -104532,29 +104573,32 @@ CREATE OR REPLACE FUNCTION storetopics._store_phrases(p_source int, p_store text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   st storetopics.store_state;
+  v_files jsonb;   -- [{grp: 0, file_key}]
   v_phrases text[];
   v_from text;
 BEGIN
   SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
-  CREATE TEMP TABLE storetopics_mine_files ON COMMIT DROP AS
-  SELECT 0 AS grp, x.file_key, x.digest FROM (
-    SELECT f.file_key, md5(f.term_ids::text || f.counts::text) AS digest, count(*) AS hits
-      FROM storetopics.file_terms f, unnest(f.term_ids) AS u(term_id)
-     WHERE f.source_id = p_source AND f.store_key = p_store
-       AND u.term_id IN (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (p_terms[1:30]))
-     GROUP BY 1, 2 ORDER BY 3 DESC, hashtext(f.file_key), 1 LIMIT 40) x;
-  v_from := md5(array_to_string(p_terms[1:30], ' ') || '|' ||
-                coalesce((SELECT string_agg(f.file_key || ':' || f.digest, ',' ORDER BY f.file_key)
-                            FROM pg_temp.storetopics_mine_files f), ''));
+  SELECT coalesce(jsonb_agg(jsonb_build_object('grp', 0, 'file_key', x.file_key) ORDER BY x.file_key), '[]'),
+         md5(array_to_string(p_terms[1:30], ' ') || '|' ||
+             coalesce(string_agg(x.file_key || ':' || x.digest, ',' ORDER BY x.file_key), ''))
+    INTO v_files, v_from
+    FROM (SELECT f.file_key, md5(f.term_ids::text || f.counts::text) AS digest, count(*) AS hits
+            FROM storetopics.file_terms f, unnest(f.term_ids) AS u(term_id)
+           WHERE f.source_id = p_source AND f.store_key = p_store
+             AND u.term_id IN (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (p_terms[1:30]))
+           GROUP BY 1, 2 ORDER BY 3 DESC, hashtext(f.file_key), 1 LIMIT 40) x;
   IF st.phrases_from IS NOT DISTINCT FROM v_from THEN
-    DROP TABLE pg_temp.storetopics_mine_files;
     RETURN st.phrases;
   END IF;
-  CREATE TEMP TABLE storetopics_mine_words ON COMMIT DROP AS
-  SELECT 0 AS grp, u.lexeme, 1.0 / (1 + u.i / 5.0) AS weight FROM unnest(p_terms[1:30]) WITH ORDINALITY AS u(lexeme, i);
-  PERFORM storetopics._mine_phrases(p_source, p_store);
   -- distinct phrases that share no word with a better one; phrases of a single file and single words (they rank
   -- after the others) only to make up three topics: beyond that the terms list says them
+  -- (a temp table made and dropped here: the pick below reads it once per phrase it takes)
+  CREATE TEMP TABLE storetopics_mined ON COMMIT DROP AS
+  SELECT * FROM storetopics._mine_phrases(
+    p_source, p_store, v_files,
+    (SELECT coalesce(jsonb_agg(jsonb_build_object('grp', 0, 'lexeme', u.lexeme, 'weight', 1.0 / (1 + u.i / 5.0))
+                               ORDER BY u.i), '[]')
+       FROM unnest(p_terms[1:30]) WITH ORDINALITY AS u(lexeme, i)));
   v_phrases := ARRAY(
     WITH RECURSIVE pick AS (
       SELECT 1 AS n, m.rank, ARRAY[m.phrase] AS phrases, regexp_split_to_array(lower(m.phrase), ' ') AS used
@@ -104567,9 +104611,9 @@ BEGIN
                                ORDER BY m.rank LIMIT 1) m
        WHERE p.n < 8)
     SELECT unnest(phrases) FROM (SELECT phrases FROM pick ORDER BY n DESC LIMIT 1) x);
+  DROP TABLE pg_temp.storetopics_mined;
   UPDATE storetopics.store_state SET phrases = v_phrases, phrases_from = v_from
    WHERE source_id = p_source AND store_key = p_store;
-  DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files, pg_temp.storetopics_mined;
   RETURN v_phrases;
 END $$;
 
@@ -104728,6 +104772,7 @@ RETURN coalesce((SELECT mode() WITHIN GROUP (ORDER BY storetopics._script(x.lexe
 --       theme).
 -- No merge joins: the planner cannot know how long the arrays are, so it would sort every (file, term) pair of the
 -- store by term to merge them with the store's terms; hashing the terms streams the pairs instead (bench/README.md).
+-- (About 90 lines: one query, whose lists share the store's terms and its files' novelty.)
 CREATE OR REPLACE FUNCTION storetopics._keywords(p_source int, p_store text, n_dominant int DEFAULT 10,
                                      n_distinctive int DEFAULT 8)
 RETURNS TABLE (kind text, rank int, lexeme text, score float8, files int, total bigint, file_key text)
@@ -104878,6 +104923,15 @@ BEGIN
   GET DIAGNOSTICS v_n = ROW_COUNT;
   RETURN v_n;
 END $$;
+
+-- The reader's query for _learn_words (storetopics._reader_body puts it in read_<id>): texts (files, store), the
+-- texts of those files of the store, as they are counted.
+CREATE OR REPLACE FUNCTION storetopics._word_reads(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN storetopics._read_arm('texts', format('SELECT (%s)::text FROM %s AS c WHERE %s AND %s',
+                                             storetopics._read_text_sql(src), src.chunks,
+                                             storetopics._read_by_files(src), storetopics._read_by_store(src)),
+                             'files, store');
 
 CREATE OR REPLACE FUNCTION storetopics._show(cfg regconfig, lexeme text) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
@@ -105126,22 +105180,7 @@ DECLARE
   v_topics_from text;   -- what the topic list is made of: clusters, the labeller's store labels, mined phrases
 BEGIN
   PERFORM storetopics._refresh_words(src.id, st.store_key);   -- the clusters' words and phrases, from the current counts
-  PERFORM storetopics._render_terms(src, st.store_key);         -- pg_temp.storetopics_kw: dominant, distinctive, contrast
-  SELECT array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'contrast'),
-         array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'),
-         jsonb_build_object(
-           'dominant', coalesce(jsonb_agg(jsonb_build_object('term', k.word, 'lexeme', k.lexeme, 'count', k.total,
-                                                             'files', k.files) ORDER BY k.rank)
-                               FILTER (WHERE k.kind = 'dominant'), '[]'),
-           'distinctive', coalesce(jsonb_agg(jsonb_build_object('term', k.word, 'lexeme', k.lexeme,
-                                   'score', round(k.score::numeric, 3), 'files', k.files, 'count', k.total,
-                                   'file', k.file_key) ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'), '[]'),
-           'contrast', coalesce(jsonb_agg(jsonb_build_object('term', k.word, 'lexeme', k.lexeme,
-                                'score', round(k.score::numeric, 6), 'files', k.files) ORDER BY k.rank)
-                               FILTER (WHERE k.kind = 'contrast'), '[]'))
-    INTO v_terms, v_dist, v_kw
-    FROM pg_temp.storetopics_kw k;
-  DROP TABLE pg_temp.storetopics_kw;
+  SELECT * INTO v_terms, v_dist, v_kw FROM storetopics._render_terms(src, st.store_key);
 
   -- Everything rendered is user text a router reads: screened (storetopics._screen), what is dropped is recorded.
   SELECT * INTO v_s FROM storetopics._screened(v_terms, 'terms');
@@ -105152,24 +105191,8 @@ BEGIN
   v_screened := v_screened || v_s.dropped;
 
   -- Clusters, largest first, with the label a router sees: the labeller's, or the offline one (a phrase).
-  PERFORM storetopics._render_clusters(src.id, st.store_key, NOT storetopics._llm_labeller(src.id));
-  SELECT coalesce(jsonb_agg(jsonb_build_object(
-           'id', k.cluster_id, 'label', k.shown, 'labeller', CASE WHEN k.shown = k.label THEN k.labeller ELSE 'offline' END,
-           'phrase', k.phrase, 'share', round(k.share::numeric, 4), 'chunks', k.chunks, 'files', k.files,
-           'keywords', to_jsonb(k.keywords),
-           'representatives', (SELECT coalesce(jsonb_agg(r -> 'id'), '[]') FROM jsonb_array_elements(k.representatives) r),
-           'outliers', k.outliers - k.outliers_at_fit) ORDER BY k.chunks DESC, k.cluster_id), '[]'),
-         array_agg(lower(coalesce(k.shown, '') || ' ' || array_to_string(k.keywords, ' '))),
-         v_screened
-           || coalesce(jsonb_agg(jsonb_build_object('in', 'label', 'text', k.label, 'reason', storetopics._screen(k.label))
-                                 ORDER BY k.chunks DESC, k.cluster_id)
-                         FILTER (WHERE k.label IS NOT NULL AND storetopics._screen(k.label) IS NOT NULL), '[]')
-           || coalesce((SELECT jsonb_agg(d ORDER BY k2.chunks DESC, k2.cluster_id, o)
-                          FROM pg_temp.storetopics_shown k2, jsonb_array_elements(k2.dropped) WITH ORDINALITY AS x(d, o)),
-                       '[]')
-    INTO v_clusters, v_explained, v_screened
-    FROM pg_temp.storetopics_shown k;
-  DROP TABLE pg_temp.storetopics_shown;
+  SELECT x.clusters, x.explained, v_screened || x.screened INTO v_clusters, v_explained, v_screened
+    FROM storetopics._render_clusters(src.id, st.store_key, NOT storetopics._llm_labeller(src.id)) x;
   v_explained := regexp_split_to_array(coalesce(array_to_string(v_explained, ' '), ''), '\s+');
   -- The topic list: clusters that show the same label are one topic to a reader; a keyword-only store's topics are
   -- phrases of its contrastive terms.
@@ -105246,38 +105269,85 @@ BEGIN
      ORDER BY x.i;
 END $$;
 
--- render()'s term lists, in pg_temp.storetopics_kw (kind, rank, lexeme, word, score, files, total, file_key): the
--- dominant and distinctive lists of keywords() and the contrastive terms (as _contrast_shown() shows them), as people
--- write them; two lexemes that show as one word ("run", "running") are shown once, where they rank first.  The
--- words of the three lists are learnt together: each learning reads every (file, term) pair of the store once.
-CREATE OR REPLACE FUNCTION storetopics._render_terms(src storetopics.sources, p_store text) RETURNS void
+-- render()'s term lists: the dominant and distinctive lists of keywords() and the contrastive terms (as
+-- _contrast_shown() shows them), as people write them; two lexemes that show as one word ("run", "running") are
+-- shown once, where they rank first.  The words of the three lists are learnt together: each learning reads every
+-- (file, term) pair of the store once.  terms: the contrastive words, distinctive: the distinctive ones, lists: the
+-- three lists as topics shows them ({dominant, distinctive, contrast}).
+CREATE FUNCTION storetopics._render_terms(src storetopics.sources, p_store text, OUT terms text[],
+                                          OUT distinctive text[], OUT lists jsonb)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  -- the lists' rows, column by column (the aggregates of one query read the rows in the same order)
+  v_kind text[];
+  v_rank int[];
+  v_lexeme text[];
+  v_score float8[];
+  v_files int[];
+  v_total bigint[];
+  v_file text[];
 BEGIN
-  CREATE TEMP TABLE storetopics_kw ON COMMIT DROP AS
-  SELECT k.kind, k.rank, k.lexeme, NULL::text AS word, k.score, k.files, k.total, k.file_key
-    FROM storetopics._keywords(src.id, p_store) k
-  UNION ALL
-  SELECT 'contrast', (row_number() OVER (ORDER BY c.score DESC, c.lexeme))::int, c.lexeme, NULL, c.score, c.files,
-         NULL, NULL
-    FROM storetopics._contrast_terms(src.id, p_store, 80) c;
-  PERFORM storetopics._learn_words(src.id, p_store, ARRAY(SELECT DISTINCT k.lexeme FROM pg_temp.storetopics_kw k));
-  UPDATE pg_temp.storetopics_kw SET word = storetopics._show(src.ts_config, lexeme);
-  DELETE FROM pg_temp.storetopics_kw k USING pg_temp.storetopics_kw k2
-   WHERE k.word = k2.word AND k.kind = k2.kind AND k2.rank < k.rank;
+  SELECT array_agg(k.kind), array_agg(k.rank), array_agg(k.lexeme), array_agg(k.score), array_agg(k.files),
+         array_agg(k.total), array_agg(k.file_key)
+    INTO v_kind, v_rank, v_lexeme, v_score, v_files, v_total, v_file
+    FROM (SELECT k.kind, k.rank, k.lexeme, k.score, k.files, k.total, k.file_key
+            FROM storetopics._keywords(src.id, p_store) k
+          UNION ALL
+          SELECT 'contrast', (row_number() OVER (ORDER BY c.score DESC, c.lexeme))::int, c.lexeme, c.score, c.files,
+                 NULL, NULL
+            FROM storetopics._contrast_terms(src.id, p_store, 80) c) k;
+  PERFORM storetopics._learn_words(src.id, p_store, ARRAY(SELECT DISTINCT l FROM unnest(v_lexeme) l));
+  SELECT array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'contrast'),
+         array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'),
+         jsonb_build_object(
+           'dominant', coalesce(jsonb_agg(jsonb_build_object('term', k.word, 'lexeme', k.lexeme, 'count', k.total,
+                                                             'files', k.files) ORDER BY k.rank)
+                               FILTER (WHERE k.kind = 'dominant'), '[]'),
+           'distinctive', coalesce(jsonb_agg(jsonb_build_object('term', k.word, 'lexeme', k.lexeme,
+                                   'score', round(k.score::numeric, 3), 'files', k.files, 'count', k.total,
+                                   'file', k.file_key) ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'), '[]'),
+           'contrast', coalesce(jsonb_agg(jsonb_build_object('term', k.word, 'lexeme', k.lexeme,
+                                'score', round(k.score::numeric, 6), 'files', k.files) ORDER BY k.rank)
+                               FILTER (WHERE k.kind = 'contrast'), '[]'))
+    INTO terms, distinctive, lists
+    FROM (SELECT DISTINCT ON (u.kind, u.word) u.*
+            FROM (SELECT x.kind, x.rank, x.lexeme, storetopics._show(src.ts_config, x.lexeme) AS word, x.score,
+                         x.files, x.total, x.file_key
+                    FROM unnest(v_kind, v_rank, v_lexeme, v_score, v_files, v_total, v_file)
+                         AS x(kind, rank, lexeme, score, files, total, file_key)) u
+           ORDER BY u.kind, u.word, u.rank) k;
 END $$;
 
--- render()'s clusters, in pg_temp.storetopics_shown: each with its screened words and the label shown (the
--- labeller's if it passes the screen, else the offline phrase, else the offline words).
-CREATE OR REPLACE FUNCTION storetopics._render_clusters(p_source int, p_store text, p_offline boolean) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+-- render()'s clusters, largest first, each with its screened words and the label a router sees (the labeller's if
+-- it passes the screen, else the offline phrase, else the offline words) and its share of the store's clustered
+-- chunks; explained: each cluster's label and words (what a cluster explains); screened: what the screen dropped.
+CREATE FUNCTION storetopics._render_clusters(p_source int, p_store text, p_offline boolean, OUT clusters jsonb,
+                                             OUT explained text[], OUT screened jsonb)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
 BEGIN
-  CREATE TEMP TABLE storetopics_shown ON COMMIT DROP AS
-  SELECT k.cluster_id, k.label, k.labeller, k.phrase, k.chunks, k.files, k.representatives, k.outliers,
-         k.outliers_at_fit, s.kept AS keywords, s.dropped,
-         storetopics._shown_label(k.label, k.phrase, s.kept, p_offline) AS shown,
-         k.chunks::float8 / greatest(sum(k.chunks) OVER (), 1) AS share
-    FROM storetopics.clusters k CROSS JOIN LATERAL storetopics._screened(k.keywords, 'cluster words') AS s
-   WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0;
+  WITH k AS MATERIALIZED (
+    SELECT k.cluster_id, k.label, k.labeller, k.phrase, k.chunks, k.files, k.representatives, k.outliers,
+           k.outliers_at_fit, s.kept AS keywords, s.dropped,
+           storetopics._shown_label(k.label, k.phrase, s.kept, p_offline) AS shown,
+           k.chunks::float8 / greatest(sum(k.chunks) OVER (), 1) AS share
+      FROM storetopics.clusters k CROSS JOIN LATERAL storetopics._screened(k.keywords, 'cluster words') AS s
+     WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0)
+  SELECT coalesce(jsonb_agg(jsonb_build_object(
+           'id', k.cluster_id, 'label', k.shown, 'labeller', CASE WHEN k.shown = k.label THEN k.labeller ELSE 'offline' END,
+           'phrase', k.phrase, 'share', round(k.share::numeric, 4), 'chunks', k.chunks, 'files', k.files,
+           'keywords', to_jsonb(k.keywords),
+           'representatives', (SELECT coalesce(jsonb_agg(r -> 'id'), '[]') FROM jsonb_array_elements(k.representatives) r),
+           'outliers', k.outliers - k.outliers_at_fit) ORDER BY k.chunks DESC, k.cluster_id), '[]'),
+         array_agg(lower(coalesce(k.shown, '') || ' ' || array_to_string(k.keywords, ' '))),
+         coalesce(jsonb_agg(jsonb_build_object('in', 'label', 'text', k.label, 'reason', storetopics._screen(k.label))
+                                 ORDER BY k.chunks DESC, k.cluster_id)
+                         FILTER (WHERE k.label IS NOT NULL AND storetopics._screen(k.label) IS NOT NULL), '[]')
+           || coalesce((SELECT jsonb_agg(d ORDER BY k2.chunks DESC, k2.cluster_id, o)
+                          FROM k AS k2, jsonb_array_elements(k2.dropped) WITH ORDINALITY AS x(d, o)),
+                       '[]')
+    INTO clusters, explained, screened
+    FROM k;
 END $$;
 
 -- What \df+ shows a DBA.
@@ -105517,7 +105587,6 @@ COMMENT ON FUNCTION storetopics.backfill(text, regclass) IS
 -- backfill() for one source: fold what was logged before p_started (refresh(): until p_until, the rest is left
 -- pending), cluster the stores whose fit is due (inside the database, where plpython3u is), render the stores whose
 -- state changed.
-DROP FUNCTION IF EXISTS storetopics._backfill_source(int, text, timestamptz);   -- (no p_until before refresh())
 CREATE OR REPLACE FUNCTION storetopics._backfill_source(p_source int, p_store text, p_started timestamptz,
                                                        p_until timestamptz DEFAULT 'infinity')
 RETURNS TABLE (source_id int, store text, files bigint, chunks bigint, changed boolean, clusters int)
@@ -106530,6 +106599,82 @@ END $$;
 -- may SELECT the table), no row-level security that the owner's read would bypass, and the store visible to it as
 -- storetopics.stores would show it (an invisible store and a missing one give the same error).
 
+-- The reader's query for search (storetopics._reader_body puts it in read_<id>): search (store, args.query, args.k,
+-- args.embedding), (file_key, chunk, content, rank, text_rank, distance): the store's k best chunks for a query
+-- (storetopics.search checks the caller first).  Full-text always: websearch_to_tsquery(ts_config, query) matched
+-- against the row's tsvector, ranked by ts_rank; the content is cut at 1,000 characters.  With an embedding (a
+-- pgvector text, `[...]`) and an embedding column, also the k nearest chunks by cosine distance (rows of another
+-- dimension left out), and the two lists fused by reciprocal rank (1/(60 + rank in each list)); rank is then that
+-- score, else ts_rank.  A text whose tsvector would pass 1 MB fails the whole query, which then runs again
+-- tokenising row by row (tsvector_or_null: such texts are left out).  Written so that an application's GIN index on
+-- to_tsvector('<ts_config>', <content column>) can serve the match.
+CREATE OR REPLACE FUNCTION storetopics._search_reads(src storetopics.sources) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  -- a hit's columns, in either list
+  cols text := format($q$(%1$s)::pg_catalog.text AS file_key, %2$s AS chunk,
+               pg_catalog.left((%3$s)::pg_catalog.text, 1000) AS content$q$,
+                      src.file_sql, storetopics._chunk_ref_sql(src.chunks), src.content_sql);
+  searched text := format(E'%s AS c\n         WHERE %s', src.chunks, storetopics._read_by_store(src));
+  -- the CTE v of the nearest chunks (none without an embedding)
+  nearest text := 'SELECT NULL::pg_catalog.text AS file_key, NULL::pg_catalog.text AS chunk, '
+                  'NULL::pg_catalog.text AS content, NULL::pg_catalog.float8 AS d, NULL::pg_catalog.int8 AS n WHERE false';
+BEGIN
+  IF src.embedding IS NOT NULL THEN
+    nearest := format($q$
+      SELECT x.*, pg_catalog.row_number() OVER (ORDER BY x.d, x.chunk) AS n FROM (
+        SELECT %1$s,
+               (%2$s OPERATOR(%3$I.<=>) ($3 OPERATOR(pg_catalog.->>) 'embedding')::%3$I.vector)::pg_catalog.float8 AS d
+          FROM %4$s AS c
+         WHERE $3 OPERATOR(pg_catalog.->>) 'embedding' IS NOT NULL AND %5$s AND %2$s IS NOT NULL
+           AND %3$I.vector_dims(%2$s)
+               OPERATOR(pg_catalog.=) %3$I.vector_dims(($3 OPERATOR(pg_catalog.->>) 'embedding')::%3$I.vector)
+         ORDER BY %2$s OPERATOR(%3$I.<=>) ($3 OPERATOR(pg_catalog.->>) 'embedding')::%3$I.vector
+         LIMIT ($3 OPERATOR(pg_catalog.->>) 'k')::pg_catalog.int4) x$q$,
+      cols, storetopics._embedding_sql(src), storetopics._vector_schema(), src.chunks, storetopics._read_by_store(src));
+  END IF;
+  RETURN format($a$  WHEN 'search' THEN
+    -- The fused list is sorted before its first row comes out, so a query that fails has returned no row yet.
+    BEGIN
+      RETURN QUERY EXECUTE %1$L USING files, store, args;
+    EXCEPTION WHEN program_limit_exceeded THEN
+      RETURN QUERY EXECUTE %2$L USING files, store, args;
+    END;
+$a$,
+    storetopics._search_sql(format('pg_catalog.to_tsvector(%L::pg_catalog.regconfig, %s)', src.ts_config,
+                                   src.content_sql), nearest, cols, src.ts_config, searched),
+    storetopics._search_sql(format('storetopics._tsvector_or_null(%L::pg_catalog.regconfig, %s)', src.ts_config,
+                                   src.content_sql), nearest, cols, src.ts_config, searched));
+END $$;
+
+-- The search query, from the row's tsvector (tsv), the CTE of the nearest chunks, a hit's columns, the text search
+-- configuration and the rows searched (the table as c and the store's filter).
+CREATE OR REPLACE FUNCTION storetopics._search_sql(tsv text, nearest text, cols text, cfg regconfig,
+                                                   searched text)
+RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format($q$
+    WITH t AS (
+      SELECT x.*, pg_catalog.row_number() OVER (ORDER BY x.r DESC, x.chunk) AS n FROM (
+        SELECT %3$s,
+               pg_catalog.ts_rank(%1$s, pg_catalog.websearch_to_tsquery(%4$L::pg_catalog.regconfig,
+                                                                         $3 OPERATOR(pg_catalog.->>) 'query'))::pg_catalog.float8 AS r
+          FROM %5$s
+           AND %1$s OPERATOR(pg_catalog.@@) pg_catalog.websearch_to_tsquery(%4$L::pg_catalog.regconfig,
+                                                                           $3 OPERATOR(pg_catalog.->>) 'query')
+         ORDER BY 4 DESC, 2
+         LIMIT ($3 OPERATOR(pg_catalog.->>) 'k')::pg_catalog.int4) x),
+    v AS (%2$s)
+    SELECT coalesce(t.file_key, v.file_key), coalesce(t.chunk, v.chunk), coalesce(t.content, v.content),
+           CASE WHEN $3 OPERATOR(pg_catalog.->>) 'embedding' IS NULL THEN t.r
+                ELSE coalesce(1 OPERATOR(pg_catalog./) (60 OPERATOR(pg_catalog.+) t.n)::pg_catalog.float8, 0)
+                     OPERATOR(pg_catalog.+)
+                     coalesce(1 OPERATOR(pg_catalog./) (60 OPERATOR(pg_catalog.+) v.n)::pg_catalog.float8, 0) END,
+           t.r, v.d
+      FROM t FULL JOIN v ON v.chunk OPERATOR(pg_catalog.=) t.chunk
+     ORDER BY 4 DESC, 2
+     LIMIT ($3 OPERATOR(pg_catalog.->>) 'k')::pg_catalog.int4$q$, tsv, nearest, cols, cfg, searched);
+
 -- Whether the role that called in may search a source's chunks: NULL when it may, else why not.
 CREATE OR REPLACE FUNCTION storetopics._search_refusal(src storetopics.sources) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -106719,4 +106864,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1840461386') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2046875603') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -292,7 +292,7 @@ BEGIN ATOMIC
   ) p(kind, starts, follows, gate);
 END;
 
--- why: instructions in English, read on m.
+-- why: instructions in English, read on m.  (About 100 lines: a table of rules, one a line.)
 CREATE OR REPLACE FUNCTION storetopics._screen_rules_en_instruction()
 RETURNS TABLE (kind text, starts text, follows text, gate text)
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp

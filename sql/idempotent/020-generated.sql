@@ -274,158 +274,36 @@ END;
 
 -- The reader: read_<id>(op, files, store, args) RETURNS SETOF record, one query per op (callers name the columns).
 -- Every query is fixed at generation; the arguments are only ever bound values ($1 files, $2 store, $3 args), and
--- the one piece assembled at run time (assign's cluster slots) is built from integers.
---   keys                        (store_key, file_key) of every row: a resync's list of files
---   file_counts                 (file_key, chunks): the count check
---   null_files                  (n): rows whose file key is NULL
---   terms, terms_slow (files)   (store_key, file_key, term, n, rows): fold's recount; the slow path tokenises row by
---                               row, skipping texts whose tsvector would pass 1 MB
---   means (files | store)       (store_key, file_key, dims, m): each file's mean direction
---   assign (files | store, args.clusters)   the chunks per nearest cluster, see storetopics._assign
---   sample (store, args)        (ref, file_key, e): a fit's sample, see storetopics._fit_input
---   chunks (files = refs)       (ref, file_key, text): representatives
---   texts (files, store)        (t): the texts surface words are learnt from
---   sample_texts (files, store) (file_key, t): 3 chunks of each file (chosen by content, not by row: the same
---                               texts give the same phrases however they were written), 1,500 characters each: what
---                               phrases are mined from
---   search (store, args.query, args.k, args.embedding)   (file_key, chunk, content, rank, text_rank, distance): the
---                               store's k best chunks for a query (storetopics.search checks the caller first).
---                               Full-text always: websearch_to_tsquery(ts_config, query) matched against the row's
---                               tsvector, ranked by ts_rank; the content is cut at 1,000 characters.  With an embedding
---                               (a pgvector text, `[...]`) and an embedding column, also the k nearest chunks by cosine
---                               distance (rows of another dimension left out), and the two lists fused by reciprocal
---                               rank (1/(60 + rank in each list)); rank is then that score, else ts_rank.  A text whose
---                               tsvector would pass 1 MB fails the whole query, which then runs again tokenising row by
---                               row (tsvector_or_null: such texts are left out).  Written so that an application's
---                               GIN index on to_tsvector('<ts_config>', <content column>) can serve the match.
+-- the one piece assembled at run time (assign's cluster slots) is built from integers.  Each concern writes its own
+-- queries, beside the code that reads them (each returns its ops' arms of the reader's CASE):
+--   storetopics._fold_reads (040-fold.sql)
+--     keys                        (store_key, file_key) of every row: a resync's list of files
+--     file_counts                 (file_key, chunks): the count check
+--     null_files                  (n): rows whose file key is NULL
+--     terms, terms_slow (files)   (store_key, file_key, term, n, rows): fold's recount; the slow path tokenises row by
+--                                 row, skipping texts whose tsvector would pass 1 MB
+--   storetopics._cluster_reads (060-clusters.sql)
+--     means (files | store)       (store_key, file_key, dims, m): each file's mean direction
+--     assign (files | store, args.clusters)   the chunks per nearest cluster, see storetopics._assign
+--     sample (store, args)        (ref, file_key, e): a fit's sample, see storetopics._fit_input
+--     chunks (files = refs)       (ref, file_key, text): representatives
+--   storetopics._phrase_reads (065-phrases.sql)
+--     sample_texts (files, store) (file_key, t): what phrases are mined from
+--   storetopics._word_reads (070-summary.sql)
+--     texts (files, store)        (t): the texts surface words are learnt from
+--   storetopics._search_reads (120-search.sql)
+--     search (store, args.query, args.k, args.embedding)   (file_key, chunk, content, rank, text_rank, distance)
+-- (PL/pgSQL: the concerns' functions come in later files.)
 CREATE OR REPLACE FUNCTION storetopics._reader_body(src storetopics.sources) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  tbl text := src.chunks::text;
-  s text := src.store_sql;
-  f text := src.file_sql;
-  t text := src.content_sql;
-  by_files text := format('%s = ANY ($1::%s[])', src.file_sql, src.file_type);
-  by_store text := format('(%s)::text = $2', src.store_sql);
-  -- The store key is computed once per row (a function scan: expressions may be subqueries), NULL when longer than
-  -- max_store_key().  tsv: the row's tsvector (NULL for unusable text or a NULL key); skip: 1 for a skipped row.
-  -- Neither refers to the other, so the planner cannot end up tokenising a row twice.
-  terms text := $q$
-    SELECT k.s AS store_key, (%2$s)::text AS file_key, l.term, sum(l.n)::int AS n, count(*)::int AS rows
-      FROM %1$s AS c
-     CROSS JOIN LATERAL unnest(ARRAY[CASE WHEN char_length((%3$s)::text) <= storetopics._max_store_key()
-                                          THEN (%3$s)::text END]) AS k(s)
-     CROSS JOIN LATERAL (SELECT x.lexeme, cardinality(x.positions) FROM unnest(%4$s) AS x
-                         UNION ALL
-                         SELECT NULL, %5$s) AS l(term, n)
-     WHERE %6$s
-     GROUP BY 1, 2, 3$q$;
-  -- the text as it is counted (storetopics._dehyphenated)
-  td text := format('storetopics._dehyphenated(%s)', t);
-  fast_tsv text := format('CASE WHEN k.s IS NOT NULL AND storetopics._usable_text(%s) THEN to_tsvector(%L::regconfig, %s) END',
-                          t, src.ts_config, td);
-  slow_tsv text := format('storetopics._tsvector_or_null(%L::regconfig, CASE WHEN k.s IS NOT NULL THEN %s END)',
-                          src.ts_config, td);
-  means text := '';
-  assign text[] := '{"", "", "", "", "", ""}';
-  sample text := '';
-  -- search: %1$s the tsvector of the row's text, %2$s the CTE v of the nearest chunks (none without an embedding)
-  search text := $q$
-    WITH t AS (
-      SELECT x.*, pg_catalog.row_number() OVER (ORDER BY x.r DESC, x.chunk) AS n FROM (
-        SELECT (%3$s)::pg_catalog.text AS file_key, %4$s AS chunk,
-               pg_catalog.left((%5$s)::pg_catalog.text, 1000) AS content,
-               pg_catalog.ts_rank(%1$s, pg_catalog.websearch_to_tsquery(%6$L::pg_catalog.regconfig,
-                                                                         $3 OPERATOR(pg_catalog.->>) 'query'))::pg_catalog.float8 AS r
-          FROM %7$s AS c
-         WHERE %8$s
-           AND %1$s OPERATOR(pg_catalog.@@) pg_catalog.websearch_to_tsquery(%6$L::pg_catalog.regconfig,
-                                                                           $3 OPERATOR(pg_catalog.->>) 'query')
-         ORDER BY 4 DESC, 2
-         LIMIT ($3 OPERATOR(pg_catalog.->>) 'k')::pg_catalog.int4) x),
-    v AS (%2$s)
-    SELECT coalesce(t.file_key, v.file_key), coalesce(t.chunk, v.chunk), coalesce(t.content, v.content),
-           CASE WHEN $3 OPERATOR(pg_catalog.->>) 'embedding' IS NULL THEN t.r
-                ELSE coalesce(1 OPERATOR(pg_catalog./) (60 OPERATOR(pg_catalog.+) t.n)::pg_catalog.float8, 0)
-                     OPERATOR(pg_catalog.+)
-                     coalesce(1 OPERATOR(pg_catalog./) (60 OPERATOR(pg_catalog.+) v.n)::pg_catalog.float8, 0) END,
-           t.r, v.d
-      FROM t FULL JOIN v ON v.chunk OPERATOR(pg_catalog.=) t.chunk
-     ORDER BY 4 DESC, 2
-     LIMIT ($3 OPERATOR(pg_catalog.->>) 'k')::pg_catalog.int4$q$;
-  nearest text := 'SELECT NULL::pg_catalog.text AS file_key, NULL::pg_catalog.text AS chunk, '
-                  'NULL::pg_catalog.text AS content, NULL::pg_catalog.float8 AS d, NULL::pg_catalog.int8 AS n WHERE false';
-  vs name;
-  e text;
 BEGIN
-  IF src.embedding IS NOT NULL THEN
-    vs := storetopics._vector_schema();
-    e := storetopics._embedding_sql(src);
-    means := format($q$
-      SELECT (%1$s)::text, (%2$s)::text, %3$I.vector_dims(%4$s), %3$I.l2_normalize(%3$I.sum(%3$I.l2_normalize(%4$s)))
-        FROM %5$s AS c
-       WHERE (%1$s) IS NOT NULL AND %4$s IS NOT NULL AND $q$, s, f, vs, e, tbl);
-    assign := storetopics._assign_sql(src);
-    sample := format($q$
-      SELECT %1$s AS ref, (%2$s)::text AS file_key, %3$s AS e
-        FROM %4$s AS c $q$, storetopics._chunk_ref_sql(src.chunks), f, e, tbl);
-    nearest := format($q$
-      SELECT x.*, pg_catalog.row_number() OVER (ORDER BY x.d, x.chunk) AS n FROM (
-        SELECT (%1$s)::pg_catalog.text AS file_key, %2$s AS chunk,
-               pg_catalog.left((%3$s)::pg_catalog.text, 1000) AS content,
-               (%4$s OPERATOR(%5$I.<=>) ($3 OPERATOR(pg_catalog.->>) 'embedding')::%5$I.vector)::pg_catalog.float8 AS d
-          FROM %6$s AS c
-         WHERE $3 OPERATOR(pg_catalog.->>) 'embedding' IS NOT NULL AND %7$s AND %4$s IS NOT NULL
-           AND %5$I.vector_dims(%4$s)
-               OPERATOR(pg_catalog.=) %5$I.vector_dims(($3 OPERATOR(pg_catalog.->>) 'embedding')::%5$I.vector)
-         ORDER BY %4$s OPERATOR(%5$I.<=>) ($3 OPERATOR(pg_catalog.->>) 'embedding')::%5$I.vector
-         LIMIT ($3 OPERATOR(pg_catalog.->>) 'k')::pg_catalog.int4) x$q$,
-      f, storetopics._chunk_ref_sql(src.chunks), t, e, vs, tbl, by_store);
-  END IF;
   RETURN format($f$
 DECLARE
   v_slots int;
 BEGIN
   %1$s
   CASE op
-  WHEN 'keys' THEN RETURN QUERY EXECUTE %2$L;
-  WHEN 'file_counts' THEN RETURN QUERY EXECUTE %3$L;
-  WHEN 'null_files' THEN RETURN QUERY EXECUTE %4$L;
-  WHEN 'terms' THEN RETURN QUERY EXECUTE %5$L USING files;
-  WHEN 'terms_slow' THEN RETURN QUERY EXECUTE %6$L USING files;
-  WHEN 'texts' THEN RETURN QUERY EXECUTE %7$L USING files, store;
-  WHEN 'chunks' THEN RETURN QUERY EXECUTE %8$L USING files;
-  WHEN 'sample_texts' THEN RETURN QUERY EXECUTE %18$L USING files, store;
-  WHEN 'means' THEN
-    RETURN QUERY EXECUTE %9$L OPERATOR(pg_catalog.||) CASE WHEN files IS NULL THEN %10$L ELSE %11$L END
-                                 OPERATOR(pg_catalog.||) ' GROUP BY 1, 2, 3' USING files, store;
-  WHEN 'assign' THEN
-    -- one least() argument per cluster slot: the most clusters a store of the call has
-    v_slots := (SELECT pg_catalog.max(x.n) FROM (
-                  SELECT pg_catalog.count(*) AS n
-                    FROM pg_catalog.jsonb_array_elements(args OPERATOR(pg_catalog.->) 'clusters') AS k
-                   GROUP BY k OPERATOR(pg_catalog.->>) 'store_key') AS x);
-    RETURN QUERY EXECUTE %12$L OPERATOR(pg_catalog.||) CASE WHEN files IS NULL THEN %22$L ELSE %21$L END
-      OPERATOR(pg_catalog.||) %23$L
-      OPERATOR(pg_catalog.||) coalesce((SELECT pg_catalog.string_agg(pg_catalog.format(%13$L, i, i), ', ')
-                                          FROM pg_catalog.generate_series(1, v_slots) AS i), 'NULL::float8[]')
-      OPERATOR(pg_catalog.||) %14$L OPERATOR(pg_catalog.||) CASE WHEN files IS NULL THEN %10$L ELSE %11$L END
-      OPERATOR(pg_catalog.||) %15$L
-      USING files, store, args;
-  WHEN 'sample' THEN
-    RETURN QUERY EXECUTE %16$L OPERATOR(pg_catalog.||)
-      CASE WHEN args OPERATOR(pg_catalog.->>) 'percent' IS NULL THEN ''
-           ELSE 'TABLESAMPLE SYSTEM (($3 ->> ''percent'')::float8) REPEATABLE (($3 ->> ''seed'')::int)' END
-      OPERATOR(pg_catalog.||) %17$L
-      USING files, store, args;
-  WHEN 'search' THEN
-    -- The fused list is sorted before its first row comes out, so a query that fails has returned no row yet.
-    BEGIN
-      RETURN QUERY EXECUTE %19$L USING files, store, args;
-    EXCEPTION WHEN program_limit_exceeded THEN
-      RETURN QUERY EXECUTE %20$L USING files, store, args;
-    END;
-  ELSE
+%2$s  ELSE
     RAISE EXCEPTION 'storetopics: unknown read %%', op;
   END CASE;
 END$f$,
@@ -434,33 +312,28 @@ END$f$,
       format('storetopics: source %s: %s no longer runs as the owner of %s (it was altered)', src.id,
              storetopics._generated(src.id, 'read'), src.chunks),
       'insufficient_privilege', format('Detach %s and attach it again.', src.chunks))),
-    format('SELECT DISTINCT (%s)::text, (%s)::text FROM %s AS c', s, f, tbl),
-    format('SELECT (%s)::text, count(*) FROM %s AS c GROUP BY 1', f, tbl),
-    format('SELECT count(*) FROM %s AS c WHERE (%s) IS NULL', tbl, f),
-    format(terms, tbl, f, s, fast_tsv, format('(NOT storetopics._usable_text(%s))::int', t), by_files),
-    format(terms, tbl, f, s, slow_tsv,
-           format('(%s IS NULL AND (k.s IS NOT NULL OR NOT storetopics._usable_text(%s)))::int', slow_tsv, t), by_files),
-    format('SELECT (%s)::text FROM %s AS c WHERE %s AND %s', td, tbl, by_files, by_store),
-    format('SELECT %s, (%s)::text, left(%s, 1000) FROM %s AS c WHERE %s', storetopics._chunk_ref_sql(src.chunks),
-           f, t, tbl, storetopics._chunk_lookup_sql(src.chunks)),
-    means, by_store, by_files,
-    assign[1], format('ARRAY[ks.cen[%%s] OPERATOR(%I.<#>) q.q, %%s]', coalesce(vs, 'public')), assign[5], assign[6],
-    sample, format($q$
-       WHERE %s AND %s IS NOT NULL AND (%s) IS NOT NULL
-       ORDER BY hashtext(%s || ':' || ($3 ->> 'seed')), 1
-       LIMIT ($3 ->> 'limit')::int$q$, by_store, e, f, storetopics._chunk_ref_sql(src.chunks)),
-    format($q$
-      SELECT x.f, x.t FROM (SELECT (%1$s)::text AS f, left((storetopics._dehyphenated(%2$s))::text, 1500) AS t,
-                                   row_number() OVER (PARTITION BY (%1$s)::text
-                                                      ORDER BY pg_catalog.md5((%2$s)::text), %3$s) AS r
-                              FROM %4$s AS c WHERE %5$s AND %6$s) x
-       WHERE x.r <= 3$q$, f, t, storetopics._chunk_ref_sql(src.chunks), tbl, by_files, by_store),
-    format(search, format('pg_catalog.to_tsvector(%L::pg_catalog.regconfig, %s)', src.ts_config, t), nearest, f,
-           storetopics._chunk_ref_sql(src.chunks), t, src.ts_config, tbl, by_store),
-    format(search, format('storetopics._tsvector_or_null(%L::pg_catalog.regconfig, %s)', src.ts_config, t), nearest, f,
-           storetopics._chunk_ref_sql(src.chunks), t, src.ts_config, tbl, by_store),
-    assign[2], assign[3], assign[4]);
+    storetopics._fold_reads(src) || storetopics._word_reads(src) || storetopics._phrase_reads(src) ||
+    storetopics._cluster_reads(src) || storetopics._search_reads(src));
 END $$;
+
+-- One arm of the reader's CASE: op runs its query, with the arguments it binds (a list such as 'files, store').
+CREATE OR REPLACE FUNCTION storetopics._read_arm(op text, query text, binds text DEFAULT NULL) RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+RETURN format(E'  WHEN %L THEN RETURN QUERY EXECUTE %L%s;\n', op, query, ' USING ' || binds);
+
+-- The reads' filters of the rows: by the files of the call ($1), by its store ($2).
+CREATE OR REPLACE FUNCTION storetopics._read_by_files(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format('%s = ANY ($1::%s[])', src.file_sql, src.file_type);
+
+CREATE OR REPLACE FUNCTION storetopics._read_by_store(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format('(%s)::text = $2', src.store_sql);
+
+-- The text as it is counted (storetopics._dehyphenated).
+CREATE OR REPLACE FUNCTION storetopics._read_text_sql(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format('storetopics._dehyphenated(%s)', src.content_sql);
 
 -- The mirror: UPDATE mirror SET mirror_column = summary WHERE mirror_key::text = store (NULL once the store is gone).
 CREATE OR REPLACE FUNCTION storetopics._mirror_body(src storetopics.sources) RETURNS text
@@ -536,11 +409,12 @@ BEGIN
     WHERE (x.kind <> 'mirror' OR EXISTS (SELECT 1 FROM pg_class m WHERE m.oid = src.mirror))
       AND (x.kind <> 'try' OR storetopics._has_expression_key(src)) LOOP
     fn := format('%s(%s)', storetopics._generated(src.id, g.kind), g.types);
-    EXECUTE format('CREATE OR REPLACE FUNCTION %s(%s) RETURNS %s LANGUAGE plpgsql %s %s AS %L',
+    EXECUTE format('CREATE OR REPLACE FUNCTION %s(%s) RETURNS %s LANGUAGE plpgsql %s AS %L',
                    storetopics._generated(src.id, g.kind), g.params, g.returns,
-                   CASE WHEN g.definer THEN 'SECURITY DEFINER' ELSE '' END,
-                   CASE WHEN g.kind = 'capture' AND storetopics._capture_bound(src) THEN ''
-                        ELSE 'SET search_path = pg_catalog, pg_temp' END, g.body);
+                   -- its security and its search_path
+                   format('%s %s', CASE WHEN g.definer THEN 'SECURITY DEFINER' ELSE '' END,
+                          CASE WHEN g.kind = 'capture' AND storetopics._capture_bound(src) THEN ''
+                               ELSE 'SET search_path = pg_catalog, pg_temp' END), g.body);
     EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', fn);
     -- DROP EXTENSION storetopics must not leave triggers behind that would fail the application's writes.
     IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'storetopics') THEN

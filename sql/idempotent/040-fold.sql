@@ -38,8 +38,7 @@ BEGIN
   PERFORM storetopics._fold_check_counts(src);
   v_files := storetopics._fold_claim(src, max_files);
   IF cardinality(v_files) > 0 THEN
-    PERFORM storetopics._fold_recount(src, v_files);
-    v_n := storetopics._fold_apply(src, v_files);
+    v_n := storetopics._fold_apply(src, v_files);   -- (it recounts them: storetopics._fold_recount)
   END IF;
   UPDATE storetopics.sources SET folded_at = now() WHERE id = p_source;
   -- (a first backfill: without statistics the planner took the state for "one row"; see _analyze_if_stale)
@@ -202,12 +201,65 @@ BEGIN
   RETURN v_files;
 END $$;
 
--- Fold step 4: recount the files from the live rows into pg_temp.storetopics_new_files: per (store, file) the
--- counters, the term/count arrays and the chunks per cluster.  The reader's recount is one parallel scan (the
--- planner takes to_tsvector for cheap, so parallel plans are made free for it).  A text whose tsvector would pass
--- 1 MB fails the batch: it is redone row by row, skipping such rows.
-CREATE OR REPLACE FUNCTION storetopics._fold_recount(src storetopics.sources, p_files text[]) RETURNS void
+-- The reader's queries fold makes (storetopics._reader_body puts them in read_<id>): keys (a resync's list of
+-- files), file_counts (the count check), null_files (rows whose file key is NULL), terms and terms_slow (the
+-- recount of files: _fold_recount).
+CREATE OR REPLACE FUNCTION storetopics._fold_reads(src storetopics.sources) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  tbl text := src.chunks::text;
+  t text := src.content_sql;
+  fast_tsv text := format('CASE WHEN k.s IS NOT NULL AND storetopics._usable_text(%s) THEN to_tsvector(%L::regconfig, %s) END',
+                          t, src.ts_config, storetopics._read_text_sql(src));
+  slow_tsv text := format('storetopics._tsvector_or_null(%L::regconfig, CASE WHEN k.s IS NOT NULL THEN %s END)',
+                          src.ts_config, storetopics._read_text_sql(src));
+BEGIN
+  RETURN storetopics._read_arm('keys', format('SELECT DISTINCT (%s)::text, (%s)::text FROM %s AS c',
+                                              src.store_sql, src.file_sql, tbl))
+      || storetopics._read_arm('file_counts', format('SELECT (%s)::text, count(*) FROM %s AS c GROUP BY 1',
+                                                     src.file_sql, tbl))
+      || storetopics._read_arm('null_files', format('SELECT count(*) FROM %s AS c WHERE (%s) IS NULL',
+                                                    tbl, src.file_sql))
+      || storetopics._read_arm('terms', storetopics._fold_terms_sql(
+           src, fast_tsv, format('(NOT storetopics._usable_text(%s))::int', t)), 'files')
+      || storetopics._read_arm('terms_slow', storetopics._fold_terms_sql(
+           src, slow_tsv,
+           format('(%s IS NULL AND (k.s IS NOT NULL OR NOT storetopics._usable_text(%s)))::int', slow_tsv, t)), 'files');
+END $$;
+
+-- The chunk rows c with their store key k.s, as fold keeps it (NULL when longer than max_store_key()).
+CREATE OR REPLACE FUNCTION storetopics._read_keyed_rows(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format($q$%1$s AS c
+     CROSS JOIN LATERAL unnest(ARRAY[CASE WHEN char_length((%2$s)::text) <= storetopics._max_store_key()
+                                          THEN (%2$s)::text END]) AS k(s)$q$, src.chunks, src.store_sql);
+
+-- The recount of the files of a call ($1): per (store, file, term) its count and the rows, and per (store, file)
+-- a row with no term (the rows, and in n those skipped).  The store key is computed once per row (a function scan:
+-- expressions may be subqueries), NULL when longer than max_store_key().  tsv: the row's tsvector (NULL for unusable
+-- text or a NULL key); skip: 1 for a skipped row.  Neither refers to the other, so the planner cannot end up
+-- tokenising a row twice.
+CREATE OR REPLACE FUNCTION storetopics._fold_terms_sql(src storetopics.sources, tsv text, skip text) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format($q$
+    SELECT k.s AS store_key, (%1$s)::text AS file_key, l.term, sum(l.n)::int AS n, count(*)::int AS rows
+      FROM %2$s
+     CROSS JOIN LATERAL (SELECT x.lexeme, cardinality(x.positions) FROM unnest(%3$s) AS x
+                         UNION ALL
+                         SELECT NULL, %4$s) AS l(term, n)
+     WHERE %5$s
+     GROUP BY 1, 2, 3$q$,
+  src.file_sql, storetopics._read_keyed_rows(src), tsv, skip, storetopics._read_by_files(src));
+
+-- Fold step 4: recount the files from the live rows; returns per (store, file) the counters, the term/count arrays
+-- and the chunks per cluster.  The reader's recount is one parallel scan (the planner takes to_tsvector for cheap,
+-- so parallel plans are made free for it).  A text whose tsvector would pass 1 MB fails the batch: it is redone row
+-- by row, skipping such rows.  (Its terms and files are temp tables made and dropped here.)
+CREATE FUNCTION storetopics._fold_recount(src storetopics.sources, p_files text[])
+RETURNS TABLE (store_key text, file_key text, chunks int, skipped int, words bigint, term_ids int[], counts int[],
+               cluster_ids int[], cluster_chunks int[], cluster_outliers int[], other_dim int)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
   v_op text := 'terms';
   v_saved text[] := ARRAY[current_setting('parallel_setup_cost'), current_setting('parallel_tuple_cost'),
@@ -215,7 +267,7 @@ DECLARE
 BEGIN
   -- (dropped only when there: DROP ... IF EXISTS would send the client a NOTICE each time)
   IF to_regclass('pg_temp.storetopics_new_terms') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_new_terms; END IF;
-  IF to_regclass('pg_temp.storetopics_new_files') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_new_files; END IF;
+  IF to_regclass('pg_temp.storetopics_recount') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_recount; END IF;
   PERFORM set_config('parallel_setup_cost', '0', true), set_config('parallel_tuple_cost', '0', true),
           set_config('min_parallel_table_scan_size', '0', true);
   LOOP
@@ -243,7 +295,7 @@ BEGIN
   -- aggregates read the rows in the same order, so the term and count arrays line up.  A NULL store key makes the
   -- file's chunks null-key rows.
   PERFORM set_config('enable_sort', 'off', true);
-  CREATE TEMP TABLE storetopics_new_files AS
+  CREATE TEMP TABLE storetopics_recount AS
   SELECT nt.store_key, nt.file_key,
          max(nt.rows) FILTER (WHERE nt.term IS NULL) AS chunks,
          max(nt.n) FILTER (WHERE nt.term IS NULL) AS skipped,
@@ -256,27 +308,37 @@ BEGIN
   PERFORM set_config('enable_sort', v_saved[4], true);
   DROP TABLE pg_temp.storetopics_new_terms;
   -- The files' chunks per cluster of their store's fit (nothing to do while no store of the source has one).
-  ALTER TABLE pg_temp.storetopics_new_files ADD cluster_ids int[] NOT NULL DEFAULT '{}',
+  ALTER TABLE pg_temp.storetopics_recount ADD cluster_ids int[] NOT NULL DEFAULT '{}',
     ADD cluster_chunks int[] NOT NULL DEFAULT '{}', ADD cluster_outliers int[] NOT NULL DEFAULT '{}',
     ADD other_dim int NOT NULL DEFAULT 0;
   IF src.embedding IS NOT NULL AND EXISTS (SELECT 1 FROM storetopics.clusters k WHERE k.source_id = src.id) THEN
-    PERFORM storetopics._assign(src, p_files, NULL);
-    UPDATE pg_temp.storetopics_new_files nf SET cluster_ids = a.cluster_ids, cluster_chunks = a.cluster_chunks,
+    UPDATE pg_temp.storetopics_recount nf SET cluster_ids = a.cluster_ids, cluster_chunks = a.cluster_chunks,
            cluster_outliers = a.cluster_outliers, other_dim = a.other_dim
-      FROM pg_temp.storetopics_assign a WHERE a.store_key = nf.store_key AND a.file_key = nf.file_key;
-    DROP TABLE pg_temp.storetopics_assign;
+      FROM storetopics._assign(src, p_files, NULL) a WHERE a.store_key = nf.store_key AND a.file_key = nf.file_key;
   END IF;
+  RETURN QUERY SELECT * FROM pg_temp.storetopics_recount;
+  DROP TABLE pg_temp.storetopics_recount;
 END $$;
 
--- Fold step 5: subtract the files' old counts and add the new ones, in the store-wide term statistics, the cluster
--- sizes and the store counters; then replace the files' own rows.  Returns the number of file rows written.
+-- Fold step 5: recount the files (storetopics._fold_recount), subtract their old counts and add the new ones, in the
+-- store-wide term statistics and the catalog's, the cluster sizes and the store counters; then replace the files'
+-- own rows.  Returns the number of file rows written.
 -- (file_terms is found by a digest of the file key: keys may be longer than an index entry can be)
+-- (About 110 lines: its statements share the batch's old and new rows, temp tables that stay inside it.)
 CREATE OR REPLACE FUNCTION storetopics._fold_apply(src storetopics.sources, p_files text[]) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_digests uuid[] := ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x);
   v_n int;
+  -- the catalog's background: per term the difference, and the stores that gain or lose it
+  v_terms int[];
+  v_totals numeric[];
+  v_stores int[];
+  v_files bigint[];
 BEGIN
+  -- (dropped only when there: DROP ... IF EXISTS would send the client a NOTICE each time)
+  IF to_regclass('pg_temp.storetopics_new_files') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_new_files; END IF;
+  CREATE TEMP TABLE storetopics_new_files AS SELECT * FROM storetopics._fold_recount(src, p_files);
   CREATE TEMP TABLE storetopics_old_files ON COMMIT DROP AS
   SELECT f.* FROM storetopics.file_terms f
    WHERE f.source_id = src.id AND md5(f.file_key)::uuid = ANY (v_digests) AND f.file_key = ANY (p_files);
@@ -293,14 +355,16 @@ BEGIN
    GROUP BY 1, 2
   HAVING sum(d.df) <> 0 OR sum(d.tf) <> 0 OR sum(d.tf2) <> 0;
   -- the catalog's background: the same difference, and the stores that gain or lose a term
-  CREATE TEMP TABLE storetopics_catalog_delta ON COMMIT DROP AS
-  SELECT d.term_id, sum(d.tf) AS total,
-         sum((coalesce(t.files, 0) + d.df > 0)::int - (coalesce(t.files, 0) > 0)::int)::int AS stores,
-         sum(d.df) AS files
-    FROM pg_temp.storetopics_delta d
-    LEFT JOIN storetopics.store_terms t ON t.source_id = src.id AND t.store_key = d.store_key AND t.term_id = d.term_id
-   GROUP BY 1;
-  PERFORM storetopics._catalog_apply(storetopics._catalog(src.id));
+  SELECT array_agg(x.term_id), array_agg(x.total), array_agg(x.stores), array_agg(x.files)
+    INTO v_terms, v_totals, v_stores, v_files
+    FROM (SELECT d.term_id, sum(d.tf) AS total,
+                 sum((coalesce(t.files, 0) + d.df > 0)::int - (coalesce(t.files, 0) > 0)::int)::int AS stores,
+                 sum(d.df) AS files
+            FROM pg_temp.storetopics_delta d
+            LEFT JOIN storetopics.store_terms t
+                   ON t.source_id = src.id AND t.store_key = d.store_key AND t.term_id = d.term_id
+           GROUP BY 1) x;
+  PERFORM storetopics._catalog_apply(storetopics._catalog(src.id), v_terms, v_totals, v_stores, v_files);
   INSERT INTO storetopics.store_terms AS t (source_id, store_key, term_id, files, total, total_sq)
   SELECT src.id, d.store_key, d.term_id, d.df, d.tf, d.tf2 FROM pg_temp.storetopics_delta d
   ORDER BY d.store_key, d.term_id
@@ -310,8 +374,24 @@ BEGIN
    WHERE t.source_id = src.id AND t.store_key = d.store_key AND t.term_id = d.term_id AND t.files <= 0;
   DROP TABLE pg_temp.storetopics_delta;
 
+  -- the clusters' sizes: the files' old cluster arrays subtracted, the new ones added
   IF src.embedding IS NOT NULL THEN
-    PERFORM storetopics._add_to_clusters(src.id);
+    UPDATE storetopics.clusters k
+       SET chunks = k.chunks + d.chunks, files = k.files + d.files, outliers = k.outliers + d.outliers
+      FROM (SELECT x.store_key, x.cluster_id, sum(x.files) AS files, sum(x.chunks) AS chunks,
+                   sum(x.outliers) AS outliers
+              FROM (SELECT f.store_key, u.cluster_id, -1 AS files, -u.n AS chunks, -u.o AS outliers
+                      FROM pg_temp.storetopics_old_files f,
+                           unnest(f.cluster_ids, f.cluster_chunks, f.cluster_outliers) AS u(cluster_id, n, o)
+                     WHERE f.store_key IS NOT NULL
+                    UNION ALL
+                    SELECT nf.store_key, u.cluster_id, 1, u.n, u.o
+                      FROM pg_temp.storetopics_new_files nf,
+                           unnest(nf.cluster_ids, nf.cluster_chunks, nf.cluster_outliers) AS u(cluster_id, n, o)
+                     WHERE nf.store_key IS NOT NULL) x
+             GROUP BY 1, 2) d
+     WHERE k.source_id = src.id AND k.store_key = d.store_key AND k.cluster_id = d.cluster_id
+       AND (d.files <> 0 OR d.chunks <> 0 OR d.outliers <> 0);
   END IF;
 
   CREATE TEMP TABLE storetopics_store_delta ON COMMIT DROP AS

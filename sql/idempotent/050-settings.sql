@@ -160,20 +160,21 @@ RETURN coalesce((SELECT storetopics._catalog_key(s.id, s.owner, storetopics._set
                    FROM storetopics.sources s WHERE s.id = p_source),
                 'source:' || p_source);
 
--- Adds the rows of pg_temp.storetopics_catalog_delta (term_id, total, files, stores) to a catalog's background, in
--- term order (folds of two sources of one catalog lock its rows in the same order), and drops terms no store holds.
-CREATE OR REPLACE FUNCTION storetopics._catalog_apply(p_catalog text) RETURNS void
+-- Adds a difference (per term: total, stores, files; arrays in step) to a catalog's background, in term order (folds
+-- of two sources of one catalog lock its rows in the same order), and drops terms no store holds.
+CREATE OR REPLACE FUNCTION storetopics._catalog_apply(p_catalog text, p_terms int[], p_totals numeric[],
+                                                      p_stores int[], p_files bigint[]) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   INSERT INTO storetopics.catalog_terms AS c (catalog, term_id, total, stores, files)
-  SELECT p_catalog, d.term_id, d.total, d.stores, d.files FROM pg_temp.storetopics_catalog_delta d
+  SELECT p_catalog, d.term_id, d.total, d.stores, d.files
+    FROM unnest(p_terms, p_totals, p_stores, p_files) AS d(term_id, total, stores, files)
    WHERE d.total <> 0 OR d.stores <> 0 OR d.files <> 0
    ORDER BY d.term_id
   ON CONFLICT (catalog, term_id) DO UPDATE
      SET total = c.total + excluded.total, stores = c.stores + excluded.stores, files = c.files + excluded.files;
-  DELETE FROM storetopics.catalog_terms c USING pg_temp.storetopics_catalog_delta d
+  DELETE FROM storetopics.catalog_terms c USING unnest(p_terms) AS d(term_id)
    WHERE c.catalog = p_catalog AND c.term_id = d.term_id AND c.stores <= 0;
-  DROP TABLE pg_temp.storetopics_catalog_delta;
 END $$;
 
 -- A source's whole contribution (its stores' term sums), subtracted from one catalog and added to another (either
@@ -185,11 +186,11 @@ DECLARE
   v_sign int;
 BEGIN
   FOR v_catalog, v_sign IN SELECT x.c, x.s FROM (VALUES (p_from, -1), (p_to, 1)) x(c, s) WHERE x.c IS NOT NULL LOOP
-    CREATE TEMP TABLE storetopics_catalog_delta ON COMMIT DROP AS
-    SELECT t.term_id, v_sign * sum(t.total) AS total, (v_sign * count(*))::int AS stores,
-           v_sign * sum(t.files) AS files
-      FROM storetopics.store_terms t WHERE t.source_id = p_source GROUP BY 1;
-    PERFORM storetopics._catalog_apply(v_catalog);
+    PERFORM storetopics._catalog_apply(v_catalog, array_agg(x.term_id), array_agg(x.total), array_agg(x.stores),
+                                       array_agg(x.files))
+       FROM (SELECT t.term_id, v_sign * sum(t.total) AS total, (v_sign * count(*))::int AS stores,
+                    v_sign * sum(t.files) AS files
+               FROM storetopics.store_terms t WHERE t.source_id = p_source GROUP BY 1) x;
   END LOOP;
 END $$;
 

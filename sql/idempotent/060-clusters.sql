@@ -7,9 +7,9 @@
 -- clusters agree better with the Debian sections: bench/README.md).  Both the fit (_fit_input) and the assignment
 -- below use it, so distances and radii agree.
 --
--- Assigns the chunk rows of the files p_files (or of the store p_store) to their store's clusters, into
--- pg_temp.storetopics_assign: per (store, file), the chunks per nearest cluster of the store's fit, the outliers
--- among them, and the chunks whose vector no cluster can take (another dimension).
+-- Assigns the chunk rows of the files p_files (or of the store p_store) to their store's clusters; returns per
+-- (store, file) the chunks per nearest cluster of the store's fit, the outliers among them, and the chunks whose
+-- vector no cluster can take (another dimension).
 --
 -- Two passes over the rows, both by the source's reader (as the table's owner).  The first gives each file's mean
 -- direction, which goes to storetopics.file_means (a table, because parallel workers cannot read temp tables; the
@@ -21,9 +21,12 @@
 -- 1 + (c <#> q) / |q| (a zero vector is NaN, as cosine makes it: an outlier).  enable_nestloop is on here even when
 -- the caller turned it off (apply_fit, for its own joins): the per-row function scans are nested loops, and a
 -- penalised plan is a worse one.
-CREATE OR REPLACE FUNCTION storetopics._assign(src storetopics.sources, p_files text[], p_store text) RETURNS void
+CREATE FUNCTION storetopics._assign(src storetopics.sources, p_files text[], p_store text)
+RETURNS TABLE (store_key text, file_key text, cluster_ids int[], cluster_chunks int[], cluster_outliers int[],
+               other_dim int)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET jit = off SET enable_nestloop = on
 AS $$
+#variable_conflict use_column
 DECLARE
   v_reader text := storetopics._generated(src.id, 'read');
   v_clusters jsonb;
@@ -31,9 +34,6 @@ DECLARE
                           current_setting('min_parallel_table_scan_size'), current_setting('enable_sort'),
                           current_setting('enable_hashjoin'), current_setting('enable_material')];
 BEGIN
-  IF to_regclass('pg_temp.storetopics_assign') IS NOT NULL THEN   -- (IF EXISTS would send the client a NOTICE)
-    DROP TABLE pg_temp.storetopics_assign;
-  END IF;
   PERFORM set_config('parallel_setup_cost', '0', true), set_config('parallel_tuple_cost', '0', true),
           set_config('min_parallel_table_scan_size', '0', true), set_config('enable_sort', 'off', true);
   IF p_files IS NULL THEN   -- a whole store: each row finds its file's mean through the index (see _assign_sql)
@@ -49,7 +49,7 @@ BEGIN
                                                                      'radius', k.radius, 'centroid', k.centroid::text)))
     INTO v_clusters
     FROM storetopics.clusters k WHERE k.source_id = src.id AND (p_store IS NULL OR k.store_key = p_store);
-  EXECUTE format('CREATE TEMP TABLE storetopics_assign ON COMMIT DROP AS SELECT * FROM %s(''assign'', $1, $2, $3) '
+  RETURN QUERY EXECUTE format('SELECT * FROM %s(''assign'', $1, $2, $3) '
                  'AS r(store_key text, file_key text, cluster_ids int[], cluster_chunks int[], cluster_outliers int[], '
                  'other_dim int)', v_reader)
     USING p_files, p_store, v_clusters;
@@ -57,6 +57,73 @@ BEGIN
   PERFORM set_config('parallel_setup_cost', v_saved[1], true), set_config('parallel_tuple_cost', v_saved[2], true),
           set_config('min_parallel_table_scan_size', v_saved[3], true), set_config('enable_sort', v_saved[4], true),
           set_config('enable_hashjoin', v_saved[5], true), set_config('enable_material', v_saved[6], true);
+END $$;
+
+-- The reader's queries for the clusters (storetopics._reader_body puts them in read_<id>): means (files | store)
+-- and assign (files | store, args.clusters), for _assign; sample (store, args), a fit's sample (_fit_input); chunks
+-- (files = refs), the representatives' texts (apply_fit).  Without an embedding only chunks has a query.
+CREATE OR REPLACE FUNCTION storetopics._cluster_reads(src storetopics.sources) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  vs name;
+  e text;
+  ref text := storetopics._chunk_ref_sql(src.chunks);
+  by_files text := storetopics._read_by_files(src);
+  by_store text := storetopics._read_by_store(src);
+  means text := '';
+  assign text[] := '{"", "", "", "", "", ""}';
+  sample text := '';
+BEGIN
+  IF src.embedding IS NOT NULL THEN
+    vs := storetopics._vector_schema();
+    e := storetopics._embedding_sql(src);
+    means := format($q$
+      SELECT (%1$s)::text, (%2$s)::text, %3$I.vector_dims(%4$s), %3$I.l2_normalize(%3$I.sum(%3$I.l2_normalize(%4$s)))
+        FROM %5$s AS c
+       WHERE (%1$s) IS NOT NULL AND %4$s IS NOT NULL AND $q$, src.store_sql, src.file_sql, vs, e, src.chunks);
+    assign := storetopics._assign_sql(src);
+    sample := format($q$
+      SELECT %1$s AS ref, (%2$s)::text AS file_key, %3$s AS e
+        FROM %4$s AS c $q$, ref, src.file_sql, e, src.chunks);
+  END IF;
+  RETURN storetopics._read_arm('chunks', format('SELECT %s, (%s)::text, left(%s, 1000) FROM %s AS c WHERE %s', ref,
+                                                src.file_sql, src.content_sql, src.chunks,
+                                                storetopics._chunk_lookup_sql(src.chunks)), 'files')
+    || format($a$  WHEN 'means' THEN
+    RETURN QUERY EXECUTE %1$L OPERATOR(pg_catalog.||) CASE WHEN files IS NULL THEN %2$L ELSE %3$L END
+                                 OPERATOR(pg_catalog.||) ' GROUP BY 1, 2, 3' USING files, store;
+$a$, means, by_store, by_files)
+    || format($a$  WHEN 'assign' THEN
+    -- one least() argument per cluster slot: the most clusters a store of the call has
+    v_slots := (SELECT pg_catalog.max(x.n) FROM (
+                  SELECT pg_catalog.count(*) AS n
+                    FROM pg_catalog.jsonb_array_elements(args OPERATOR(pg_catalog.->) 'clusters') AS k
+                   GROUP BY k OPERATOR(pg_catalog.->>) 'store_key') AS x);
+    RETURN QUERY EXECUTE %1$s
+      OPERATOR(pg_catalog.||) %2$s
+      OPERATOR(pg_catalog.||) %3$s
+      USING files, store, args;
+$a$,
+      -- the head, the clusters (ks) by store or by files, the joins up to least()
+      format(E'%L OPERATOR(pg_catalog.||) CASE WHEN files IS NULL THEN %L ELSE %L END\n      OPERATOR(pg_catalog.||) %L',
+             assign[1], assign[3], assign[2], assign[4]),
+      -- least()'s arguments, one per cluster slot
+      format($a$coalesce((SELECT pg_catalog.string_agg(pg_catalog.format(%L, i, i), ', ')
+                                          FROM pg_catalog.generate_series(1, v_slots) AS i), 'NULL::float8[]')$a$,
+             format('ARRAY[ks.cen[%%s] OPERATOR(%I.<#>) q.q, %%s]', coalesce(vs, 'public'))),
+      -- the next piece, the rows' filter, the tail
+      format(E'%L OPERATOR(pg_catalog.||) CASE WHEN files IS NULL THEN %L ELSE %L END\n      OPERATOR(pg_catalog.||) %L',
+             assign[5], by_store, by_files, assign[6]))
+    || format($a$  WHEN 'sample' THEN
+    RETURN QUERY EXECUTE %1$L OPERATOR(pg_catalog.||)
+      CASE WHEN args OPERATOR(pg_catalog.->>) 'percent' IS NULL THEN ''
+           ELSE 'TABLESAMPLE SYSTEM (($3 ->> ''percent'')::float8) REPEATABLE (($3 ->> ''seed'')::int)' END
+      OPERATOR(pg_catalog.||) %2$L
+      USING files, store, args;
+$a$, sample, format($q$
+       WHERE %s AND %s IS NOT NULL AND (%s) IS NOT NULL
+       ORDER BY hashtext(%s || ':' || ($3 ->> 'seed')), 1
+       LIMIT ($3 ->> 'limit')::int$q$, by_store, e, src.file_sql, ref));
 END $$;
 
 -- The reader's assignment query (see _assign), in pieces the reader puts together at run time: the head, then the
@@ -108,18 +175,18 @@ BEGIN
                format($q$) ks
                              ON ks.store_key = (%1$s)::text
                       LEFT JOIN storetopics.file_means fm
-                             ON fm.source_id = %6$s AND fm.store_key = (%1$s)::text AND fm.file_key = (%2$s)::text
-                            AND fm.dims = %5$I.vector_dims(%4$s)
+                             ON fm.source_id = %5$s AND fm.store_key = (%1$s)::text AND fm.file_key = (%2$s)::text
+                            AND fm.dims = %4$I.vector_dims(%3$s)
                       -- q: the chunk in its file's context (not normalised again) and its length, each computed once
                       -- per row (a function scan's result is not inlined into the expressions that use it)
-                      CROSS JOIN LATERAL unnest(ARRAY[CASE WHEN fm.m IS NULL THEN %4$s
-                                                           ELSE %5$I.l2_normalize(%4$s) OPERATOR(%5$I.+) fm.m END]) AS q(q)
-                      CROSS JOIN LATERAL unnest(ARRAY[%5$I.vector_norm(q.q)]) AS b(qn)
+                      CROSS JOIN LATERAL unnest(ARRAY[CASE WHEN fm.m IS NULL THEN %3$s
+                                                           ELSE %4$I.l2_normalize(%3$s) OPERATOR(%4$I.+) fm.m END]) AS q(q)
+                      CROSS JOIN LATERAL unnest(ARRAY[%4$I.vector_norm(q.q)]) AS b(qn)
                       -- m = [inner product, slot] of the nearest centroid; NULL for a NULL vector, one of another
                       -- dimension, or a store without clusters
-                      CROSS JOIN LATERAL unnest(ARRAY[ROW(CASE WHEN %5$I.vector_dims(q.q) = ks.dims
+                      CROSS JOIN LATERAL unnest(ARRAY[ROW(CASE WHEN %4$I.vector_dims(q.q) = ks.dims
                                                                THEN least($q$,
-                      src.store_sql, src.file_sql, src.chunks, e, vs, src.id),
+                      src.store_sql, src.file_sql, e, vs, src.id),
                format($q$) END)]) AS a(m float8[])
                      WHERE (%1$s) IS NOT NULL AND $q$, src.store_sql),
                $q$) y
@@ -127,26 +194,7 @@ BEGIN
      GROUP BY 1, 2$q$];
 END $$;
 
--- fold()'s step for clusters: subtract the files' old cluster arrays, add the new ones (in pg_temp's new files).
-CREATE OR REPLACE FUNCTION storetopics._add_to_clusters(p_source int) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-  UPDATE storetopics.clusters k
-     SET chunks = k.chunks + d.chunks, files = k.files + d.files, outliers = k.outliers + d.outliers
-    FROM (SELECT x.store_key, x.cluster_id, sum(x.files) AS files, sum(x.chunks) AS chunks, sum(x.outliers) AS outliers
-            FROM (SELECT f.store_key, u.cluster_id, -1 AS files, -u.n AS chunks, -u.o AS outliers
-                    FROM pg_temp.storetopics_old_files f,
-                         unnest(f.cluster_ids, f.cluster_chunks, f.cluster_outliers) AS u(cluster_id, n, o)
-                   WHERE f.store_key IS NOT NULL
-                  UNION ALL
-                  SELECT nf.store_key, u.cluster_id, 1, u.n, u.o
-                    FROM pg_temp.storetopics_new_files nf,
-                         unnest(nf.cluster_ids, nf.cluster_chunks, nf.cluster_outliers) AS u(cluster_id, n, o)
-                   WHERE nf.store_key IS NOT NULL) x
-           GROUP BY 1, 2) d
-   WHERE k.source_id = p_source AND k.store_key = d.store_key AND k.cluster_id = d.cluster_id
-     AND (d.files <> 0 OR d.chunks <> 0 OR d.outliers <> 0);
-END $$;
+-- (fold()'s step for clusters, which read fold's temp tables, is part of storetopics._fold_apply now)
 
 -- Whether a store's clustering is due, and why: 'no fit' (enough vectors, never fitted), 'outliers' (outliers since
 -- the fit pass refit_outliers of the store), 'dimension' (most vectors have another dimension than the fit), or
@@ -249,6 +297,49 @@ BEGIN
   DROP TABLE pg_temp.storetopics_sample;
 END $$;
 
+-- apply_fit()'s second half: every file of a store assigned again to the clusters now in place (one pass over its
+-- chunks), and the clusters' sizes recounted.  Returns the chunks assigned.
+-- (Joins between a store's files and the pass's result are hashed: right after a big fold file_terms has no
+-- statistics yet, and the planner's nested loop over both was orders of magnitude slower.)
+CREATE OR REPLACE FUNCTION storetopics._reassign_store(src storetopics.sources, p_store text) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET enable_nestloop = off SET jit = off
+AS $$
+DECLARE
+  v_updated bigint;
+BEGIN
+  -- (a temp table made and dropped here: two statements read it, planned on its statistics)
+  CREATE TEMP TABLE storetopics_assign ON COMMIT DROP AS SELECT * FROM storetopics._assign(src, NULL, p_store);
+  ANALYZE pg_temp.storetopics_assign;
+  UPDATE storetopics.file_terms f
+     SET cluster_ids = a.cluster_ids, cluster_chunks = a.cluster_chunks, cluster_outliers = a.cluster_outliers,
+         other_dim = a.other_dim
+    FROM pg_temp.storetopics_assign a
+   WHERE f.source_id = src.id AND f.store_key = p_store AND a.store_key = p_store AND f.file_key = a.file_key;
+  GET DIAGNOSTICS v_updated = ROW_COUNT;
+  -- (a store backfilled in two batches kept the statistics of the first, and render's keywords() crawled until
+  -- autovacuum came by)
+  PERFORM storetopics._analyze_if_stale(v_updated);
+  -- files of the store the pass did not see (their rows changed since; a pending event will recount them)
+  UPDATE storetopics.file_terms f
+     SET cluster_ids = '{}', cluster_chunks = '{}', cluster_outliers = '{}', other_dim = 0
+   WHERE f.source_id = src.id AND f.store_key = p_store
+     AND NOT EXISTS (SELECT 1 FROM pg_temp.storetopics_assign a WHERE a.file_key = f.file_key);
+  DROP TABLE pg_temp.storetopics_assign;
+  UPDATE storetopics.clusters k SET chunks = 0, files = 0, outliers = 0, outliers_at_fit = 0, outliers_seen = 0
+   WHERE k.source_id = src.id AND k.store_key = p_store;
+  UPDATE storetopics.clusters k
+     SET chunks = x.chunks, files = x.files, outliers = x.outliers, outliers_at_fit = x.outliers,
+         outliers_seen = x.outliers
+    FROM (SELECT u.cluster_id, sum(u.n) AS chunks, count(*) AS files, sum(u.o) AS outliers
+            FROM storetopics.file_terms f,
+                 unnest(f.cluster_ids, f.cluster_chunks, f.cluster_outliers) AS u(cluster_id, n, o)
+           WHERE f.source_id = src.id AND f.store_key = p_store
+           GROUP BY 1) x
+   WHERE k.source_id = src.id AND k.store_key = p_store AND k.cluster_id = x.cluster_id;
+  RETURN (SELECT coalesce(sum(k.chunks), 0)
+            FROM storetopics.clusters k WHERE k.source_id = src.id AND k.store_key = p_store);
+END $$;
+
 -- Apply a fit computed from _fit_input() (by plpython3u in the database, or by the worker/CLI): p_fit is
 --   {"generation": the store's fit_generation the input was read at, "k", "silhouette", "single_theme", "sample",
 --    "seed", "dim", "space", "seconds",
@@ -261,7 +352,8 @@ END $$;
 -- words and label: no call either.  Only a cluster of what the old fit called outliers is new.  The other old clusters go; new ones come with
 -- representatives and c-TF-IDF words, and need a label.  Then every file of the store is assigned again (one pass
 -- over its chunks) and the cluster sizes are recounted.  Compare-and-set: if another fit was applied since the
--- input was read, nothing is written.  Returns a jsonb report.
+-- input was read, nothing is written.  Returns a jsonb report.  (About 85 lines: the new clusters' rows are made
+-- from the old ones it keeps in temp tables, made and dropped here.)
 -- (Joins between a store's files and the pass's result are hashed: right after a big fold file_terms has no
 -- statistics yet, and the nested loop the planner would then choose is quadratic in the store's files.)
 CREATE OR REPLACE FUNCTION storetopics._apply_fit(p_source int, p_store text, p_fit jsonb) RETURNS jsonb
@@ -278,7 +370,6 @@ DECLARE
   r record;
   v_reps jsonb;
   v_assigned bigint;
-  v_updated bigint;
 BEGIN
   SELECT * INTO src FROM storetopics.sources WHERE id = p_source FOR UPDATE;   -- one writer of a source's state
   SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store FOR UPDATE;
@@ -334,37 +425,7 @@ BEGIN
   END LOOP;
   DROP TABLE pg_temp.storetopics_fit, pg_temp.storetopics_old;
 
-  -- Every file of the store, assigned to the clusters now in place.
-  PERFORM storetopics._assign(src, NULL, p_store);
-  ANALYZE pg_temp.storetopics_assign;
-  UPDATE storetopics.file_terms f
-     SET cluster_ids = a.cluster_ids, cluster_chunks = a.cluster_chunks, cluster_outliers = a.cluster_outliers,
-         other_dim = a.other_dim
-    FROM pg_temp.storetopics_assign a
-   WHERE f.source_id = p_source AND f.store_key = p_store AND a.store_key = p_store AND f.file_key = a.file_key;
-  GET DIAGNOSTICS v_updated = ROW_COUNT;
-  -- (a store backfilled in two batches kept the statistics of the first, and render's keywords() crawled until
-  -- autovacuum came by)
-  PERFORM storetopics._analyze_if_stale(v_updated);
-  -- files of the store the pass did not see (their rows changed since; a pending event will recount them)
-  UPDATE storetopics.file_terms f
-     SET cluster_ids = '{}', cluster_chunks = '{}', cluster_outliers = '{}', other_dim = 0
-   WHERE f.source_id = p_source AND f.store_key = p_store
-     AND NOT EXISTS (SELECT 1 FROM pg_temp.storetopics_assign a WHERE a.file_key = f.file_key);
-  DROP TABLE pg_temp.storetopics_assign;
-  UPDATE storetopics.clusters k SET chunks = 0, files = 0, outliers = 0, outliers_at_fit = 0, outliers_seen = 0
-   WHERE k.source_id = p_source AND k.store_key = p_store;
-  UPDATE storetopics.clusters k
-     SET chunks = x.chunks, files = x.files, outliers = x.outliers, outliers_at_fit = x.outliers,
-         outliers_seen = x.outliers
-    FROM (SELECT u.cluster_id, sum(u.n) AS chunks, count(*) AS files, sum(u.o) AS outliers
-            FROM storetopics.file_terms f,
-                 unnest(f.cluster_ids, f.cluster_chunks, f.cluster_outliers) AS u(cluster_id, n, o)
-           WHERE f.source_id = p_source AND f.store_key = p_store
-           GROUP BY 1) x
-   WHERE k.source_id = p_source AND k.store_key = p_store AND k.cluster_id = x.cluster_id;
-  SELECT coalesce(sum(k.chunks), 0) INTO v_assigned
-    FROM storetopics.clusters k WHERE k.source_id = p_source AND k.store_key = p_store;
+  v_assigned := storetopics._reassign_store(src, p_store);   -- every file of the store, to the clusters now in place
 
   UPDATE storetopics.store_state
      SET other_dim = (SELECT coalesce(sum(f.other_dim), 0) FROM storetopics.file_terms f

@@ -50,10 +50,24 @@ RETURN CASE
        'applies', 'enables', 'disables', 'tells', 'says', 'receives', 'sends') THEN 'verb at its start'
 END;
 
--- Mines phrases for groups of files.  Input: pg_temp.storetopics_mine_files (grp, file_key), the files of each group
--- (a cluster, or a whole store), and pg_temp.storetopics_mine_words (grp, lexeme, weight), the words a group's
--- phrases should be made of.  Output: pg_temp.storetopics_mined (grp, phrase, one_file, hits, score, rank); hits:
--- how many of its words weigh 0.5 or more for the group (a cluster's three first words).
+-- The reader's query for _mine_phrases (storetopics._reader_body puts it in read_<id>): sample_texts (files, store),
+-- (file_key, t), 3 chunks of each file (chosen by content, not by row: the same texts give the same phrases however
+-- they were written), 1,500 characters each.
+CREATE OR REPLACE FUNCTION storetopics._phrase_reads(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN storetopics._read_arm('sample_texts', format($q$
+      SELECT x.f, x.t FROM (SELECT (%1$s)::text AS f, left((storetopics._dehyphenated(%2$s))::text, 1500) AS t,
+                                   row_number() OVER (PARTITION BY (%1$s)::text
+                                                      ORDER BY pg_catalog.md5((%2$s)::text), %3$s) AS r
+                              FROM %4$s) x
+       WHERE x.r <= 3$q$, src.file_sql, src.content_sql, storetopics._chunk_ref_sql(src.chunks),
+  format('%s AS c WHERE %s AND %s', src.chunks, storetopics._read_by_files(src), storetopics._read_by_store(src))),
+  'files, store');
+
+-- Mines phrases for groups of files.  Input: p_files, [{grp, file_key}], the files of each group (a cluster, or a
+-- whole store), and p_words, [{grp, lexeme, weight}], the words a group's phrases should be made of.  Returns
+-- (grp, phrase, one_file, hits, score, rank); hits: how many of its words weigh 0.5 or more for the group (a
+-- cluster's three first words).
 -- A phrase is a run of 2-3 different words within a clause (never across punctuation), letters only, its first and
 -- last word no stopword, at least one of its words (as a lexeme) weighted for the group; it must occur in two of the group's
 -- files (one file's names are no topic).  Score: files it occurs in x (1 + weight of its words) x how rare it is in
@@ -62,11 +76,15 @@ END;
 -- store's topics take rather than none.
 -- No JIT: planned over temp tables and unnested arrays, these statements are estimated at orders of magnitude more
 -- rows than they have, which buys them an LLVM compilation that takes longer than they run (bench/README.md).
-CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text) RETURNS void
+-- (About 90 lines: its input, n-grams and their words are temp tables made and dropped here, which several of its
+-- statements read.)
+CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text, p_files jsonb, p_words jsonb)
+RETURNS TABLE (grp int, phrase text, one_file boolean, hits bigint, score numeric, rank bigint)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+#variable_conflict use_column
 DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
-  v_groups int := (SELECT count(DISTINCT g.grp) FROM pg_temp.storetopics_mine_files g);
+  v_groups int;
   v_files bigint := (SELECT st.files FROM storetopics.store_state st
                       WHERE st.source_id = p_source AND st.store_key = p_store);
   v_words bigint := (SELECT st.words FROM storetopics.store_state st
@@ -74,9 +92,12 @@ DECLARE
   v_script text := storetopics._store_script(p_source, p_store);
   v_noise text[];
 BEGIN
-  IF to_regclass('pg_temp.storetopics_mined') IS NOT NULL THEN   -- (IF EXISTS would send the client a NOTICE)
-    DROP TABLE pg_temp.storetopics_mined;
-  END IF;
+  -- (its input as temp tables too: joined to 10^5 n-grams, they are planned on their real sizes)
+  CREATE TEMP TABLE storetopics_mine_files ON COMMIT DROP AS
+  SELECT f.grp, f.file_key FROM jsonb_to_recordset(p_files) AS f(grp int, file_key text);
+  CREATE TEMP TABLE storetopics_mine_words ON COMMIT DROP AS
+  SELECT w.grp, w.lexeme, w.weight FROM jsonb_to_recordset(p_words) AS w(grp int, lexeme text, weight numeric);
+  v_groups := (SELECT count(DISTINCT g.grp) FROM pg_temp.storetopics_mine_files g);
   EXECUTE format('CREATE TEMP TABLE storetopics_mine_texts ON COMMIT DROP AS SELECT * FROM %s(''sample_texts'', $1, '
                  '$2, NULL) AS r(file_key text, t text)', storetopics._reader(p_source))
     USING ARRAY(SELECT DISTINCT g.file_key FROM pg_temp.storetopics_mine_files g), p_store;
@@ -109,7 +130,7 @@ BEGIN
       JOIN storetopics.store_terms t ON t.source_id = p_source AND t.store_key = p_store AND t.term_id = x.id
      WHERE storetopics._noise(l.lexeme, t.files, t.total, t.total_sq, v_files, v_words, v_script) IS NOT NULL);
   -- set-based throughout (joins, not per-row look-ups): a store's sample holds 10^5 n-grams
-  CREATE TEMP TABLE storetopics_mined ON COMMIT DROP AS
+  RETURN QUERY
   WITH per AS (
     SELECT f.grp, lower(array_to_string(g.words, ' ')) AS key, array_to_string(g.words, ' ') AS surface, g.file_key,
            g.words
@@ -141,7 +162,8 @@ BEGIN
                                                         DESC, s.phrase) AS rank
     FROM scored s JOIN weighted w USING (grp, key) JOIN spread sp USING (key) JOIN sizes z USING (grp)
    WHERE w.weight > 0 AND storetopics._clause_fragment(s.words) IS NULL;
-  DROP TABLE pg_temp.storetopics_mine_texts, pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex;
+  DROP TABLE pg_temp.storetopics_mine_files, pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_texts,
+             pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex;
 END $$;
 
 -- The clusters' offline labels, mined for all of a store's clusters together (a phrase's rarity is counted across
@@ -152,43 +174,46 @@ CREATE OR REPLACE FUNCTION storetopics._cluster_phrases(p_source int, p_store te
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
+  v_words jsonb;   -- [{grp, lexeme, weight}]: the clusters' words, best first
+  v_files jsonb;   -- [{grp, file_key}]: each cluster's 20 most committed files
   v_from text;
 BEGIN
-  CREATE TEMP TABLE storetopics_mine_words ON COMMIT DROP AS
-  SELECT k.cluster_id AS grp, l.lexeme, max(1.0 / (1 + u.i / 3.0)) AS weight   -- the cluster's words, best first
-    FROM storetopics.clusters k, unnest(k.keywords[1:15]) WITH ORDINALITY AS u(w, i),
-         LATERAL unnest(tsvector_to_array(to_tsvector(v_cfg, u.w))) AS l(lexeme)
-   WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0
-   GROUP BY 1, 2;
-  CREATE TEMP TABLE storetopics_mine_files ON COMMIT DROP AS
-  SELECT x.grp, x.file_key, x.digest FROM (
-    SELECT u.cluster_id AS grp, f.file_key, md5(f.term_ids::text || f.counts::text) AS digest,
-           row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC,
-                                                                 hashtext(f.file_key), f.file_key) AS r
-      FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
-     WHERE f.source_id = p_source AND f.store_key = p_store
-       AND u.cluster_id IN (SELECT w.grp FROM pg_temp.storetopics_mine_words w)) x
+  SELECT coalesce(jsonb_agg(jsonb_build_object('grp', w.grp, 'lexeme', w.lexeme, 'weight', w.weight)
+                            ORDER BY w.grp, w.lexeme), '[]'),
+         coalesce(string_agg(w.grp || ':' || w.lexeme || ':' || w.weight, ',' ORDER BY w.grp, w.lexeme), '')
+    INTO v_words, v_from
+    FROM (SELECT k.cluster_id AS grp, l.lexeme, max(1.0 / (1 + u.i / 3.0)) AS weight
+            FROM storetopics.clusters k, unnest(k.keywords[1:15]) WITH ORDINALITY AS u(w, i),
+                 LATERAL unnest(tsvector_to_array(to_tsvector(v_cfg, u.w))) AS l(lexeme)
+           WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0
+           GROUP BY 1, 2) w;
+  SELECT coalesce(jsonb_agg(jsonb_build_object('grp', x.grp, 'file_key', x.file_key) ORDER BY x.grp, x.file_key), '[]'),
+         md5(v_from || '|' ||
+             coalesce(string_agg(x.grp || ':' || x.file_key || ':' || x.digest, ',' ORDER BY x.grp, x.file_key), ''))
+    INTO v_files, v_from
+    FROM (SELECT u.cluster_id AS grp, f.file_key, md5(f.term_ids::text || f.counts::text) AS digest,
+                 row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC,
+                                                                       hashtext(f.file_key), f.file_key) AS r
+            FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
+           WHERE f.source_id = p_source AND f.store_key = p_store
+             AND u.cluster_id IN (SELECT (w ->> 'grp')::int FROM jsonb_array_elements(v_words) w)) x
    WHERE x.r <= 20;
-  v_from := md5(coalesce((SELECT string_agg(w.grp || ':' || w.lexeme || ':' || w.weight, ',' ORDER BY w.grp, w.lexeme)
-                            FROM pg_temp.storetopics_mine_words w), '') || '|' ||
-                coalesce((SELECT string_agg(f.grp || ':' || f.file_key || ':' || f.digest, ',' ORDER BY f.grp, f.file_key)
-                            FROM pg_temp.storetopics_mine_files f), ''));
   IF v_from IS NOT DISTINCT FROM (SELECT st.cluster_phrases_from FROM storetopics.store_state st
                                    WHERE st.source_id = p_source AND st.store_key = p_store) THEN
-    DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files;
     RETURN;
   END IF;
-  PERFORM storetopics._mine_phrases(p_source, p_store);
   -- a run of words two of its files share, else one file's run that holds two of the cluster's three first words:
   -- where there is neither, those three words say more to a router than a single word or one file's other phrases
   -- (measured: bench/README.md, "Offline labels")
+  WITH best AS MATERIALIZED (
+    SELECT DISTINCT ON (m.grp) m.grp, m.phrase
+      FROM storetopics._mine_phrases(p_source, p_store, v_files, v_words) m
+     WHERE strpos(m.phrase, ' ') > 0 AND (NOT m.one_file OR m.hits >= 2)
+     ORDER BY m.grp, m.rank)
   UPDATE storetopics.clusters k
-     SET phrase = (SELECT m.phrase FROM pg_temp.storetopics_mined m
-                    WHERE m.grp = k.cluster_id AND strpos(m.phrase, ' ') > 0 AND (NOT m.one_file OR m.hits >= 2)
-                    ORDER BY m.rank LIMIT 1)
+     SET phrase = (SELECT b.phrase FROM best b WHERE b.grp = k.cluster_id)
    WHERE k.source_id = p_source AND k.store_key = p_store;
   UPDATE storetopics.store_state SET cluster_phrases_from = v_from WHERE source_id = p_source AND store_key = p_store;
-  DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files, pg_temp.storetopics_mined;
 END $$;
 
 -- A keyword-only store's topics (it has no clusters): up to 8 phrases made of its contrastive terms, from the 40
@@ -198,29 +223,32 @@ CREATE OR REPLACE FUNCTION storetopics._store_phrases(p_source int, p_store text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   st storetopics.store_state;
+  v_files jsonb;   -- [{grp: 0, file_key}]
   v_phrases text[];
   v_from text;
 BEGIN
   SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
-  CREATE TEMP TABLE storetopics_mine_files ON COMMIT DROP AS
-  SELECT 0 AS grp, x.file_key, x.digest FROM (
-    SELECT f.file_key, md5(f.term_ids::text || f.counts::text) AS digest, count(*) AS hits
-      FROM storetopics.file_terms f, unnest(f.term_ids) AS u(term_id)
-     WHERE f.source_id = p_source AND f.store_key = p_store
-       AND u.term_id IN (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (p_terms[1:30]))
-     GROUP BY 1, 2 ORDER BY 3 DESC, hashtext(f.file_key), 1 LIMIT 40) x;
-  v_from := md5(array_to_string(p_terms[1:30], ' ') || '|' ||
-                coalesce((SELECT string_agg(f.file_key || ':' || f.digest, ',' ORDER BY f.file_key)
-                            FROM pg_temp.storetopics_mine_files f), ''));
+  SELECT coalesce(jsonb_agg(jsonb_build_object('grp', 0, 'file_key', x.file_key) ORDER BY x.file_key), '[]'),
+         md5(array_to_string(p_terms[1:30], ' ') || '|' ||
+             coalesce(string_agg(x.file_key || ':' || x.digest, ',' ORDER BY x.file_key), ''))
+    INTO v_files, v_from
+    FROM (SELECT f.file_key, md5(f.term_ids::text || f.counts::text) AS digest, count(*) AS hits
+            FROM storetopics.file_terms f, unnest(f.term_ids) AS u(term_id)
+           WHERE f.source_id = p_source AND f.store_key = p_store
+             AND u.term_id IN (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (p_terms[1:30]))
+           GROUP BY 1, 2 ORDER BY 3 DESC, hashtext(f.file_key), 1 LIMIT 40) x;
   IF st.phrases_from IS NOT DISTINCT FROM v_from THEN
-    DROP TABLE pg_temp.storetopics_mine_files;
     RETURN st.phrases;
   END IF;
-  CREATE TEMP TABLE storetopics_mine_words ON COMMIT DROP AS
-  SELECT 0 AS grp, u.lexeme, 1.0 / (1 + u.i / 5.0) AS weight FROM unnest(p_terms[1:30]) WITH ORDINALITY AS u(lexeme, i);
-  PERFORM storetopics._mine_phrases(p_source, p_store);
   -- distinct phrases that share no word with a better one; phrases of a single file and single words (they rank
   -- after the others) only to make up three topics: beyond that the terms list says them
+  -- (a temp table made and dropped here: the pick below reads it once per phrase it takes)
+  CREATE TEMP TABLE storetopics_mined ON COMMIT DROP AS
+  SELECT * FROM storetopics._mine_phrases(
+    p_source, p_store, v_files,
+    (SELECT coalesce(jsonb_agg(jsonb_build_object('grp', 0, 'lexeme', u.lexeme, 'weight', 1.0 / (1 + u.i / 5.0))
+                               ORDER BY u.i), '[]')
+       FROM unnest(p_terms[1:30]) WITH ORDINALITY AS u(lexeme, i)));
   v_phrases := ARRAY(
     WITH RECURSIVE pick AS (
       SELECT 1 AS n, m.rank, ARRAY[m.phrase] AS phrases, regexp_split_to_array(lower(m.phrase), ' ') AS used
@@ -233,8 +261,8 @@ BEGIN
                                ORDER BY m.rank LIMIT 1) m
        WHERE p.n < 8)
     SELECT unnest(phrases) FROM (SELECT phrases FROM pick ORDER BY n DESC LIMIT 1) x);
+  DROP TABLE pg_temp.storetopics_mined;
   UPDATE storetopics.store_state SET phrases = v_phrases, phrases_from = v_from
    WHERE source_id = p_source AND store_key = p_store;
-  DROP TABLE pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_files, pg_temp.storetopics_mined;
   RETURN v_phrases;
 END $$;

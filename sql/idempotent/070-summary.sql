@@ -69,6 +69,7 @@ RETURN coalesce((SELECT mode() WITHIN GROUP (ORDER BY storetopics._script(x.lexe
 --       theme).
 -- No merge joins: the planner cannot know how long the arrays are, so it would sort every (file, term) pair of the
 -- store by term to merge them with the store's terms; hashing the terms streams the pairs instead (bench/README.md).
+-- (About 90 lines: one query, whose lists share the store's terms and its files' novelty.)
 CREATE OR REPLACE FUNCTION storetopics._keywords(p_source int, p_store text, n_dominant int DEFAULT 10,
                                      n_distinctive int DEFAULT 8)
 RETURNS TABLE (kind text, rank int, lexeme text, score float8, files int, total bigint, file_key text)
@@ -219,6 +220,15 @@ BEGIN
   GET DIAGNOSTICS v_n = ROW_COUNT;
   RETURN v_n;
 END $$;
+
+-- The reader's query for _learn_words (storetopics._reader_body puts it in read_<id>): texts (files, store), the
+-- texts of those files of the store, as they are counted.
+CREATE OR REPLACE FUNCTION storetopics._word_reads(src storetopics.sources) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN storetopics._read_arm('texts', format('SELECT (%s)::text FROM %s AS c WHERE %s AND %s',
+                                             storetopics._read_text_sql(src), src.chunks,
+                                             storetopics._read_by_files(src), storetopics._read_by_store(src)),
+                             'files, store');
 
 CREATE OR REPLACE FUNCTION storetopics._show(cfg regconfig, lexeme text) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
@@ -467,22 +477,7 @@ DECLARE
   v_topics_from text;   -- what the topic list is made of: clusters, the labeller's store labels, mined phrases
 BEGIN
   PERFORM storetopics._refresh_words(src.id, st.store_key);   -- the clusters' words and phrases, from the current counts
-  PERFORM storetopics._render_terms(src, st.store_key);         -- pg_temp.storetopics_kw: dominant, distinctive, contrast
-  SELECT array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'contrast'),
-         array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'),
-         jsonb_build_object(
-           'dominant', coalesce(jsonb_agg(jsonb_build_object('term', k.word, 'lexeme', k.lexeme, 'count', k.total,
-                                                             'files', k.files) ORDER BY k.rank)
-                               FILTER (WHERE k.kind = 'dominant'), '[]'),
-           'distinctive', coalesce(jsonb_agg(jsonb_build_object('term', k.word, 'lexeme', k.lexeme,
-                                   'score', round(k.score::numeric, 3), 'files', k.files, 'count', k.total,
-                                   'file', k.file_key) ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'), '[]'),
-           'contrast', coalesce(jsonb_agg(jsonb_build_object('term', k.word, 'lexeme', k.lexeme,
-                                'score', round(k.score::numeric, 6), 'files', k.files) ORDER BY k.rank)
-                               FILTER (WHERE k.kind = 'contrast'), '[]'))
-    INTO v_terms, v_dist, v_kw
-    FROM pg_temp.storetopics_kw k;
-  DROP TABLE pg_temp.storetopics_kw;
+  SELECT * INTO v_terms, v_dist, v_kw FROM storetopics._render_terms(src, st.store_key);
 
   -- Everything rendered is user text a router reads: screened (storetopics._screen), what is dropped is recorded.
   SELECT * INTO v_s FROM storetopics._screened(v_terms, 'terms');
@@ -493,24 +488,8 @@ BEGIN
   v_screened := v_screened || v_s.dropped;
 
   -- Clusters, largest first, with the label a router sees: the labeller's, or the offline one (a phrase).
-  PERFORM storetopics._render_clusters(src.id, st.store_key, NOT storetopics._llm_labeller(src.id));
-  SELECT coalesce(jsonb_agg(jsonb_build_object(
-           'id', k.cluster_id, 'label', k.shown, 'labeller', CASE WHEN k.shown = k.label THEN k.labeller ELSE 'offline' END,
-           'phrase', k.phrase, 'share', round(k.share::numeric, 4), 'chunks', k.chunks, 'files', k.files,
-           'keywords', to_jsonb(k.keywords),
-           'representatives', (SELECT coalesce(jsonb_agg(r -> 'id'), '[]') FROM jsonb_array_elements(k.representatives) r),
-           'outliers', k.outliers - k.outliers_at_fit) ORDER BY k.chunks DESC, k.cluster_id), '[]'),
-         array_agg(lower(coalesce(k.shown, '') || ' ' || array_to_string(k.keywords, ' '))),
-         v_screened
-           || coalesce(jsonb_agg(jsonb_build_object('in', 'label', 'text', k.label, 'reason', storetopics._screen(k.label))
-                                 ORDER BY k.chunks DESC, k.cluster_id)
-                         FILTER (WHERE k.label IS NOT NULL AND storetopics._screen(k.label) IS NOT NULL), '[]')
-           || coalesce((SELECT jsonb_agg(d ORDER BY k2.chunks DESC, k2.cluster_id, o)
-                          FROM pg_temp.storetopics_shown k2, jsonb_array_elements(k2.dropped) WITH ORDINALITY AS x(d, o)),
-                       '[]')
-    INTO v_clusters, v_explained, v_screened
-    FROM pg_temp.storetopics_shown k;
-  DROP TABLE pg_temp.storetopics_shown;
+  SELECT x.clusters, x.explained, v_screened || x.screened INTO v_clusters, v_explained, v_screened
+    FROM storetopics._render_clusters(src.id, st.store_key, NOT storetopics._llm_labeller(src.id)) x;
   v_explained := regexp_split_to_array(coalesce(array_to_string(v_explained, ' '), ''), '\s+');
   -- The topic list: clusters that show the same label are one topic to a reader; a keyword-only store's topics are
   -- phrases of its contrastive terms.
@@ -587,38 +566,85 @@ BEGIN
      ORDER BY x.i;
 END $$;
 
--- render()'s term lists, in pg_temp.storetopics_kw (kind, rank, lexeme, word, score, files, total, file_key): the
--- dominant and distinctive lists of keywords() and the contrastive terms (as _contrast_shown() shows them), as people
--- write them; two lexemes that show as one word ("run", "running") are shown once, where they rank first.  The
--- words of the three lists are learnt together: each learning reads every (file, term) pair of the store once.
-CREATE OR REPLACE FUNCTION storetopics._render_terms(src storetopics.sources, p_store text) RETURNS void
+-- render()'s term lists: the dominant and distinctive lists of keywords() and the contrastive terms (as
+-- _contrast_shown() shows them), as people write them; two lexemes that show as one word ("run", "running") are
+-- shown once, where they rank first.  The words of the three lists are learnt together: each learning reads every
+-- (file, term) pair of the store once.  terms: the contrastive words, distinctive: the distinctive ones, lists: the
+-- three lists as topics shows them ({dominant, distinctive, contrast}).
+CREATE FUNCTION storetopics._render_terms(src storetopics.sources, p_store text, OUT terms text[],
+                                          OUT distinctive text[], OUT lists jsonb)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  -- the lists' rows, column by column (the aggregates of one query read the rows in the same order)
+  v_kind text[];
+  v_rank int[];
+  v_lexeme text[];
+  v_score float8[];
+  v_files int[];
+  v_total bigint[];
+  v_file text[];
 BEGIN
-  CREATE TEMP TABLE storetopics_kw ON COMMIT DROP AS
-  SELECT k.kind, k.rank, k.lexeme, NULL::text AS word, k.score, k.files, k.total, k.file_key
-    FROM storetopics._keywords(src.id, p_store) k
-  UNION ALL
-  SELECT 'contrast', (row_number() OVER (ORDER BY c.score DESC, c.lexeme))::int, c.lexeme, NULL, c.score, c.files,
-         NULL, NULL
-    FROM storetopics._contrast_terms(src.id, p_store, 80) c;
-  PERFORM storetopics._learn_words(src.id, p_store, ARRAY(SELECT DISTINCT k.lexeme FROM pg_temp.storetopics_kw k));
-  UPDATE pg_temp.storetopics_kw SET word = storetopics._show(src.ts_config, lexeme);
-  DELETE FROM pg_temp.storetopics_kw k USING pg_temp.storetopics_kw k2
-   WHERE k.word = k2.word AND k.kind = k2.kind AND k2.rank < k.rank;
+  SELECT array_agg(k.kind), array_agg(k.rank), array_agg(k.lexeme), array_agg(k.score), array_agg(k.files),
+         array_agg(k.total), array_agg(k.file_key)
+    INTO v_kind, v_rank, v_lexeme, v_score, v_files, v_total, v_file
+    FROM (SELECT k.kind, k.rank, k.lexeme, k.score, k.files, k.total, k.file_key
+            FROM storetopics._keywords(src.id, p_store) k
+          UNION ALL
+          SELECT 'contrast', (row_number() OVER (ORDER BY c.score DESC, c.lexeme))::int, c.lexeme, c.score, c.files,
+                 NULL, NULL
+            FROM storetopics._contrast_terms(src.id, p_store, 80) c) k;
+  PERFORM storetopics._learn_words(src.id, p_store, ARRAY(SELECT DISTINCT l FROM unnest(v_lexeme) l));
+  SELECT array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'contrast'),
+         array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'),
+         jsonb_build_object(
+           'dominant', coalesce(jsonb_agg(jsonb_build_object('term', k.word, 'lexeme', k.lexeme, 'count', k.total,
+                                                             'files', k.files) ORDER BY k.rank)
+                               FILTER (WHERE k.kind = 'dominant'), '[]'),
+           'distinctive', coalesce(jsonb_agg(jsonb_build_object('term', k.word, 'lexeme', k.lexeme,
+                                   'score', round(k.score::numeric, 3), 'files', k.files, 'count', k.total,
+                                   'file', k.file_key) ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'), '[]'),
+           'contrast', coalesce(jsonb_agg(jsonb_build_object('term', k.word, 'lexeme', k.lexeme,
+                                'score', round(k.score::numeric, 6), 'files', k.files) ORDER BY k.rank)
+                               FILTER (WHERE k.kind = 'contrast'), '[]'))
+    INTO terms, distinctive, lists
+    FROM (SELECT DISTINCT ON (u.kind, u.word) u.*
+            FROM (SELECT x.kind, x.rank, x.lexeme, storetopics._show(src.ts_config, x.lexeme) AS word, x.score,
+                         x.files, x.total, x.file_key
+                    FROM unnest(v_kind, v_rank, v_lexeme, v_score, v_files, v_total, v_file)
+                         AS x(kind, rank, lexeme, score, files, total, file_key)) u
+           ORDER BY u.kind, u.word, u.rank) k;
 END $$;
 
--- render()'s clusters, in pg_temp.storetopics_shown: each with its screened words and the label shown (the
--- labeller's if it passes the screen, else the offline phrase, else the offline words).
-CREATE OR REPLACE FUNCTION storetopics._render_clusters(p_source int, p_store text, p_offline boolean) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+-- render()'s clusters, largest first, each with its screened words and the label a router sees (the labeller's if
+-- it passes the screen, else the offline phrase, else the offline words) and its share of the store's clustered
+-- chunks; explained: each cluster's label and words (what a cluster explains); screened: what the screen dropped.
+CREATE FUNCTION storetopics._render_clusters(p_source int, p_store text, p_offline boolean, OUT clusters jsonb,
+                                             OUT explained text[], OUT screened jsonb)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
 BEGIN
-  CREATE TEMP TABLE storetopics_shown ON COMMIT DROP AS
-  SELECT k.cluster_id, k.label, k.labeller, k.phrase, k.chunks, k.files, k.representatives, k.outliers,
-         k.outliers_at_fit, s.kept AS keywords, s.dropped,
-         storetopics._shown_label(k.label, k.phrase, s.kept, p_offline) AS shown,
-         k.chunks::float8 / greatest(sum(k.chunks) OVER (), 1) AS share
-    FROM storetopics.clusters k CROSS JOIN LATERAL storetopics._screened(k.keywords, 'cluster words') AS s
-   WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0;
+  WITH k AS MATERIALIZED (
+    SELECT k.cluster_id, k.label, k.labeller, k.phrase, k.chunks, k.files, k.representatives, k.outliers,
+           k.outliers_at_fit, s.kept AS keywords, s.dropped,
+           storetopics._shown_label(k.label, k.phrase, s.kept, p_offline) AS shown,
+           k.chunks::float8 / greatest(sum(k.chunks) OVER (), 1) AS share
+      FROM storetopics.clusters k CROSS JOIN LATERAL storetopics._screened(k.keywords, 'cluster words') AS s
+     WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0)
+  SELECT coalesce(jsonb_agg(jsonb_build_object(
+           'id', k.cluster_id, 'label', k.shown, 'labeller', CASE WHEN k.shown = k.label THEN k.labeller ELSE 'offline' END,
+           'phrase', k.phrase, 'share', round(k.share::numeric, 4), 'chunks', k.chunks, 'files', k.files,
+           'keywords', to_jsonb(k.keywords),
+           'representatives', (SELECT coalesce(jsonb_agg(r -> 'id'), '[]') FROM jsonb_array_elements(k.representatives) r),
+           'outliers', k.outliers - k.outliers_at_fit) ORDER BY k.chunks DESC, k.cluster_id), '[]'),
+         array_agg(lower(coalesce(k.shown, '') || ' ' || array_to_string(k.keywords, ' '))),
+         coalesce(jsonb_agg(jsonb_build_object('in', 'label', 'text', k.label, 'reason', storetopics._screen(k.label))
+                                 ORDER BY k.chunks DESC, k.cluster_id)
+                         FILTER (WHERE k.label IS NOT NULL AND storetopics._screen(k.label) IS NOT NULL), '[]')
+           || coalesce((SELECT jsonb_agg(d ORDER BY k2.chunks DESC, k2.cluster_id, o)
+                          FROM k AS k2, jsonb_array_elements(k2.dropped) WITH ORDINALITY AS x(d, o)),
+                       '[]')
+    INTO clusters, explained, screened
+    FROM k;
 END $$;
 
 -- What \df+ shows a DBA.

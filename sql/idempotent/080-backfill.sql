@@ -84,7 +84,6 @@ COMMENT ON FUNCTION storetopics.backfill(text, regclass) IS
 -- backfill() for one source: fold what was logged before p_started (refresh(): until p_until, the rest is left
 -- pending), cluster the stores whose fit is due (inside the database, where plpython3u is), render the stores whose
 -- state changed.
-DROP FUNCTION IF EXISTS storetopics._backfill_source(int, text, timestamptz);   -- (no p_until before refresh())
 CREATE OR REPLACE FUNCTION storetopics._backfill_source(p_source int, p_store text, p_started timestamptz,
                                                        p_until timestamptz DEFAULT 'infinity')
 RETURNS TABLE (source_id int, store text, files bigint, chunks bigint, changed boolean, clusters int)

@@ -8,6 +8,82 @@
 -- may SELECT the table), no row-level security that the owner's read would bypass, and the store visible to it as
 -- storetopics.stores would show it (an invisible store and a missing one give the same error).
 
+-- The reader's query for search (storetopics._reader_body puts it in read_<id>): search (store, args.query, args.k,
+-- args.embedding), (file_key, chunk, content, rank, text_rank, distance): the store's k best chunks for a query
+-- (storetopics.search checks the caller first).  Full-text always: websearch_to_tsquery(ts_config, query) matched
+-- against the row's tsvector, ranked by ts_rank; the content is cut at 1,000 characters.  With an embedding (a
+-- pgvector text, `[...]`) and an embedding column, also the k nearest chunks by cosine distance (rows of another
+-- dimension left out), and the two lists fused by reciprocal rank (1/(60 + rank in each list)); rank is then that
+-- score, else ts_rank.  A text whose tsvector would pass 1 MB fails the whole query, which then runs again
+-- tokenising row by row (tsvector_or_null: such texts are left out).  Written so that an application's GIN index on
+-- to_tsvector('<ts_config>', <content column>) can serve the match.
+CREATE OR REPLACE FUNCTION storetopics._search_reads(src storetopics.sources) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  -- a hit's columns, in either list
+  cols text := format($q$(%1$s)::pg_catalog.text AS file_key, %2$s AS chunk,
+               pg_catalog.left((%3$s)::pg_catalog.text, 1000) AS content$q$,
+                      src.file_sql, storetopics._chunk_ref_sql(src.chunks), src.content_sql);
+  searched text := format(E'%s AS c\n         WHERE %s', src.chunks, storetopics._read_by_store(src));
+  -- the CTE v of the nearest chunks (none without an embedding)
+  nearest text := 'SELECT NULL::pg_catalog.text AS file_key, NULL::pg_catalog.text AS chunk, '
+                  'NULL::pg_catalog.text AS content, NULL::pg_catalog.float8 AS d, NULL::pg_catalog.int8 AS n WHERE false';
+BEGIN
+  IF src.embedding IS NOT NULL THEN
+    nearest := format($q$
+      SELECT x.*, pg_catalog.row_number() OVER (ORDER BY x.d, x.chunk) AS n FROM (
+        SELECT %1$s,
+               (%2$s OPERATOR(%3$I.<=>) ($3 OPERATOR(pg_catalog.->>) 'embedding')::%3$I.vector)::pg_catalog.float8 AS d
+          FROM %4$s AS c
+         WHERE $3 OPERATOR(pg_catalog.->>) 'embedding' IS NOT NULL AND %5$s AND %2$s IS NOT NULL
+           AND %3$I.vector_dims(%2$s)
+               OPERATOR(pg_catalog.=) %3$I.vector_dims(($3 OPERATOR(pg_catalog.->>) 'embedding')::%3$I.vector)
+         ORDER BY %2$s OPERATOR(%3$I.<=>) ($3 OPERATOR(pg_catalog.->>) 'embedding')::%3$I.vector
+         LIMIT ($3 OPERATOR(pg_catalog.->>) 'k')::pg_catalog.int4) x$q$,
+      cols, storetopics._embedding_sql(src), storetopics._vector_schema(), src.chunks, storetopics._read_by_store(src));
+  END IF;
+  RETURN format($a$  WHEN 'search' THEN
+    -- The fused list is sorted before its first row comes out, so a query that fails has returned no row yet.
+    BEGIN
+      RETURN QUERY EXECUTE %1$L USING files, store, args;
+    EXCEPTION WHEN program_limit_exceeded THEN
+      RETURN QUERY EXECUTE %2$L USING files, store, args;
+    END;
+$a$,
+    storetopics._search_sql(format('pg_catalog.to_tsvector(%L::pg_catalog.regconfig, %s)', src.ts_config,
+                                   src.content_sql), nearest, cols, src.ts_config, searched),
+    storetopics._search_sql(format('storetopics._tsvector_or_null(%L::pg_catalog.regconfig, %s)', src.ts_config,
+                                   src.content_sql), nearest, cols, src.ts_config, searched));
+END $$;
+
+-- The search query, from the row's tsvector (tsv), the CTE of the nearest chunks, a hit's columns, the text search
+-- configuration and the rows searched (the table as c and the store's filter).
+CREATE OR REPLACE FUNCTION storetopics._search_sql(tsv text, nearest text, cols text, cfg regconfig,
+                                                   searched text)
+RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN format($q$
+    WITH t AS (
+      SELECT x.*, pg_catalog.row_number() OVER (ORDER BY x.r DESC, x.chunk) AS n FROM (
+        SELECT %3$s,
+               pg_catalog.ts_rank(%1$s, pg_catalog.websearch_to_tsquery(%4$L::pg_catalog.regconfig,
+                                                                         $3 OPERATOR(pg_catalog.->>) 'query'))::pg_catalog.float8 AS r
+          FROM %5$s
+           AND %1$s OPERATOR(pg_catalog.@@) pg_catalog.websearch_to_tsquery(%4$L::pg_catalog.regconfig,
+                                                                           $3 OPERATOR(pg_catalog.->>) 'query')
+         ORDER BY 4 DESC, 2
+         LIMIT ($3 OPERATOR(pg_catalog.->>) 'k')::pg_catalog.int4) x),
+    v AS (%2$s)
+    SELECT coalesce(t.file_key, v.file_key), coalesce(t.chunk, v.chunk), coalesce(t.content, v.content),
+           CASE WHEN $3 OPERATOR(pg_catalog.->>) 'embedding' IS NULL THEN t.r
+                ELSE coalesce(1 OPERATOR(pg_catalog./) (60 OPERATOR(pg_catalog.+) t.n)::pg_catalog.float8, 0)
+                     OPERATOR(pg_catalog.+)
+                     coalesce(1 OPERATOR(pg_catalog./) (60 OPERATOR(pg_catalog.+) v.n)::pg_catalog.float8, 0) END,
+           t.r, v.d
+      FROM t FULL JOIN v ON v.chunk OPERATOR(pg_catalog.=) t.chunk
+     ORDER BY 4 DESC, 2
+     LIMIT ($3 OPERATOR(pg_catalog.->>) 'k')::pg_catalog.int4$q$, tsv, nearest, cols, cfg, searched);
+
 -- Whether the role that called in may search a source's chunks: NULL when it may, else why not.
 CREATE OR REPLACE FUNCTION storetopics._search_refusal(src storetopics.sources) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
