@@ -103199,7 +103199,7 @@ RETURN format($q$
 -- and the chunks per cluster.  The reader's recount is one parallel scan (the planner takes to_tsvector for cheap,
 -- so parallel plans are made free for it).  A text whose tsvector would pass 1 MB fails the batch: it is redone row
 -- by row, skipping such rows.  (Its terms and files are temp tables made and dropped here.)
-CREATE FUNCTION storetopics._fold_recount(src storetopics.sources, p_files text[])
+CREATE OR REPLACE FUNCTION storetopics._fold_recount(src storetopics.sources, p_files text[])
 RETURNS TABLE (store_key text, file_key text, chunks int, skipped int, words bigint, term_ids int[], counts int[],
                cluster_ids int[], cluster_chunks int[], cluster_outliers int[], other_dim int)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -103239,7 +103239,7 @@ BEGIN
   -- aggregates read the rows in the same order, so the term and count arrays line up.  A NULL store key makes the
   -- file's chunks null-key rows.
   PERFORM set_config('enable_sort', 'off', true);
-  CREATE TEMP TABLE storetopics_recount AS
+  CREATE TEMP TABLE storetopics_recount ON COMMIT DROP AS
   SELECT nt.store_key, nt.file_key,
          max(nt.rows) FILTER (WHERE nt.term IS NULL) AS chunks,
          max(nt.n) FILTER (WHERE nt.term IS NULL) AS skipped,
@@ -103260,8 +103260,9 @@ BEGIN
            cluster_outliers = a.cluster_outliers, other_dim = a.other_dim
       FROM storetopics._assign(src, p_files, NULL) a WHERE a.store_key = nf.store_key AND a.file_key = nf.file_key;
   END IF;
+  -- (The table stays until the next recount or the end of the transaction: the rows returned may point into its
+  -- TOAST table, large arrays, which the caller reads after this returns.)
   RETURN QUERY SELECT * FROM pg_temp.storetopics_recount;
-  DROP TABLE pg_temp.storetopics_recount;
 END $$;
 
 -- Fold step 5: recount the files (storetopics._fold_recount), subtract their old counts and add the new ones, in the
@@ -103621,7 +103622,7 @@ COMMENT ON FUNCTION storetopics.default_settings() IS
 -- 1 + (c <#> q) / |q| (a zero vector is NaN, as cosine makes it: an outlier).  enable_nestloop is on here even when
 -- the caller turned it off (apply_fit, for its own joins): the per-row function scans are nested loops, and a
 -- penalised plan is a worse one.
-CREATE FUNCTION storetopics._assign(src storetopics.sources, p_files text[], p_store text)
+CREATE OR REPLACE FUNCTION storetopics._assign(src storetopics.sources, p_files text[], p_store text)
 RETURNS TABLE (store_key text, file_key text, cluster_ids int[], cluster_chunks int[], cluster_outliers int[],
                other_dim int)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET jit = off SET enable_nestloop = on
@@ -105274,7 +105275,7 @@ END $$;
 -- shown once, where they rank first.  The words of the three lists are learnt together: each learning reads every
 -- (file, term) pair of the store once.  terms: the contrastive words, distinctive: the distinctive ones, lists: the
 -- three lists as topics shows them ({dominant, distinctive, contrast}).
-CREATE FUNCTION storetopics._render_terms(src storetopics.sources, p_store text, OUT terms text[],
+CREATE OR REPLACE FUNCTION storetopics._render_terms(src storetopics.sources, p_store text, OUT terms text[],
                                           OUT distinctive text[], OUT lists jsonb)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -105321,7 +105322,7 @@ END $$;
 -- render()'s clusters, largest first, each with its screened words and the label a router sees (the labeller's if
 -- it passes the screen, else the offline phrase, else the offline words) and its share of the store's clustered
 -- chunks; explained: each cluster's label and words (what a cluster explains); screened: what the screen dropped.
-CREATE FUNCTION storetopics._render_clusters(p_source int, p_store text, p_offline boolean, OUT clusters jsonb,
+CREATE OR REPLACE FUNCTION storetopics._render_clusters(p_source int, p_store text, p_offline boolean, OUT clusters jsonb,
                                              OUT explained text[], OUT screened jsonb)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -106864,4 +106865,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '2046875603') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '3079338506') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -226,3 +226,19 @@ def assert_restored(conn, src: int, before: dict, before_state: dict) -> None:
     assert after["home"][1] == before["home"][1]
     assert after == before
     assert helpers.state(conn, src) == before_state == helpers.recount(conn, src)
+
+
+def test_files_with_thousands_of_distinct_words_fold_exactly(conn):
+    """A file's term and count arrays past TOAST's threshold (here 4,000 distinct words: 16 kB each) are stored out
+    of line; folding such files, in several batches of one session, keeps them whole (the recount's rows must not
+    point into a table dropped before they are read)."""
+    helpers.create_chunks(conn)
+    src = helpers.attach_chunks(conn, embedding=False)
+    for f in range(3):
+        conn.execute("INSERT INTO chunks (store_id, file_id, content) "
+                     "SELECT 'big', %s, string_agg('w' || md5((%s * 10000 + g)::text), ' ') "
+                     "FROM generate_series(1, 4000) g", (f, f))
+        assert conn.execute("SELECT storetopics._fold(%s, 1)", (src,)).fetchone()[0] == 1
+    assert conn.execute("SELECT min(cardinality(term_ids)), max(cardinality(term_ids)) FROM storetopics.file_terms "
+                        "WHERE source_id = %s", (src,)).fetchone() == (4000, 4000)
+    assert helpers.state(conn, src) == helpers.recount(conn, src)

@@ -254,8 +254,8 @@ RETURN format($q$
 -- Fold step 4: recount the files from the live rows; returns per (store, file) the counters, the term/count arrays
 -- and the chunks per cluster.  The reader's recount is one parallel scan (the planner takes to_tsvector for cheap,
 -- so parallel plans are made free for it).  A text whose tsvector would pass 1 MB fails the batch: it is redone row
--- by row, skipping such rows.  (Its terms and files are temp tables made and dropped here.)
-CREATE FUNCTION storetopics._fold_recount(src storetopics.sources, p_files text[])
+-- by row, skipping such rows.  (Its terms and files are temp tables made here.)
+CREATE OR REPLACE FUNCTION storetopics._fold_recount(src storetopics.sources, p_files text[])
 RETURNS TABLE (store_key text, file_key text, chunks int, skipped int, words bigint, term_ids int[], counts int[],
                cluster_ids int[], cluster_chunks int[], cluster_outliers int[], other_dim int)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -295,7 +295,7 @@ BEGIN
   -- aggregates read the rows in the same order, so the term and count arrays line up.  A NULL store key makes the
   -- file's chunks null-key rows.
   PERFORM set_config('enable_sort', 'off', true);
-  CREATE TEMP TABLE storetopics_recount AS
+  CREATE TEMP TABLE storetopics_recount ON COMMIT DROP AS
   SELECT nt.store_key, nt.file_key,
          max(nt.rows) FILTER (WHERE nt.term IS NULL) AS chunks,
          max(nt.n) FILTER (WHERE nt.term IS NULL) AS skipped,
@@ -316,8 +316,9 @@ BEGIN
            cluster_outliers = a.cluster_outliers, other_dim = a.other_dim
       FROM storetopics._assign(src, p_files, NULL) a WHERE a.store_key = nf.store_key AND a.file_key = nf.file_key;
   END IF;
+  -- (The table stays until the next recount or the end of the transaction: the rows returned may point into its
+  -- TOAST table, large arrays, which the caller reads after this returns.)
   RETURN QUERY SELECT * FROM pg_temp.storetopics_recount;
-  DROP TABLE pg_temp.storetopics_recount;
 END $$;
 
 -- Fold step 5: recount the files (storetopics._fold_recount), subtract their old counts and add the new ones, in the

@@ -21,7 +21,7 @@
 -- 1 + (c <#> q) / |q| (a zero vector is NaN, as cosine makes it: an outlier).  enable_nestloop is on here even when
 -- the caller turned it off (apply_fit, for its own joins): the per-row function scans are nested loops, and a
 -- penalised plan is a worse one.
-CREATE FUNCTION storetopics._assign(src storetopics.sources, p_files text[], p_store text)
+CREATE OR REPLACE FUNCTION storetopics._assign(src storetopics.sources, p_files text[], p_store text)
 RETURNS TABLE (store_key text, file_key text, cluster_ids int[], cluster_chunks int[], cluster_outliers int[],
                other_dim int)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET jit = off SET enable_nestloop = on

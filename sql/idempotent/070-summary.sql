@@ -571,7 +571,7 @@ END $$;
 -- shown once, where they rank first.  The words of the three lists are learnt together: each learning reads every
 -- (file, term) pair of the store once.  terms: the contrastive words, distinctive: the distinctive ones, lists: the
 -- three lists as topics shows them ({dominant, distinctive, contrast}).
-CREATE FUNCTION storetopics._render_terms(src storetopics.sources, p_store text, OUT terms text[],
+CREATE OR REPLACE FUNCTION storetopics._render_terms(src storetopics.sources, p_store text, OUT terms text[],
                                           OUT distinctive text[], OUT lists jsonb)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -618,7 +618,7 @@ END $$;
 -- render()'s clusters, largest first, each with its screened words and the label a router sees (the labeller's if
 -- it passes the screen, else the offline phrase, else the offline words) and its share of the store's clustered
 -- chunks; explained: each cluster's label and words (what a cluster explains); screened: what the screen dropped.
-CREATE FUNCTION storetopics._render_clusters(p_source int, p_store text, p_offline boolean, OUT clusters jsonb,
+CREATE OR REPLACE FUNCTION storetopics._render_clusters(p_source int, p_store text, p_offline boolean, OUT clusters jsonb,
                                              OUT explained text[], OUT screened jsonb)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
