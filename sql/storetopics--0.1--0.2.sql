@@ -102961,7 +102961,7 @@ RETURN format($q$
 -- Fold step 4: recount the files from the live rows; returns per (store, file) the counters, the term/count arrays
 -- and the chunks per cluster.  The reader's recount is one parallel scan (the planner takes to_tsvector for cheap,
 -- so parallel plans are made free for it).  A text whose tsvector would pass 1 MB fails the batch: it is redone row
--- by row, skipping such rows.  (Its terms and files are temp tables made and dropped here.)
+-- by row, skipping such rows.  (Its terms and files are temp tables made here.)
 CREATE OR REPLACE FUNCTION storetopics._fold_recount(src storetopics.sources, p_files text[])
 RETURNS TABLE (store_key text, file_key text, chunks int, skipped int, words bigint, term_ids int[], counts int[],
                cluster_ids int[], cluster_chunks int[], cluster_outliers int[], other_dim int)
@@ -106628,4 +106628,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '3079338506') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2589503357') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
