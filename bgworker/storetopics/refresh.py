@@ -151,7 +151,7 @@ def label(conn: psycopg.Connection, source: int, store: str, labeller=None, *, l
 
 def _ask(conn: psycopg.Connection, stats: LabelStats, labeller, call, what, record: str, key: tuple, answer,
          lease: Lease | None = None):
-    """One labelling call (call(what)), written back whatever happened by storetopics._<record>(key..., outcome, answer,
+    """One labelling call (call(what)), written back whatever happened by storetopics.<record>(key..., outcome, answer,
     labeller, model, tokens in and out, detail), which judges the answer.  Returns (the Label, what record returned),
     or None when the call failed (recorded as an error: retried with backoff).  A labeller that cannot work at all
     (labels.LabellerUnavailable: no key, no server, a key refused) is no call: nothing is recorded (the labels stay
