@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import psycopg
 
-from storetopics import api
+from storetopics import api, cli
 from storetopics import install as st_install
 from tests import harness
 from tests.fakes.messages import MessagesServer
@@ -89,7 +89,7 @@ def setup(dsn: str, data: Data, chunks: int, settings: dict, log) -> None:
         conn.execute("SELECT storetopics.configure('docs', %s)", (json.dumps(settings),))
         t0 = time.perf_counter()
         res = api.backfill(conn)
-        log(f"backfill (fold, fit, labels, render) in {time.perf_counter() - t0:.1f}s: {res.summary()}")
+        log(f"backfill (fold, fit, labels, render) in {time.perf_counter() - t0:.1f}s: {cli.summary(res)}")
 
 
 def start_worker(dsn: str, env: dict, logpath: Path, *args: str) -> subprocess.Popen:
