@@ -837,12 +837,7 @@ class App:
                         more = await _payloads(conn, COALESCE_SECONDS)
                         payloads = None if payloads is None or more is None or \
                             len(payloads | more) > MAX_PAYLOADS else payloads | more
-                        try:
-                            await self.changed(payloads)
-                        except psycopg.Error:
-                            raise
-                        except Exception:   # never the end of the server: the next notification tries again
-                            log.exception("could not announce a change")
+                        await self._announce(payloads)
             except psycopg.Error as e:
                 log.warning("lost the LISTEN connection (%s); reconnecting in %.0fs", pg_message(e), delay)
                 await anyio.sleep(delay)
@@ -852,6 +847,16 @@ class App:
                 await anyio.sleep(delay)
                 delay = min(delay * 2, RECONNECT_MAX)
 
+
+    async def _announce(self, payloads) -> None:
+        """self.changed(payloads); a failure other than the connection's is logged, never the end of the server (the
+        next notification or poll tries again)."""
+        try:
+            await self.changed(payloads)
+        except psycopg.Error:
+            raise
+        except Exception:
+            log.exception("could not announce a change")
 
     async def _look(self, conn: psycopg.AsyncConnection) -> tuple[bool, str | None]:
         """(whether the server is a standby, the digest of the role's catalog there).  The digest is read only on a
@@ -880,12 +885,7 @@ class App:
                 return
             if digest != mark:
                 mark = digest
-                try:
-                    await self.changed(None)
-                except psycopg.Error:
-                    raise
-                except Exception:   # never the end of the server: the next poll tries again
-                    log.exception("could not announce a change")
+                await self._announce(None)
 
 
 async def _payloads(conn: psycopg.AsyncConnection, timeout: float, stop_after: int | None = None) -> set[str] | None:
