@@ -132,6 +132,29 @@ def isolation_rank(store_files: np.ndarray, needle: np.ndarray) -> int:
     return 1 + int((nearest < float((store_files @ needle).max())).sum())
 
 
+def _vectors_by_needle_and_file(needle_rows, nv, store_rows, sv) -> tuple[dict, dict]:
+    """The needles' (chunk, vector) pairs by needle name, and per store its files' unit mean vectors (for the
+    isolation diagnostic)."""
+    nvec: dict[str, list] = {}
+    for (name, c), v in zip(needle_rows, nv):
+        nvec.setdefault(name, []).append((c, v))
+    owner: dict[str, dict[str, list]] = {}
+    for (s, f, _), v in zip(store_rows, sv):
+        owner.setdefault(s, {}).setdefault(f, []).append(v)
+    file_vecs = {s: normalise(np.array([np.mean(vs, axis=0) for vs in fs.values()])) for s, fs in owner.items()}
+    return nvec, file_vecs
+
+
+def _load(conn, table: str, dim: int, store_rows, sv) -> tuple[int, float, dict]:
+    """The stores' rows loaded into a fresh table, attached and backfilled: (source id, backfill seconds, the
+    stores' rows as pg.stores reads them)."""
+    pg.create_chunks(conn, table, dim)
+    pg.insert(conn, table, ((s, f, c, v) for (s, f, c), v in zip(store_rows, sv)))
+    source_id = pg.attach(conn, table)
+    t_backfill = pg.refresh(conn)
+    return source_id, t_backfill, pg.stores(conn, table)
+
+
 def run(dsn: str, cfg: NeedleConfig, embedder, log=print) -> dict:
     t_start = time.perf_counter()
     corpus = data.read_sections({*cfg.stores, *cfg.needle_sections, cfg.flood_section})
@@ -178,23 +201,12 @@ def run(dsn: str, cfg: NeedleConfig, embedder, log=print) -> dict:
                     progress=progress)
     sv, nv, fv = vecs[:len(store_rows)], vecs[len(store_rows):len(store_rows) + len(needle_rows)], \
         vecs[len(store_rows) + len(needle_rows):]
-    nvec = {}
-    for (name, c), v in zip(needle_rows, nv):
-        nvec.setdefault(name, []).append((c, v))
+    nvec, file_vecs = _vectors_by_needle_and_file(needle_rows, nv, store_rows, sv)
     t_embed = time.perf_counter() - t0
-    # per store, the files' unit mean vectors (for the isolation diagnostic)
-    owner = {}
-    for (s, f, _), v in zip(store_rows, sv):
-        owner.setdefault(s, {}).setdefault(f, []).append(v)
-    file_vecs = {s: normalise(np.array([np.mean(vs, axis=0) for vs in fs.values()])) for s, fs in owner.items()}
 
     trials = []
     with pg.connect(dsn) as conn:
-        pg.create_chunks(conn, TABLE, embedder.dim)
-        pg.insert(conn, TABLE, ((s, f, c, v) for (s, f, c), v in zip(store_rows, sv)))
-        source_id = pg.attach(conn, TABLE)
-        t_backfill = pg.refresh(conn)
-        base_rows = pg.stores(conn, TABLE)
+        source_id, t_backfill, base_rows = _load(conn, TABLE, embedder.dim, store_rows, sv)
         sizes = ", ".join(f"{s} {base_rows[s]['files']:,} files" for s in cfg.stores)
         log(f"needle: {len(cfg.stores)} stores ({sizes}), {sum(len(v) for v in plans.values())} trials; "
             f"backfill {t_backfill:.1f}s")
@@ -365,22 +377,12 @@ def run_docs(dsn: str, cfg: DocNeedleConfig, embedder, log=print) -> dict:
 
     vecs = embedder([c for *_, c in store_rows] + [c for _, c in needle_rows], progress=progress)
     sv, nv = vecs[:len(store_rows)], vecs[len(store_rows):]
-    nvec: dict[str, list] = {}
-    for (name, c), v in zip(needle_rows, nv):
-        nvec.setdefault(name, []).append((c, v))
+    nvec, file_vecs = _vectors_by_needle_and_file(needle_rows, nv, store_rows, sv)
     t_embed = time.perf_counter() - t0
-    owner: dict[str, dict[str, list]] = {}
-    for (s, f, _), v in zip(store_rows, sv):
-        owner.setdefault(s, {}).setdefault(f, []).append(v)
-    file_vecs = {s: normalise(np.array([np.mean(vs, axis=0) for vs in fs.values()])) for s, fs in owner.items()}
 
     trials = []
     with pg.connect(dsn) as conn:
-        pg.create_chunks(conn, DOC_TABLE, embedder.dim)
-        pg.insert(conn, DOC_TABLE, ((s, f, c, v) for (s, f, c), v in zip(store_rows, sv)))
-        source_id = pg.attach(conn, DOC_TABLE)
-        t_backfill = pg.refresh(conn)
-        base_rows = pg.stores(conn, DOC_TABLE)
+        source_id, t_backfill, base_rows = _load(conn, DOC_TABLE, embedder.dim, store_rows, sv)
         log(f"needle (documents): {len(cfg.catalog)} stores; hosts "
             + ", ".join(f"{h} {base_rows[h]['files']:,} pages" for h in cfg.hosts)
             + f"; {sum(len(v) for v in plans.values())} trials; backfill {t_backfill:.1f}s")
