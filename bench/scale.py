@@ -1,25 +1,40 @@
-"""`make bench` (scale): the scaling curve of issue 17, one source with one dominant store at 10k, 100k, 1M chunks
-(`make bench-large` adds 5M), 384-d vectors, 10 chunks per file.
+"""`make bench` (scale): the scaling curve of issues 17 and 33, one source with one dominant store at 10k, 100k, 1M
+chunks (`make bench-large` adds 5M), 384-d vectors, on one of two texts (--text):
+
+- short (issue 17, the default): 10 words per chunk, 10 chunks per file;
+- docs (issue 33): realistic text, 200-300 words per chunk, windows of real manuals (bench.doctext: the document
+  corpus of scripts/doc_corpus.py, built when missing; one product per vector centre), 3 chunks per file (the seed
+  deployment has 1.4M chunks in ~540k files).
+
+Everything else is the same code, the same steps and the same report, parameterised by the text.
 
 For each size, a fresh database in one throwaway cluster:
 
 1. Load: the chunk table (primary key, index on the file key) is attached first, then loaded with COPY, 1,000 files
    (10,000 chunks) per statement, each its own transaction: the capture trigger runs (attached load).  The rows are
    bench.clusters' synthetic chunks (vectors around 20 centres, each file's chunks from one centre), 90% of the
-   files in store `big`, the other 10% in 5 small stores (2% each; every store holds all 20 themes); each chunk says its centre's two words and
-   WORDS_FILLER words drawn (Zipf, s = 1) from the 5,000 commonest words of the Debian descriptions.  Rows are
-   generated outside the timed COPY.
+   files in store `big`, the other 10% in 5 small stores (2% each; every store holds all 20 themes).  Short text:
+   each chunk says its centre's two words and WORDS_FILLER words drawn (Zipf, s = 1) from the 5,000 commonest words
+   of the Debian descriptions.  Docs: each chunk is a 200-300-word window of the manual of product t % themes for
+   centre t (bench.doctext.DocTexts; the 17 products for 20 centres: centres 17-19 share the text of 0-2 but not their
+   vectors).  Rows are generated outside the timed COPY.
 2. Backfill, step by step as `storetopics backfill`'s pass does it, each step in a fresh connection (so each
    backend's VmHWM is that step's own): fold (`storetopics._fold(source)` until 0), fit (`storetopics._cluster` of every
    store whose fit is due, inside Postgres via plpython3u), words (`refresh_words`), labels (`refresh.label`, the
-   Anthropic labeller through the SDK against the local Messages API server), render (`refresh.render`).  Peak
+   Anthropic labeller through the SDK against the local Messages API server), render (`refresh.render`, store by
+   store: `big` first, and its time alone is the render from scratch of section 3b).  Peak
    memory: each step's backend VmHWM, and the largest VmHWM of any server process (parallel workers included)
    sampled every 0.2 s.  VmHWM counts the shared buffers a process touched (shared_buffers = 256 MB).
 3. State size: after a VACUUM ANALYZE (what autovacuum does to storetopics' tables), pg_total_relation_size of
    file_terms, store_terms, store_state, clusters, pending and catalog_terms (every storetopics table in the JSON) vs.
-   the chunk table's (heap, TOAST, primary key and file index; no vector index).  Then one upload's pass by hand,
-   step by step (fold, refresh_words, render; when new words need counting, tiktoken and render again).
-4. Event -> summary: a `storetopics worker` process (debounce 1 s, --poll 1), one new 10-chunk file of an existing
+   the chunk table's (heap, TOAST, primary key and file index; no vector index).
+3b. One upload's pass by hand, UPLOADS_BY_HAND times, step by step (fold, refresh_words, render; when new words need
+   counting, tiktoken and render again, in the same transaction as refresh.render does it).  The render of `big`
+   after a 1-file upload (render + count + render again) is compared with its render from scratch: the backfill's
+   render of `big` (step 2), the first render of its state, when nothing a render keeps is there yet (no token
+   counts, no rendered summary; the SQL has no way to drop what a render keeps, so a later render "from scratch"
+   cannot be forced).  Targets (issue 33): after an upload <= 5% of from scratch, and <= 2 s at 1M.
+4. Event -> summary: a `storetopics worker` process (debounce 1 s, --poll 1), one new file (10 or 3 chunks) of an existing
    theme copied into `big`, EVENTS times, one at a time: from the COPY's commit until NOTIFY storetopics_updated for
    `big` arrives with the new file counted in store_state.topics (the rendered files count, which every upload moves;
    the text itself says "100k files" and need not change).  The worker's own "pass" log line gives how much of it
@@ -32,9 +47,10 @@ Per-chunk cost = backfill seconds (fold + fit + words + labels + render) / chunk
 of consecutive sizes' per-chunk costs scaled to one decade ((c2/c1) ** (1/log10(n2/n1))).  Targets: <= 1.3x per
 decade; every peak <= 1 GB.
 
-    python -m bench.scale [--sizes 10000,100000,1000000] [--events 10] [--quick]
+    python -m bench.scale [--text short|docs] [--sizes 10000,100000,1000000] [--events 10] [--quick]
     python -m bench.scale --replot bench/results/scale-<stamp>.json     # rewrite scale-latest.md and scale.png
-Results: bench/results/scale-<stamp>.json, scale-latest.md, scale.png (not for --quick: its JSON only).
+Results: bench/results/scale-<stamp>.json, scale-latest.md, scale.png; with --text docs scale-docs-<stamp>.json,
+scale-docs-latest.md, scale-docs.png (not for --quick: its JSON only).
 """
 from __future__ import annotations
 
@@ -52,6 +68,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +76,7 @@ import psycopg
 from pgvector.psycopg import register_vector
 
 from bench import clusters as bc
+from bench import doctext
 from bench.worker import wait_quiet
 from storetopics import install as st_install
 from storetopics import refresh
@@ -67,9 +85,9 @@ from tests.fakes.messages import MessagesServer
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-PER_FILE = 10
-FILES_PER_COPY = 1_000
+CHUNKS_PER_COPY = 10_000               # rows per COPY statement (short text: 1,000 files)
 WORDS_FILLER = 8                       # + the centre's two words: 10 words per chunk
+UPLOADS_BY_HAND = 3                    # 3b: one-file uploads passed by hand (render after an upload: their median)
 VOCABULARY = 5_000
 SMALL_STORES = 5                       # 2% of the files each; `big` has the other 90%
 DEBOUNCE = 1.0
@@ -77,6 +95,8 @@ POLL = 1.0
 NEW_THEME = "zulu yankee xray whiskey"
 TARGET_GROWTH = 1.3
 TARGET_MB = 1024
+TARGET_RENDER_RATIO = 0.05             # render after a 1-file upload / render from scratch
+TARGET_RENDER_S = 2.0                  # render after a 1-file upload at 1M chunks
 STATE_TABLES = ("file_terms", "store_terms", "store_state", "clusters", "pending", "catalog_terms")
 
 
@@ -116,6 +136,35 @@ class Texts:
 
     def new_theme(self, n: int) -> list[str]:
         return [f"{NEW_THEME[:11]} {f}" for f in self.filler(n)]      # "zulu yankee" + filler
+
+
+@dataclass(frozen=True)
+class TextKind:
+    """What the chunks say (--text): how many make a file, how the report describes them, where results go."""
+    name: str
+    per_file: int
+    words_per_chunk: float
+    describe: str
+    suffix: str                        # scale<suffix>-<stamp>.json, scale<suffix>-latest.md, scale<suffix>.png
+
+    def texts(self, seed: int):
+        return Texts(seed) if self.name == "short" else doctext.DocTexts(seed)
+
+
+TEXTS = {
+    "short": TextKind("short", 10, 2 + WORDS_FILLER,
+                      f"short synthetic text: {2 + WORDS_FILLER} words per chunk (the centre's 2 + {WORDS_FILLER} "
+                      "Zipf-drawn common words of the Debian descriptions)", ""),
+    "docs": TextKind("docs", 3, (doctext.MIN_WORDS + doctext.MAX_WORDS) / 2,
+                     f"realistic text: {doctext.MIN_WORDS}–{doctext.MAX_WORDS} words per chunk, windows of real "
+                     "manuals (bench.doctext: Debian's documentation of 17 products, one product per vector centre, "
+                     "the centre's number modulo 17)", "-docs"),
+}
+
+
+def text_kind(res: dict) -> TextKind:
+    """The text a result was measured on (results from before --text are the short text)."""
+    return TEXTS[res.get("text", {}).get("name", "short")]
 
 
 # -- memory --------------------------------------------------------------------------------------------------------
@@ -215,10 +264,11 @@ def pass_seconds(logpath: Path, skip: int) -> list[float]:
     return [float(m.group(1)) for ln in lines[skip:] if (m := re.search(r"\((\d+\.\d+)s\)\s*$", ln))]
 
 
-def run_size(admin: str, chunks: int, events: int, llm_env: dict, log) -> dict:
-    files = chunks // PER_FILE
-    out: dict = {"chunks": chunks, "files": files, "dim": bc.DIM, "per_file": PER_FILE,
-                 "words_per_chunk": 2 + WORDS_FILLER, "stores": 1 + SMALL_STORES}
+def run_size(admin: str, chunks: int, events: int, llm_env: dict, log, kind: TextKind = TEXTS["short"]) -> dict:
+    per_file = kind.per_file
+    files = math.ceil(chunks / per_file)          # (the last file may be short)
+    out: dict = {"chunks": chunks, "files": files, "dim": bc.DIM, "per_file": per_file,
+                 "words_per_chunk": kind.words_per_chunk, "stores": 1 + SMALL_STORES}
     db = harness.create_database(admin, prefix="bench_scale")
     dsn = harness.with_db(admin, db)
     proc = None
@@ -227,8 +277,8 @@ def run_size(admin: str, chunks: int, events: int, llm_env: dict, log) -> dict:
             conn.execute("CREATE EXTENSION vector")
             conn.execute("CREATE EXTENSION plpython3u")
         st_install.install(dsn, extension=True, log=lambda *a: None)
-        texts = Texts(seed=1)
-        synth = bc.Synth(seed=1, per_file=PER_FILE, store_of=store_of, text_of=texts)
+        texts = kind.texts(seed=1)
+        synth = bc.Synth(seed=1, per_file=per_file, store_of=store_of, text_of=texts)
         with connect(dsn) as conn:
             postmaster = ppid(backend_pid(conn))
             bc.create_table(conn, "docs")
@@ -239,13 +289,15 @@ def run_size(admin: str, chunks: int, events: int, llm_env: dict, log) -> dict:
             conn.execute("CHECKPOINT")
             # -- 1. load (attached) -----------------------------------------------------------------------------
             load_s = gen_s = 0.0
-            step = FILES_PER_COPY * PER_FILE
+            content_bytes = 0
+            step = CHUNKS_PER_COPY
             for start in range(0, chunks, step):
                 t0 = time.perf_counter()
                 rows = list(synth.rows(start, min(step, chunks - start)))
                 t1 = time.perf_counter()
                 bc.copy_rows(conn, "docs", rows)
                 t2 = time.perf_counter()
+                content_bytes += sum(len(r[3]) for r in rows)
                 gen_s += t1 - t0
                 load_s += t2 - t1
                 if (start // step) % 20 == 19:
@@ -258,6 +310,7 @@ def run_size(admin: str, chunks: int, events: int, llm_env: dict, log) -> dict:
             conn.execute("CHECKPOINT")
             out["load"] = {"copy_seconds": round(load_s, 1), "rows_per_s": round(chunks / load_s),
                            "generate_seconds_untimed": round(gen_s, 1), "copy_statements": math.ceil(chunks / step),
+                           "content_mb": round(content_bytes / 2**20, 1),
                            "pending_rows_logged": pending, "vacuum_analyze_seconds": round(vac_s, 1)}
             log(f"  load: {chunks:,} chunks by COPY (attached) in {load_s:.1f}s ({chunks / load_s:,.0f} rows/s); "
                 f"VACUUM ANALYZE {vac_s:.1f}s")
@@ -312,7 +365,13 @@ def run_size(admin: str, chunks: int, events: int, llm_env: dict, log) -> dict:
                 return {"llm_calls": calls}
 
             def render(c):
-                return {"changed": sum(refresh.render(c, source, s) for s in stores(c))}
+                # store by store, `big` first: its time is its render from scratch (3b compares it with an upload's)
+                changed, secs = 0, {}
+                for s in sorted(stores(c), key=lambda s: s != "big"):
+                    t0 = time.perf_counter()
+                    changed += refresh.render(c, source, s)
+                    secs[s] = round(time.perf_counter() - t0, 3)
+                return {"changed": changed, "stores_seconds": secs}
 
             for name, fn in (("fold", fold), ("fit", fit), ("words", words), ("labels", labels), ("render", render)):
                 timed(name, fn)
@@ -349,30 +408,50 @@ def run_size(admin: str, chunks: int, events: int, llm_env: dict, log) -> dict:
 
             # -- 3b. one upload's pass, step by step, in this session (no worker running yet) -----------------------
             next_file = files
-            while store_of(np.array([next_file]))[0] != "big":
+
+            def upload_by_hand() -> dict:
+                nonlocal next_file
+                while store_of(np.array([next_file]))[0] != "big":
+                    next_file += 1
+                bc.copy_rows(conn, "docs", list(synth.rows(next_file * per_file, per_file)))
                 next_file += 1
-            bc.copy_rows(conn, "docs", list(synth.rows(next_file * PER_FILE, PER_FILE)))
-            next_file += 1
-            anatomy = {}
-            t0 = time.perf_counter()
-            anatomy["fold"] = conn.execute("SELECT storetopics._fold(%s)", (source,)).fetchone()[0]
-            anatomy["fold_s"] = round(time.perf_counter() - t0, 3)
-            t0 = time.perf_counter()
-            anatomy["fit_due"] = conn.execute("SELECT storetopics._fit_due(%s, 'big')", (source,)).fetchone()[0]
-            conn.execute("SELECT storetopics._refresh_words(%s, 'big')", (source,))
-            anatomy["refresh_words_s"] = round(time.perf_counter() - t0, 3)
-            # (in one transaction, as the pass renders: the second render packs what the first computed)
-            with conn.transaction():
+                anatomy = {}
                 t0 = time.perf_counter()
-                first = conn.execute("SELECT storetopics._render(%s, 'big', true)", (source,)).fetchone()[0]
-                anatomy["render_s"] = round(time.perf_counter() - t0, 3)
-                if first is None:    # new words to count with tiktoken, then render again (what the pass does)
+                anatomy["fold"] = conn.execute("SELECT storetopics._fold(%s)", (source,)).fetchone()[0]
+                anatomy["fold_s"] = round(time.perf_counter() - t0, 3)
+                t0 = time.perf_counter()
+                anatomy["fit_due"] = conn.execute("SELECT storetopics._fit_due(%s, 'big')", (source,)).fetchone()[0]
+                conn.execute("SELECT storetopics._refresh_words(%s, 'big')", (source,))
+                anatomy["refresh_words_s"] = round(time.perf_counter() - t0, 3)
+                # (in one transaction, as the pass renders: the second render packs what the first computed)
+                with conn.transaction():
                     t0 = time.perf_counter()
-                    anatomy["counted"] = refresh.count_tokens(conn, source, "big")
-                    conn.execute("SELECT storetopics._render(%s, 'big', false)", (source,))
-                    anatomy["count_and_render_again_s"] = round(time.perf_counter() - t0, 3)
-            out["one_upload_pass"] = anatomy
-            log(f"  one upload's pass, step by step: {anatomy}")
+                    first = conn.execute("SELECT storetopics._render(%s, 'big', true)", (source,)).fetchone()[0]
+                    anatomy["render_s"] = round(time.perf_counter() - t0, 3)
+                    if first is None:    # new words to count with tiktoken, then render again (what the pass does)
+                        t0 = time.perf_counter()
+                        anatomy["counted"] = refresh.count_tokens(conn, source, "big")
+                        conn.execute("SELECT storetopics._render(%s, 'big', false)", (source,))
+                        anatomy["count_and_render_again_s"] = round(time.perf_counter() - t0, 3)
+                anatomy["render_total_s"] = round(anatomy["render_s"] + anatomy.get("count_and_render_again_s", 0), 3)
+                return anatomy
+
+            uploads = [upload_by_hand() for _ in range(UPLOADS_BY_HAND)]
+            out["one_upload_pass"] = uploads[0]
+            out["one_upload_passes"] = uploads
+            scratch = steps["render"]["stores_seconds"]["big"]
+            after = percentile([u["render_total_s"] for u in uploads], 50)
+            out["render_big"] = {
+                "scratch_s": scratch, "after_upload_s": round(after, 3),
+                "after_upload_all_s": [u["render_total_s"] for u in uploads],
+                "ratio": round(after / scratch, 4) if scratch else None,
+                "scratch_is": "the backfill's render of `big` (refresh.render: render, count with tiktoken, render "
+                              "again), the first render of its state",
+                "after_upload_is": f"median over {UPLOADS_BY_HAND} one-file uploads passed by hand: _render "
+                                   "(+ count + _render again), in one transaction"}
+            log(f"  one upload's pass, step by step: {uploads}")
+            log(f"  render of big: from scratch {scratch:.2f}s, after a 1-file upload {after:.3f}s "
+                f"(ratio {out['render_big']['ratio']})")
 
             # -- 4. event -> summary with a running worker ---------------------------------------------------------
             logpath = Path(tempfile.gettempdir()) / f"storetopics-bench-scale-{os.getpid()}-{chunks}.log"
@@ -389,7 +468,7 @@ def run_size(admin: str, chunks: int, events: int, llm_env: dict, log) -> dict:
             for i in range(events):
                 while store_of(np.array([next_file]))[0] != "big":
                     next_file += 1
-                rows = list(synth.rows(next_file * PER_FILE, PER_FILE))
+                rows = list(synth.rows(next_file * per_file, per_file))
                 expect = big_state(conn, source)[0] + 1
                 bc.copy_rows(conn, "docs", rows)
                 t0 = time.monotonic()
@@ -422,7 +501,7 @@ def run_size(admin: str, chunks: int, events: int, llm_env: dict, log) -> dict:
             for j in range(new_files):
                 while store_of(np.array([next_file]))[0] != "big":
                     next_file += 1
-                rows += list(synth.rows(next_file * PER_FILE, PER_FILE, centre=centre, text=texts.new_theme))
+                rows += list(synth.rows(next_file * per_file, per_file, centre=centre, text=texts.new_theme))
                 next_file += 1
             calls0 = conn.execute("SELECT count(*) FROM storetopics.label_ledger").fetchone()[0]
             t_copy = time.monotonic()
@@ -476,10 +555,17 @@ def verdicts(res: dict) -> dict:
     runs = res["sizes"]
     g = growth(runs)
     worst_mem = max(max(r["peak_backend_mb"], r["peak_worker_mb"], r["peak_worker_backends_mb"]) for r in runs)
-    return {"growth": g, "growth_pass": all(x["per_decade"] <= TARGET_GROWTH for x in g),
-            "memory_max_mb": worst_mem, "memory_pass": worst_mem <= TARGET_MB,
-            "growth_by_step": {s: growth(runs, key=lambda r, s=s: r["backfill"]["per_chunk_us_by_step"][s])
-                               for s in ("fold", "fit", "words", "labels", "render")}}
+    out = {"growth": g, "growth_pass": all(x["per_decade"] <= TARGET_GROWTH for x in g),
+           "memory_max_mb": worst_mem, "memory_pass": worst_mem <= TARGET_MB,
+           "growth_by_step": {s: growth(runs, key=lambda r, s=s: r["backfill"]["per_chunk_us_by_step"][s])
+                              for s in ("fold", "fit", "words", "labels", "render")}}
+    rendered = [r for r in runs if r.get("render_big")]          # (results from before the comparison have none)
+    if rendered:
+        out["render_ratio_pass"] = all(r["render_big"]["ratio"] <= TARGET_RENDER_RATIO for r in rendered)
+        at_1m = [r for r in rendered if r["chunks"] == 1_000_000]
+        out["render_1m_s"] = at_1m[0]["render_big"]["after_upload_s"] if at_1m else None
+        out["render_1m_pass"] = out["render_1m_s"] <= TARGET_RENDER_S if at_1m else None
+    return out
 
 
 def human(n: int) -> str:
@@ -495,15 +581,19 @@ def markdown(res: dict) -> str:
         return f"| {label} | " + " | ".join(f(r) for r in runs) + " |"
 
     st = lambda r, s: r["backfill"]["steps"][s]  # noqa: E731
-    lines = [f"# Scaling curve ({res['started'][:16].replace('T', ' ')} UTC, {res['cpus']} CPUs, load average "
-             f"{res['loadavg_before']} before the run)", "",
-             f"One source, one dominant store `big` (90% of the files) + {SMALL_STORES} small stores (2% each), "
-             f"{PER_FILE} chunks per file, {bc.DIM}-d vectors around {bc.CENTRES} centres, "
-             f"{2 + WORDS_FILLER} words per chunk (the centre's 2 + {WORDS_FILLER} Zipf-drawn common words). "
+    kind = text_kind(res)
+    per_file = runs[0]["per_file"]
+    rb = lambda r: r.get("render_big") or {}  # noqa: E731
+    content = [r["load"].get("content_mb") for r in runs]
+    lines = [f"# Scaling curve, {kind.name} text ({res['started'][:16].replace('T', ' ')} UTC, {res['cpus']} CPUs, "
+             f"load average {res['loadavg_before']} before the run)", "",
+             f"**Text: {kind.describe}.** One source, one dominant store `big` (90% of the files) + {SMALL_STORES} "
+             f"small stores (2% each), {per_file} chunks per file, {bc.DIM}-d vectors around {bc.CENTRES} centres. "
              f"git {res['git']}, sql sha1 {res['sql_sha1'][:12]}.", "",
              head, sep,
              row("load: COPY, attached (s)", lambda r: f"{r['load']['copy_seconds']}"),
              row("load rate (rows/s)", lambda r: f"{r['load']['rows_per_s']:,}"),
+             *([row("chunk text loaded (MB)", lambda r: f"{r['load']['content_mb']:,}")] if all(content) else []),
              row("**backfill total (s)**", lambda r: f"**{r['backfill']['seconds']}**"),
              row("… fold (s)", lambda r: f"{st(r, 'fold')['seconds']}"),
              row("… fit, in Postgres (s)", lambda r: f"{st(r, 'fit')['seconds']}"),
@@ -533,6 +623,12 @@ def markdown(res: dict) -> str:
                      r["one_upload_pass"]["render_s"],
                      f" + {r['one_upload_pass']['count_and_render_again_s']}"
                      if "count_and_render_again_s" in r["one_upload_pass"] else "")),
+             *([row("**render of `big` from scratch (s; the backfill's)**", lambda r: f"**{rb(r)['scratch_s']}**"),
+                row(f"**render of `big` after a 1-file upload (s; median of {UPLOADS_BY_HAND})**",
+                    lambda r: f"**{rb(r)['after_upload_s']}**"),
+                row("… after an upload / from scratch", lambda r: f"{rb(r)['ratio']:.3f}×"),
+                row("… each upload's render (s)", lambda r: " / ".join(str(x) for x in rb(r)["after_upload_all_s"]))]
+               if v.get("render_ratio_pass") is not None else []),
              row("worker re-fit, new theme 6%: commit → summary (s)",
                  lambda r: f"{r['worker_refit']['commit_to_summary_s']}"),
              "",
@@ -544,12 +640,28 @@ def markdown(res: dict) -> str:
              f"max {v['memory_max_mb']} MB | **{'PASS' if v['memory_pass'] else 'MISS'}** |",
              "| (information: bench.worker's target) event → summary p95 ≤ debounce + 30 s | " + ", ".join(
                  f"{human(r['chunks'])}: {r['event_to_summary']['p95_s']} s" for r in runs) + " | " + ", ".join(
-                 "met" if r["event_to_summary"]["p95_s"] <= DEBOUNCE + 30 else "missed" for r in runs) + " |", "",
+                 "met" if r["event_to_summary"]["p95_s"] <= DEBOUNCE + 30 else "missed" for r in runs) + " |",
+             *([f"| render of `big` after a 1-file upload ≤ {TARGET_RENDER_RATIO:g}× its render from scratch | "
+                + ", ".join(f"{human(r['chunks'])}: {rb(r)['ratio']:.3f}× ({rb(r)['after_upload_s']} s vs "
+                            f"{rb(r)['scratch_s']} s)" for r in runs)
+                + f" | **{'PASS' if v['render_ratio_pass'] else 'MISS'}** |",
+                f"| … and ≤ {TARGET_RENDER_S:g} s at 1M chunks | "
+                + (f"{v['render_1m_s']} s | **{'PASS' if v['render_1m_pass'] else 'MISS'}** |"
+                   if v["render_1m_s"] is not None else "1M not in this run | – |")]
+               if v.get("render_ratio_pass") is not None else []),
+             "",
              "Per-chunk cost growth per decade by step: " + "; ".join(
                  f"{s} " + ", ".join(f"{x['per_decade']}×" if x["per_decade"] else "–" for x in g)
                  for s, g in v["growth_by_step"].items()) + ".",
              "",
-             f"Event → summary: {res['sizes'][0]['event_to_summary']['n']} uploads of one 10-chunk file into `big`, "
+             *([f"Render from scratch: the backfill's render of `big` (refresh.render: render, count the new words with "
+                "tiktoken, render again), the first render of its state: no token counts, no rendered summary yet (the "
+                "SQL has no way to drop what a render keeps, so a later render from scratch cannot be forced). After "
+                f"an upload: {UPLOADS_BY_HAND} one-file uploads into `big`, each folded and rendered by hand the same "
+                "way (in one transaction); their median. Both exclude refresh_words (the words step and the pass's own "
+                "step).", ""] if v.get("render_ratio_pass") is not None else []),
+             f"Event → summary: {res['sizes'][0]['event_to_summary']['n']} uploads of one {per_file}-chunk file into "
+             "`big`, "
              f"one at a time, worker debounce {DEBOUNCE:g} s, --poll {POLL:g} s; from the COPY's commit until NOTIFY "
              "storetopics_updated for `big` arrived with the file counted in `topics.files` (every upload changes "
              "`topics`; the text says the file count rounded, so it need not change). VmHWM includes the shared "
@@ -567,7 +679,10 @@ def plot(res: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
     runs = res["sizes"]
     x = np.array([r["chunks"] for r in runs], dtype=float)
-    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 4.4))
+    kind = text_kind(res)
+    rendered = all(r.get("render_big") for r in runs)
+    fig, axes = plt.subplots(1, 4 if rendered else 3, figsize=(20 if rendered else 15, 4.4))
+    a1, a2, a3 = axes[:3]
     total = np.array([r["backfill"]["per_chunk_us"] for r in runs])
     a1.plot(x, total, "k-o", lw=2, label="backfill total")
     for s in ("fold", "fit", "labels", "render"):
@@ -604,8 +719,22 @@ def plot(res: dict, path: Path) -> None:
     a3.set_title(f"one uploaded file → summary (debounce {DEBOUNCE:g} s)")
     a3.legend(fontsize=8)
     a3.grid(True, which="both", alpha=0.3)
-    fig.suptitle(f"storetopics scaling: one source, one dominant store, {bc.DIM}-d, {PER_FILE} chunks per file "
-                 f"({res['started'][:10]}, git {res['git']}, {res['cpus']} CPUs)")
+    if rendered:
+        a4 = axes[3]
+        a4.plot(x, [r["render_big"]["scratch_s"] for r in runs], "-o", label="from scratch (the backfill's)")
+        a4.plot(x, [r["render_big"]["after_upload_s"] for r in runs], "-o", label="after a 1-file upload")
+        a4.plot(x, [r["render_big"]["scratch_s"] * TARGET_RENDER_RATIO for r in runs], "r--", lw=1,
+                label=f"limit: {TARGET_RENDER_RATIO:g}x from scratch")
+        a4.axhline(TARGET_RENDER_S, color="grey", ls="--", lw=1, label=f"limit at 1M: {TARGET_RENDER_S:g} s")
+        a4.set_xscale("log")
+        a4.set_yscale("log")
+        a4.set_xlabel("chunks in the source")
+        a4.set_ylabel("seconds")
+        a4.set_title("render of `big`")
+        a4.legend(fontsize=8)
+        a4.grid(True, which="both", alpha=0.3)
+    fig.suptitle(f"storetopics scaling, {kind.name} text: one source, one dominant store, {bc.DIM}-d, "
+                 f"{runs[0]['per_file']} chunks per file ({res['started'][:10]}, git {res['git']}, {res['cpus']} CPUs)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -620,16 +749,21 @@ def sql_sha1() -> str:
 
 def write_reports(res: dict, where: Path = RESULTS) -> None:
     res["verdicts"] = verdicts(res)
-    (where / "scale-latest.md").write_text(markdown(res))
-    plot(res, where / "scale.png")
+    suffix = text_kind(res).suffix
+    (where / f"scale{suffix}-latest.md").write_text(markdown(res))
+    plot(res, where / f"scale{suffix}.png")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--text", choices=sorted(TEXTS), default="short",
+                    help="short: 10 words per chunk, 10 chunks per file (issue 17); docs: 200-300-word windows of "
+                         "real manuals, 3 chunks per file (issue 33)")
     ap.add_argument("--sizes", default="10000,100000,1000000", help="chunk counts, comma-separated")
     ap.add_argument("--events", type=int, default=10, help="single-file uploads per size for event -> summary")
     ap.add_argument("--quick", action="store_true", help="sizes 5000,50000 and 3 events; writes the JSON only")
-    ap.add_argument("--replot", metavar="JSON", help="rewrite scale-latest.md and scale.png from a result file")
+    ap.add_argument("--replot", metavar="JSON", help="rewrite scale[-docs]-latest.md and scale[-docs].png from a "
+                                                     "result file (its text says which)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="where --replot writes (default bench/results)")
     args = ap.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -640,6 +774,9 @@ def main(argv=None) -> int:
         return 0
     sizes = [5_000, 50_000] if args.quick else [int(s) for s in args.sizes.split(",")]
     events = 3 if args.quick else args.events
+    kind = TEXTS[args.text]
+    if kind.name == "docs":
+        doctext.ensure_corpus()
     started = dt.datetime.now(dt.timezone.utc)
     t_start = time.perf_counter()
 
@@ -651,7 +788,9 @@ def main(argv=None) -> int:
     dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "sql", "plpy", "bgworker"],
                            capture_output=True, text=True).stdout.strip()
     res: dict = {"started": started.isoformat(), "cpus": os.cpu_count(), "git": git + ("+dirty" if dirty else ""),
-                 "sql_sha1": sql_sha1(), "loadavg_before": round(os.getloadavg()[0], 2), "sizes": []}
+                 "sql_sha1": sql_sha1(), "loadavg_before": round(os.getloadavg()[0], 2),
+                 "text": {"name": kind.name, "per_file": kind.per_file, "words_per_chunk": kind.words_per_chunk,
+                          "describe": kind.describe}, "sizes": []}
     try:
         from storetopics.plpy import storetopics_clustering as wc
         res["worker_clustering_module"] = wc.__file__
@@ -664,7 +803,7 @@ def main(argv=None) -> int:
         for n in sizes:
             log(f"{n:,} chunks")
             t0 = time.perf_counter()
-            r = run_size(admin, n, events, env, log)
+            r = run_size(admin, n, events, env, log, kind)
             r["elapsed_seconds"] = round(time.perf_counter() - t0, 1)
             r["loadavg_after"] = round(os.getloadavg()[0], 2)
             res["sizes"].append(r)
@@ -672,7 +811,7 @@ def main(argv=None) -> int:
     res["elapsed_seconds"] = round(time.perf_counter() - t_start, 1)
     res["verdicts"] = verdicts(res)
     stamp = started.strftime("%Y-%m-%d-%H%M%S")
-    (RESULTS / f"scale-{stamp}{'-quick' if args.quick else ''}.json").write_text(json.dumps(res, indent=2) + "\n")
+    (RESULTS / f"scale{kind.suffix}-{stamp}{'-quick' if args.quick else ''}.json").write_text(json.dumps(res, indent=2) + "\n")
     if not args.quick:
         write_reports(res)
     print(markdown(res))
