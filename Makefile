@@ -4,7 +4,7 @@
 #   make test    every test: SQL regression (pg_regress) and pytest, each against a real throwaway Postgres
 #   make bench   side-by-side measurements, written to bench/results/
 #   make soak    opt-in: the worker under 10 minutes of churn, memory bounded
-#   make bench-large  opt-in: the scaling curve with 5M chunks too (~8 GB of disk)
+#   make bench-large  opt-in: the scaling curves with 5M chunks too (check df: see bench/README.md)
 #   make eval    routing accuracy of the summaries vs names and hand-written descriptions, needle, report
 EXTENSION  = storetopics
 EXTVERSION = $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" storetopics.control)
@@ -30,7 +30,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup demo test pytest regress bench bench-large soak ext-install eval sql lint
+.PHONY: setup demo test pytest regress bench bench-large soak ext-install eval sql lint doc-corpus
 setup:
 	@bash scripts/setup.sh
 
@@ -61,7 +61,13 @@ regress: ext-install
 pytest: ext-install
 	$(PY) -m pytest -q tests
 
-bench: ext-install
+# The document corpus (scripts/doc_corpus.py, .cache/doc-corpus/): the realistic text of bench.scale --text docs
+# and the routing evaluation's document stores.  Built when missing, with what building it needs (man-db,
+# groff-base, bsdextrautils, BeautifulSoup) installed when missing.
+doc-corpus: setup
+	@bash scripts/doc_corpus_setup.sh
+
+bench: ext-install doc-corpus
 	$(PY) -m bench.startup
 	$(PY) -m bench.route
 	$(PY) -m bench.run
@@ -69,11 +75,14 @@ bench: ext-install
 	$(PY) -m bench.clusters
 	$(PY) -m bench.worker
 	$(PY) -m bench.scale --sizes 10000,100000,1000000
+	$(PY) -m bench.scale --text docs --sizes 10000,100000,1000000
 
-# Opt-in: the scaling curve of bench.scale with 5M chunks added (about 8 GB of disk for the 5M table and its
-# state; check `df` first).  Writes bench/results/scale-latest.md and scale.png like make bench.
-bench-large: ext-install
+# Opt-in: the scaling curves of bench.scale with 5M chunks added, short and realistic text (the 5M tables and their
+# state need tens of GB of disk, see bench/README.md; check `df` first).  Writes bench/results/scale-latest.md,
+# scale.png, scale-docs-latest.md and scale-docs.png like make bench.
+bench-large: ext-install doc-corpus
 	$(PY) -m bench.scale --sizes 10000,100000,1000000,5000000
+	$(PY) -m bench.scale --text docs --sizes 10000,100000,1000000,5000000
 
 # ruff over the package, the lab, the benchmarks and the tests (configuration in pyproject.toml).
 lint: setup

