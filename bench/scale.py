@@ -347,7 +347,8 @@ def run_size(admin: str, chunks: int, events: int, llm_env: dict, log, kind: Tex
                     t0 = time.perf_counter()
                     rep = c.execute("SELECT storetopics._cluster(%s, %s)", (source, store)).fetchone()[0]
                     reports[store] = {"seconds": round(time.perf_counter() - t0, 2), "k": rep.get("k"),
-                                      "sampling": rep.get("sampling")}
+                                      "sampling": rep.get("sampling"),
+                                      **{k: rep.get(f"seconds_{k}") for k in ("read_sample", "fit", "apply")}}
                 return {"stores": reports}
 
             def stores(c):
