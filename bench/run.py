@@ -336,7 +336,7 @@ def fmt_ratio(m: Metric) -> str:
     r = m.ratio
     if r is None or m.key == "deadlocks":
         return "—"
-    return f"{r:.1%}" if m.key == "storage" else f"{r:.3f}×"
+    return f"{r:.1%}" if m.key.startswith("storage") else f"{r:.3f}×"
 
 
 def fmt_target(m: Metric) -> str:
@@ -344,7 +344,7 @@ def fmt_target(m: Metric) -> str:
         return "—"
     if m.unit == "words/s" and m.target >= 1000:
         return f"{m.op} {m.target / 1e6:g} M words/s"
-    if m.key == "storage":
+    if m.key.startswith("storage"):
         return f"{m.op} {m.target:.0%}"
     if m.key == "deadlocks":
         return "none"
