@@ -103198,7 +103198,7 @@ RETURN format($q$
 -- Fold step 4: recount the files from the live rows; returns per (store, file) the counters, the term/count arrays
 -- and the chunks per cluster.  The reader's recount is one parallel scan (the planner takes to_tsvector for cheap,
 -- so parallel plans are made free for it).  A text whose tsvector would pass 1 MB fails the batch: it is redone row
--- by row, skipping such rows.  (Its terms and files are temp tables made here.)
+-- by row, skipping such rows.  (Its terms are a temp table made here.)
 CREATE OR REPLACE FUNCTION storetopics._fold_recount(src storetopics.sources, p_files text[])
 RETURNS TABLE (store_key text, file_key text, chunks int, skipped int, words bigint, term_ids int[], counts int[],
                cluster_ids int[], cluster_chunks int[], cluster_outliers int[], other_dim int)
@@ -103206,12 +103206,13 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
   v_op text := 'terms';
+  v_clustered boolean := src.embedding IS NOT NULL
+                         AND EXISTS (SELECT 1 FROM storetopics.clusters k WHERE k.source_id = src.id);
   v_saved text[] := ARRAY[current_setting('parallel_setup_cost'), current_setting('parallel_tuple_cost'),
                           current_setting('min_parallel_table_scan_size'), current_setting('enable_sort')];
 BEGIN
   -- (dropped only when there: DROP ... IF EXISTS would send the client a NOTICE each time)
   IF to_regclass('pg_temp.storetopics_new_terms') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_new_terms; END IF;
-  IF to_regclass('pg_temp.storetopics_recount') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_recount; END IF;
   PERFORM set_config('parallel_setup_cost', '0', true), set_config('parallel_tuple_cost', '0', true),
           set_config('min_parallel_table_scan_size', '0', true);
   LOOP
@@ -103238,31 +103239,28 @@ BEGIN
   -- Grouping by hashing: array_agg needs no order here, and sorting ~1M rows per batch is the slow way.  Both
   -- aggregates read the rows in the same order, so the term and count arrays line up.  A NULL store key makes the
   -- file's chunks null-key rows.
+  -- Returned as computed, not parked in a temp table first (which would compress each array into its TOAST table,
+  -- for the caller to decompress).  The files' chunks per cluster of their store's fit joined in (nothing to do
+  -- while no store of the source has one).
   PERFORM set_config('enable_sort', 'off', true);
-  CREATE TEMP TABLE storetopics_recount ON COMMIT DROP AS
-  SELECT nt.store_key, nt.file_key,
-         max(nt.rows) FILTER (WHERE nt.term IS NULL) AS chunks,
-         max(nt.n) FILTER (WHERE nt.term IS NULL) AS skipped,
-         coalesce(sum(nt.n) FILTER (WHERE nt.term IS NOT NULL), 0) AS words,
-         coalesce(array_agg(x.id) FILTER (WHERE nt.term IS NOT NULL AND nt.store_key IS NOT NULL), '{}') AS term_ids,
-         coalesce(array_agg(nt.n) FILTER (WHERE nt.term IS NOT NULL AND nt.store_key IS NOT NULL), '{}') AS counts
-    FROM pg_temp.storetopics_new_terms nt
-    LEFT JOIN storetopics.lexemes x ON x.lexeme = nt.term
-   GROUP BY 1, 2;
+  RETURN QUERY
+  SELECT r.*, coalesce(a.cluster_ids, '{}'), coalesce(a.cluster_chunks, '{}'), coalesce(a.cluster_outliers, '{}'),
+         coalesce(a.other_dim, 0)
+    FROM (SELECT nt.store_key, nt.file_key,
+                 max(nt.rows) FILTER (WHERE nt.term IS NULL) AS chunks,
+                 max(nt.n) FILTER (WHERE nt.term IS NULL) AS skipped,
+                 coalesce(sum(nt.n) FILTER (WHERE nt.term IS NOT NULL), 0) AS words,
+                 coalesce(array_agg(x.id) FILTER (WHERE nt.term IS NOT NULL AND nt.store_key IS NOT NULL), '{}')
+                   AS term_ids,
+                 coalesce(array_agg(nt.n) FILTER (WHERE nt.term IS NOT NULL AND nt.store_key IS NOT NULL), '{}')
+                   AS counts
+            FROM pg_temp.storetopics_new_terms nt
+            LEFT JOIN storetopics.lexemes x ON x.lexeme = nt.term
+           GROUP BY 1, 2) r
+    LEFT JOIN (SELECT * FROM storetopics._assign(src, p_files, NULL) WHERE v_clustered) a
+           ON a.store_key = r.store_key AND a.file_key = r.file_key;
   PERFORM set_config('enable_sort', v_saved[4], true);
   DROP TABLE pg_temp.storetopics_new_terms;
-  -- The files' chunks per cluster of their store's fit (nothing to do while no store of the source has one).
-  ALTER TABLE pg_temp.storetopics_recount ADD cluster_ids int[] NOT NULL DEFAULT '{}',
-    ADD cluster_chunks int[] NOT NULL DEFAULT '{}', ADD cluster_outliers int[] NOT NULL DEFAULT '{}',
-    ADD other_dim int NOT NULL DEFAULT 0;
-  IF src.embedding IS NOT NULL AND EXISTS (SELECT 1 FROM storetopics.clusters k WHERE k.source_id = src.id) THEN
-    UPDATE pg_temp.storetopics_recount nf SET cluster_ids = a.cluster_ids, cluster_chunks = a.cluster_chunks,
-           cluster_outliers = a.cluster_outliers, other_dim = a.other_dim
-      FROM storetopics._assign(src, p_files, NULL) a WHERE a.store_key = nf.store_key AND a.file_key = nf.file_key;
-  END IF;
-  -- (The table stays until the next recount or the end of the transaction: the rows returned may point into its
-  -- TOAST table, large arrays, which the caller reads after this returns.)
-  RETURN QUERY SELECT * FROM pg_temp.storetopics_recount;
 END $$;
 
 -- Fold step 5: recount the files (storetopics._fold_recount), subtract their old counts and add the new ones, in the
@@ -103283,40 +103281,52 @@ DECLARE
 BEGIN
   -- (dropped only when there: DROP ... IF EXISTS would send the client a NOTICE each time)
   IF to_regclass('pg_temp.storetopics_new_files') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_new_files; END IF;
-  CREATE TEMP TABLE storetopics_new_files AS SELECT * FROM storetopics._fold_recount(src, p_files);
+  -- (its arrays stored as they are: compressing them, to decompress them for each read here, cost more than it saved)
+  CREATE TEMP TABLE storetopics_new_files AS SELECT * FROM storetopics._fold_recount(src, p_files) WITH NO DATA;
+  ALTER TABLE pg_temp.storetopics_new_files ALTER term_ids SET STORAGE EXTERNAL, ALTER counts SET STORAGE EXTERNAL;
+  INSERT INTO pg_temp.storetopics_new_files SELECT * FROM storetopics._fold_recount(src, p_files);
   CREATE TEMP TABLE storetopics_old_files ON COMMIT DROP AS
   SELECT f.* FROM storetopics.file_terms f
    WHERE f.source_id = src.id AND md5(f.file_key)::uuid = ANY (v_digests) AND f.file_key = ANY (p_files);
 
+  -- (the arrays unnested in the select list, in step: a set-returning function in FROM is materialised first)
   CREATE TEMP TABLE storetopics_delta ON COMMIT DROP AS
   SELECT d.store_key, d.term_id, sum(d.df)::int AS df, sum(d.tf)::bigint AS tf, sum(d.tf2)::bigint AS tf2
-    FROM (SELECT f.store_key, u.term_id, -1 AS df, -u.n::bigint AS tf, -(u.n::bigint * u.n) AS tf2
-            FROM pg_temp.storetopics_old_files f, unnest(f.term_ids, f.counts) AS u(term_id, n)
-           WHERE f.store_key IS NOT NULL
+    FROM (SELECT u.store_key, u.term_id, -1 AS df, -u.n AS tf, -(u.n::bigint * u.n) AS tf2
+            FROM (SELECT f.store_key, unnest(f.term_ids) AS term_id, unnest(f.counts) AS n
+                    FROM pg_temp.storetopics_old_files f WHERE f.store_key IS NOT NULL) u
           UNION ALL
-          SELECT nf.store_key, u.term_id, 1, u.n, u.n::bigint * u.n
-            FROM pg_temp.storetopics_new_files nf, unnest(nf.term_ids, nf.counts) AS u(term_id, n)
-           WHERE nf.store_key IS NOT NULL) d
+          SELECT u.store_key, u.term_id, 1, u.n, u.n::bigint * u.n
+            FROM (SELECT nf.store_key, unnest(nf.term_ids) AS term_id, unnest(nf.counts) AS n
+                    FROM pg_temp.storetopics_new_files nf WHERE nf.store_key IS NOT NULL) u) d
    GROUP BY 1, 2
   HAVING sum(d.df) <> 0 OR sum(d.tf) <> 0 OR sum(d.tf2) <> 0;
-  -- the catalog's background: the same difference, and the stores that gain or lose a term
+  -- The store terms: a row whose files fall to 0 goes, the others change, new ones come (a source's rows are
+  -- written only by its fold, under its lock: no ON CONFLICT).  What each statement returns is the catalog's
+  -- background: per term the difference, and the stores that gain (+1) or lose (-1) it.
+  WITH gone AS (DELETE FROM storetopics.store_terms t USING pg_temp.storetopics_delta d
+                 WHERE t.source_id = src.id AND t.store_key = d.store_key AND t.term_id = d.term_id
+                   AND t.files + d.df <= 0
+                RETURNING d.term_id, d.tf, -1 AS stores, d.df),
+       changed AS (UPDATE storetopics.store_terms t
+                      SET files = t.files + d.df, total = t.total + d.tf, total_sq = t.total_sq + d.tf2
+                     FROM pg_temp.storetopics_delta d
+                    WHERE t.source_id = src.id AND t.store_key = d.store_key AND t.term_id = d.term_id
+                      AND t.files + d.df > 0
+                   RETURNING d.term_id, d.tf, 0 AS stores, d.df),
+       added AS (INSERT INTO storetopics.store_terms (source_id, store_key, term_id, files, total, total_sq)
+                 SELECT src.id, d.store_key, d.term_id, d.df, d.tf, d.tf2 FROM pg_temp.storetopics_delta d
+                  WHERE d.df > 0 AND NOT EXISTS (SELECT 1 FROM storetopics.store_terms t
+                                                  WHERE t.source_id = src.id AND t.store_key = d.store_key
+                                                    AND t.term_id = d.term_id)
+                  ORDER BY d.store_key, d.term_id
+                 RETURNING term_id, total AS tf, 1 AS stores, files AS df)
   SELECT array_agg(x.term_id), array_agg(x.total), array_agg(x.stores), array_agg(x.files)
     INTO v_terms, v_totals, v_stores, v_files
-    FROM (SELECT d.term_id, sum(d.tf) AS total,
-                 sum((coalesce(t.files, 0) + d.df > 0)::int - (coalesce(t.files, 0) > 0)::int)::int AS stores,
-                 sum(d.df) AS files
-            FROM pg_temp.storetopics_delta d
-            LEFT JOIN storetopics.store_terms t
-                   ON t.source_id = src.id AND t.store_key = d.store_key AND t.term_id = d.term_id
+    FROM (SELECT y.term_id, sum(y.tf) AS total, sum(y.stores)::int AS stores, sum(y.df) AS files
+            FROM (SELECT * FROM gone UNION ALL SELECT * FROM changed UNION ALL SELECT * FROM added) y
            GROUP BY 1) x;
   PERFORM storetopics._catalog_apply(storetopics._catalog(src.id), v_terms, v_totals, v_stores, v_files);
-  INSERT INTO storetopics.store_terms AS t (source_id, store_key, term_id, files, total, total_sq)
-  SELECT src.id, d.store_key, d.term_id, d.df, d.tf, d.tf2 FROM pg_temp.storetopics_delta d
-  ORDER BY d.store_key, d.term_id
-  ON CONFLICT (source_id, store_key, term_id) DO UPDATE
-     SET files = t.files + excluded.files, total = t.total + excluded.total, total_sq = t.total_sq + excluded.total_sq;
-  DELETE FROM storetopics.store_terms t USING pg_temp.storetopics_delta d
-   WHERE t.source_id = src.id AND t.store_key = d.store_key AND t.term_id = d.term_id AND t.files <= 0;
   DROP TABLE pg_temp.storetopics_delta;
 
   -- the clusters' sizes: the files' old cluster arrays subtracted, the new ones added
@@ -103573,8 +103583,9 @@ BEGIN
    ORDER BY d.term_id
   ON CONFLICT (catalog, term_id) DO UPDATE
      SET total = c.total + excluded.total, stores = c.stores + excluded.stores, files = c.files + excluded.files;
-  DELETE FROM storetopics.catalog_terms c USING unnest(p_terms) AS d(term_id)
-   WHERE c.catalog = p_catalog AND c.term_id = d.term_id AND c.stores <= 0;
+  -- (only a term that some store lost can be left in none)
+  DELETE FROM storetopics.catalog_terms c USING unnest(p_terms, p_stores) AS d(term_id, stores)
+   WHERE c.catalog = p_catalog AND c.term_id = d.term_id AND d.stores < 0 AND c.stores <= 0;
 END $$;
 
 -- A source's whole contribution (its stores' term sums), subtracted from one catalog and added to another (either
@@ -106865,4 +106876,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '2589503357') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '4250613055') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -173,8 +173,9 @@ BEGIN
    ORDER BY d.term_id
   ON CONFLICT (catalog, term_id) DO UPDATE
      SET total = c.total + excluded.total, stores = c.stores + excluded.stores, files = c.files + excluded.files;
-  DELETE FROM storetopics.catalog_terms c USING unnest(p_terms) AS d(term_id)
-   WHERE c.catalog = p_catalog AND c.term_id = d.term_id AND c.stores <= 0;
+  -- (only a term that some store lost can be left in none)
+  DELETE FROM storetopics.catalog_terms c USING unnest(p_terms, p_stores) AS d(term_id, stores)
+   WHERE c.catalog = p_catalog AND c.term_id = d.term_id AND d.stores < 0 AND c.stores <= 0;
 END $$;
 
 -- A source's whole contribution (its stores' term sums), subtracted from one catalog and added to another (either
