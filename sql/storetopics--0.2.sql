@@ -103217,7 +103217,7 @@ BEGIN
           set_config('min_parallel_table_scan_size', '0', true);
   LOOP
     BEGIN
-      EXECUTE format('CREATE TEMP TABLE storetopics_new_terms AS SELECT * FROM %s($1, $2, NULL, NULL) '
+      EXECUTE format('CREATE TEMP TABLE storetopics_new_terms ON COMMIT DROP AS SELECT * FROM %s($1, $2, NULL, NULL) '
                      'AS r(store_key text, file_key text, term text, n int, rows int)',
                      storetopics._generated(src.id, 'read'))
         USING v_op, p_files;
@@ -103260,7 +103260,8 @@ BEGIN
     LEFT JOIN (SELECT * FROM storetopics._assign(src, p_files, NULL) WHERE v_clustered) a
            ON a.store_key = r.store_key AND a.file_key = r.file_key;
   PERFORM set_config('enable_sort', v_saved[4], true);
-  DROP TABLE pg_temp.storetopics_new_terms;
+  -- (The terms table stays until the next recount or the end of the transaction: the rows returned may point into
+  -- its TOAST table, a file key longer than 2 kB, which the caller reads after this returns.)
 END $$;
 
 -- Fold step 5: recount the files (storetopics._fold_recount), subtract their old counts and add the new ones, in the
@@ -106876,4 +106877,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '4250613055') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1627957967') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
