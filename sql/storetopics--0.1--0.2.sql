@@ -100574,6 +100574,12 @@ END $$;
 DROP FUNCTION IF EXISTS storetopics.claim(text, float8, int);
 DROP FUNCTION IF EXISTS storetopics.sources_to_fold();
 
+-- incremental/0.2/012-cluster-words-digest.sql
+-- storetopics 0.2: what the clusters' words were last computed from (storetopics._cluster_keywords): a digest of
+-- the files each cluster's words are counted over and of their counted words.  While it holds, a change of the
+-- store elsewhere leaves the words as they are without computing them again.  NULL: compute them again.
+ALTER TABLE storetopics.store_state ADD COLUMN cluster_words_from text;
+
 -- idempotent/010-helpers.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Helpers
@@ -103821,30 +103827,57 @@ END $$;
 
 -- Each cluster's distinctive words, c-TF-IDF (BERTopic's class-based TF-IDF) over the keyword state: a cluster's
 -- term counts are those of its files, each weighted by the share of the file's chunks in the cluster (at most 400
--- files per cluster, the most committed first, ties by a hash of the key); tf(t, cluster) x log(1 + A / f(t)), A = average words per cluster, f(t) = count of t in all
--- clusters.  A term must occur in two of the cluster's files (one file's names are not the cluster's theme).
+-- files per cluster, the most committed first, ties by a hash of the key); tf(t, cluster) x log(1 + A / f(t)),
+-- A = average words per cluster, f(t) = count of t in all clusters.  A term must occur in two of the cluster's files
+-- (one file's names are not the cluster's theme).
 -- p_clusters: the clusters to update (NULL: all of the store).  No JIT, as for storetopics._mine_phrases: estimates
 -- over unnested arrays are far too high, and buy a compilation that takes longer than the statement.
+-- The files are picked from the narrow columns (keys, cluster arrays), and only the picked files' term arrays are
+-- read.  The words are a function of those files (their keys, weights and counted words), of the store's clusters
+-- and of the words learnt for their lexemes: when a digest of the first (store_state.cluster_words_from) is the one
+-- they were last computed from, and every lexeme they were computed from had its word learnt then (learnt words are
+-- never forgotten), they are what computing them again would give, and stay.
+-- (About 90 lines: the pick, its digest, the scoring and the update share one temp table of the picked files.)
 CREATE OR REPLACE FUNCTION storetopics._cluster_keywords(p_source int, p_store text, p_clusters int[] DEFAULT NULL,
                                               n_words int DEFAULT 15) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
+  v_from text;
 BEGIN
+  -- the picked files, each cluster's most committed first, with their term arrays (one statement: one snapshot;
+  -- the arrays are fetched by ctid for the picked files only, OFFSET 0 keeps that a per-row lookup)
+  CREATE TEMP TABLE storetopics_pick ON COMMIT DROP AS
+  SELECT p.cluster_id, p.file_key, p.w, a.term_ids, a.counts
+    FROM (SELECT x.cluster_id, x.file_key, x.w, x.tid
+            FROM (SELECT u.cluster_id, f.file_key, f.ctid AS tid, u.n::float8 / greatest(f.chunks, 1) AS w,
+                         row_number() OVER (PARTITION BY u.cluster_id
+                                            ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC, hashtext(f.file_key),
+                                                     f.file_key) AS r
+                    FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
+                   WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0) x
+           WHERE x.r <= 400) p,
+         LATERAL (SELECT f.term_ids, f.counts FROM storetopics.file_terms f WHERE f.ctid = p.tid OFFSET 0) a;
+  -- what the words are computed from: the build (the computation), n_words, the store's clusters, the picked files
+  v_from := md5(storetopics._build() || '|' || n_words || '|' ||
+                (SELECT coalesce(string_agg(k.cluster_id::text, ',' ORDER BY k.cluster_id), '')
+                   FROM storetopics.clusters k WHERE k.source_id = p_source AND k.store_key = p_store) || '|' ||
+                (SELECT coalesce(string_agg(p.cluster_id || ':' || p.file_key || ':' || p.w || ':' ||
+                                            md5(p.term_ids::text || p.counts::text), ','
+                                            ORDER BY p.cluster_id, p.file_key), '')
+                   FROM pg_temp.storetopics_pick p));
+  IF p_clusters IS NULL AND v_from IS NOT DISTINCT FROM
+     (SELECT st.cluster_words_from FROM storetopics.store_state st
+       WHERE st.source_id = p_source AND st.store_key = p_store) THEN
+    DROP TABLE pg_temp.storetopics_pick;
+    RETURN;
+  END IF;
   CREATE TEMP TABLE storetopics_ct ON COMMIT DROP AS
-  WITH fc AS (
-    SELECT f.file_key, f.term_ids, f.counts, u.cluster_id, u.n::float8 / greatest(f.chunks, 1) AS w
-      FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
-     WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0
-  ), pick AS (
-    SELECT * FROM (SELECT fc.*, row_number() OVER (PARTITION BY fc.cluster_id
-                                                   ORDER BY fc.w DESC, hashtext(fc.file_key), fc.file_key) AS r
-                     FROM fc) x
-     WHERE x.r <= 400
-  ), ct AS (
+  WITH ct AS (
     -- (the arrays unnested in the select list, which streams them; unnest(a, b) in FROM copies them first)
     SELECT u.cluster_id, u.term_id, sum(u.n * u.w) AS n, count(*) AS nfiles
-      FROM (SELECT p.cluster_id, p.w, unnest(p.term_ids) AS term_id, unnest(p.counts) AS n FROM pick p) u
+      FROM (SELECT p.cluster_id, p.w, unnest(p.term_ids) AS term_id, unnest(p.counts) AS n
+              FROM pg_temp.storetopics_pick p) u
      GROUP BY 1, 2
   ), shown AS MATERIALIZED (
     -- the store's terms worth showing, with their text: one hash for the join below (looked up per (cluster,
@@ -103855,7 +103888,8 @@ BEGIN
   ), tot AS (
     SELECT ct.term_id, sum(ct.n) AS total FROM ct GROUP BY 1
   ), sizes AS (
-    SELECT ct.cluster_id, sum(ct.n) AS size, (SELECT count(*) FROM pick p WHERE p.cluster_id = ct.cluster_id) AS files
+    SELECT ct.cluster_id, sum(ct.n) AS size,
+           (SELECT count(*) FROM pg_temp.storetopics_pick p WHERE p.cluster_id = ct.cluster_id) AS files
       FROM ct GROUP BY 1
   ), scored AS (
     -- (a store that is one theme has one cluster: its words are then simply its most frequent ones).  No factor
@@ -103872,6 +103906,7 @@ BEGIN
                                                  ORDER BY round(sc.score::numeric, 9) DESC, sc.lexeme) AS r
                    FROM scored sc) y
    WHERE y.r <= n_words * 2;   -- room for words two lexemes share
+  DROP TABLE pg_temp.storetopics_pick;
   PERFORM storetopics._learn_words(p_source, p_store, ARRAY(SELECT DISTINCT c.lexeme FROM pg_temp.storetopics_ct c));
   UPDATE storetopics.clusters k
      SET keywords = coalesce(w.words, '{}')
@@ -103884,6 +103919,15 @@ BEGIN
    WHERE k.source_id = p_source AND k.store_key = p_store
      AND k2.source_id = k.source_id AND k2.store_key = k.store_key AND k2.cluster_id = k.cluster_id
      AND (p_clusters IS NULL OR k.cluster_id = ANY (p_clusters));
+  -- remembered only for the whole store, and only when every lexeme's word is learnt (else computing them again
+  -- learns again, and may then show another word)
+  UPDATE storetopics.store_state
+     SET cluster_words_from = CASE WHEN p_clusters IS NULL AND NOT EXISTS (
+                                     SELECT 1 FROM pg_temp.storetopics_ct c
+                                      WHERE NOT EXISTS (SELECT 1 FROM storetopics.term_words w
+                                                         WHERE w.ts_config = v_cfg AND w.lexeme = c.lexeme))
+                                   THEN v_from END
+   WHERE source_id = p_source AND store_key = p_store;
   DROP TABLE pg_temp.storetopics_ct;
 END $$;
 
@@ -104295,9 +104339,10 @@ END $$;
 -- The clusters' offline labels, mined for all of a store's clusters together (a phrase's rarity is counted across
 -- them) from each cluster's 20 most committed files, and only when what they would be mined from changed: the
 -- clusters' words or those files' counted words (store_state.cluster_phrases_from, a digest).  So a phrase is a
--- function of the store's state, not of the path that led there.
+-- function of the store's state, not of the path that led there.  No JIT: the estimate of the per-file lookups is
+-- far too high (as over unnested arrays, storetopics._cluster_keywords), and buys a compilation longer than them.
 CREATE OR REPLACE FUNCTION storetopics._cluster_phrases(p_source int, p_store text) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
   v_words jsonb;   -- [{grp, lexeme, weight}]: the clusters' words, best first
@@ -104317,13 +104362,18 @@ BEGIN
          md5(v_from || '|' ||
              coalesce(string_agg(x.grp || ':' || x.file_key || ':' || x.digest, ',' ORDER BY x.grp, x.file_key), ''))
     INTO v_files, v_from
-    FROM (SELECT u.cluster_id AS grp, f.file_key, md5(f.term_ids::text || f.counts::text) AS digest,
-                 row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC,
-                                                                       hashtext(f.file_key), f.file_key) AS r
-            FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
-           WHERE f.source_id = p_source AND f.store_key = p_store
-             AND u.cluster_id IN (SELECT (w ->> 'grp')::int FROM jsonb_array_elements(v_words) w)) x
-   WHERE x.r <= 20;
+    FROM (SELECT k.grp, k.file_key, d.digest
+            FROM (SELECT u.cluster_id AS grp, f.file_key, f.ctid AS tid,
+                         row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC,
+                                                                               hashtext(f.file_key), f.file_key) AS r
+                    FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
+                   WHERE f.source_id = p_source AND f.store_key = p_store
+                     AND u.cluster_id IN (SELECT (w ->> 'grp')::int FROM jsonb_array_elements(v_words) w)) k,
+                 -- the counted words' digest of the kept files only (by ctid, in this statement's snapshot; OFFSET
+                 -- 0 keeps it a per-row lookup)
+                 LATERAL (SELECT md5(f.term_ids::text || f.counts::text) AS digest
+                            FROM storetopics.file_terms f WHERE f.ctid = k.tid OFFSET 0) d
+           WHERE k.r <= 20) x;
   IF v_from IS NOT DISTINCT FROM (SELECT st.cluster_phrases_from FROM storetopics.store_state st
                                    WHERE st.source_id = p_source AND st.store_key = p_store) THEN
     RETURN;
@@ -104650,6 +104700,8 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   src storetopics.sources;
   v_missing text[];
+  v_ids int[];
+  v_found int[];
   v_files text[];
   v_texts text[];
   v_n int;
@@ -104663,13 +104715,31 @@ BEGIN
   IF cardinality(v_missing) = 0 THEN
     RETURN 0;
   END IF;
-  -- One file per missing lexeme (the first by key), then those files' texts.
-  v_files := ARRAY(SELECT DISTINCT x.file_key FROM (
-                     SELECT DISTINCT ON (u.term_id) u.term_id, u.file_key
-                       FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id FROM storetopics.file_terms f
-                              WHERE f.source_id = p_source AND f.store_key = p_store) u
-                      WHERE u.term_id IN (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (v_missing))
-                      ORDER BY u.term_id, u.file_key) x);
+  -- One file per missing lexeme (the first by key), then those files' texts.  Most lexemes are in one of the
+  -- store's first 1,000 files by key (and the first file by key that holds such a lexeme is then among them); the
+  -- others are looked for in the whole store, in the files that hold one of them when they are few (an overlap test
+  -- per file costs about as much per lexeme as unnesting the file's array costs in all).
+  v_ids := ARRAY(SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (v_missing));
+  SELECT coalesce(array_agg(y.term_id), '{}'), coalesce(array_agg(y.file_key), '{}') INTO v_found, v_files
+    FROM (SELECT u.term_id, min(u.file_key) AS file_key
+            FROM (SELECT k.file_key, unnest(a.term_ids) AS term_id
+                    FROM (SELECT f.file_key, f.ctid AS tid FROM storetopics.file_terms f
+                           WHERE f.source_id = p_source AND f.store_key = p_store
+                           ORDER BY f.file_key LIMIT 1000) k,
+                         LATERAL (SELECT f.term_ids FROM storetopics.file_terms f WHERE f.ctid = k.tid OFFSET 0) a) u
+           WHERE u.term_id IN (SELECT unnest(v_ids))
+           GROUP BY 1) y;
+  v_ids := ARRAY(SELECT unnest(v_ids) EXCEPT SELECT unnest(v_found));
+  IF cardinality(v_ids) > 0 THEN
+    SELECT v_files || coalesce(array_agg(y.file_key), '{}') INTO v_files
+      FROM (SELECT u.term_id, min(u.file_key) AS file_key
+              FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id FROM storetopics.file_terms f
+                     WHERE f.source_id = p_source AND f.store_key = p_store
+                       AND (cardinality(v_ids) > 16 OR f.term_ids && v_ids)) u
+             WHERE u.term_id IN (SELECT unnest(v_ids))
+             GROUP BY 1) y;
+  END IF;
+  v_files := ARRAY(SELECT DISTINCT unnest(v_files));
   EXECUTE format('SELECT array_agg(x.t) FROM %s(''texts'', $1, $2, NULL) AS x(t text)',
                  storetopics._reader(p_source))
     INTO v_texts USING v_files, p_store;
@@ -106640,4 +106710,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1627957967') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1781236506') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

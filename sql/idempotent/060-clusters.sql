@@ -445,30 +445,57 @@ END $$;
 
 -- Each cluster's distinctive words, c-TF-IDF (BERTopic's class-based TF-IDF) over the keyword state: a cluster's
 -- term counts are those of its files, each weighted by the share of the file's chunks in the cluster (at most 400
--- files per cluster, the most committed first, ties by a hash of the key); tf(t, cluster) x log(1 + A / f(t)), A = average words per cluster, f(t) = count of t in all
--- clusters.  A term must occur in two of the cluster's files (one file's names are not the cluster's theme).
+-- files per cluster, the most committed first, ties by a hash of the key); tf(t, cluster) x log(1 + A / f(t)),
+-- A = average words per cluster, f(t) = count of t in all clusters.  A term must occur in two of the cluster's files
+-- (one file's names are not the cluster's theme).
 -- p_clusters: the clusters to update (NULL: all of the store).  No JIT, as for storetopics._mine_phrases: estimates
 -- over unnested arrays are far too high, and buy a compilation that takes longer than the statement.
+-- The files are picked from the narrow columns (keys, cluster arrays), and only the picked files' term arrays are
+-- read.  The words are a function of those files (their keys, weights and counted words), of the store's clusters
+-- and of the words learnt for their lexemes: when a digest of the first (store_state.cluster_words_from) is the one
+-- they were last computed from, and every lexeme they were computed from had its word learnt then (learnt words are
+-- never forgotten), they are what computing them again would give, and stay.
+-- (About 90 lines: the pick, its digest, the scoring and the update share one temp table of the picked files.)
 CREATE OR REPLACE FUNCTION storetopics._cluster_keywords(p_source int, p_store text, p_clusters int[] DEFAULT NULL,
                                               n_words int DEFAULT 15) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
+  v_from text;
 BEGIN
+  -- the picked files, each cluster's most committed first, with their term arrays (one statement: one snapshot;
+  -- the arrays are fetched by ctid for the picked files only, OFFSET 0 keeps that a per-row lookup)
+  CREATE TEMP TABLE storetopics_pick ON COMMIT DROP AS
+  SELECT p.cluster_id, p.file_key, p.w, a.term_ids, a.counts
+    FROM (SELECT x.cluster_id, x.file_key, x.w, x.tid
+            FROM (SELECT u.cluster_id, f.file_key, f.ctid AS tid, u.n::float8 / greatest(f.chunks, 1) AS w,
+                         row_number() OVER (PARTITION BY u.cluster_id
+                                            ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC, hashtext(f.file_key),
+                                                     f.file_key) AS r
+                    FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
+                   WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0) x
+           WHERE x.r <= 400) p,
+         LATERAL (SELECT f.term_ids, f.counts FROM storetopics.file_terms f WHERE f.ctid = p.tid OFFSET 0) a;
+  -- what the words are computed from: the build (the computation), n_words, the store's clusters, the picked files
+  v_from := md5(storetopics._build() || '|' || n_words || '|' ||
+                (SELECT coalesce(string_agg(k.cluster_id::text, ',' ORDER BY k.cluster_id), '')
+                   FROM storetopics.clusters k WHERE k.source_id = p_source AND k.store_key = p_store) || '|' ||
+                (SELECT coalesce(string_agg(p.cluster_id || ':' || p.file_key || ':' || p.w || ':' ||
+                                            md5(p.term_ids::text || p.counts::text), ','
+                                            ORDER BY p.cluster_id, p.file_key), '')
+                   FROM pg_temp.storetopics_pick p));
+  IF p_clusters IS NULL AND v_from IS NOT DISTINCT FROM
+     (SELECT st.cluster_words_from FROM storetopics.store_state st
+       WHERE st.source_id = p_source AND st.store_key = p_store) THEN
+    DROP TABLE pg_temp.storetopics_pick;
+    RETURN;
+  END IF;
   CREATE TEMP TABLE storetopics_ct ON COMMIT DROP AS
-  WITH fc AS (
-    SELECT f.file_key, f.term_ids, f.counts, u.cluster_id, u.n::float8 / greatest(f.chunks, 1) AS w
-      FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
-     WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0
-  ), pick AS (
-    SELECT * FROM (SELECT fc.*, row_number() OVER (PARTITION BY fc.cluster_id
-                                                   ORDER BY fc.w DESC, hashtext(fc.file_key), fc.file_key) AS r
-                     FROM fc) x
-     WHERE x.r <= 400
-  ), ct AS (
+  WITH ct AS (
     -- (the arrays unnested in the select list, which streams them; unnest(a, b) in FROM copies them first)
     SELECT u.cluster_id, u.term_id, sum(u.n * u.w) AS n, count(*) AS nfiles
-      FROM (SELECT p.cluster_id, p.w, unnest(p.term_ids) AS term_id, unnest(p.counts) AS n FROM pick p) u
+      FROM (SELECT p.cluster_id, p.w, unnest(p.term_ids) AS term_id, unnest(p.counts) AS n
+              FROM pg_temp.storetopics_pick p) u
      GROUP BY 1, 2
   ), shown AS MATERIALIZED (
     -- the store's terms worth showing, with their text: one hash for the join below (looked up per (cluster,
@@ -479,7 +506,8 @@ BEGIN
   ), tot AS (
     SELECT ct.term_id, sum(ct.n) AS total FROM ct GROUP BY 1
   ), sizes AS (
-    SELECT ct.cluster_id, sum(ct.n) AS size, (SELECT count(*) FROM pick p WHERE p.cluster_id = ct.cluster_id) AS files
+    SELECT ct.cluster_id, sum(ct.n) AS size,
+           (SELECT count(*) FROM pg_temp.storetopics_pick p WHERE p.cluster_id = ct.cluster_id) AS files
       FROM ct GROUP BY 1
   ), scored AS (
     -- (a store that is one theme has one cluster: its words are then simply its most frequent ones).  No factor
@@ -496,6 +524,7 @@ BEGIN
                                                  ORDER BY round(sc.score::numeric, 9) DESC, sc.lexeme) AS r
                    FROM scored sc) y
    WHERE y.r <= n_words * 2;   -- room for words two lexemes share
+  DROP TABLE pg_temp.storetopics_pick;
   PERFORM storetopics._learn_words(p_source, p_store, ARRAY(SELECT DISTINCT c.lexeme FROM pg_temp.storetopics_ct c));
   UPDATE storetopics.clusters k
      SET keywords = coalesce(w.words, '{}')
@@ -508,6 +537,15 @@ BEGIN
    WHERE k.source_id = p_source AND k.store_key = p_store
      AND k2.source_id = k.source_id AND k2.store_key = k.store_key AND k2.cluster_id = k.cluster_id
      AND (p_clusters IS NULL OR k.cluster_id = ANY (p_clusters));
+  -- remembered only for the whole store, and only when every lexeme's word is learnt (else computing them again
+  -- learns again, and may then show another word)
+  UPDATE storetopics.store_state
+     SET cluster_words_from = CASE WHEN p_clusters IS NULL AND NOT EXISTS (
+                                     SELECT 1 FROM pg_temp.storetopics_ct c
+                                      WHERE NOT EXISTS (SELECT 1 FROM storetopics.term_words w
+                                                         WHERE w.ts_config = v_cfg AND w.lexeme = c.lexeme))
+                                   THEN v_from END
+   WHERE source_id = p_source AND store_key = p_store;
   DROP TABLE pg_temp.storetopics_ct;
 END $$;
 

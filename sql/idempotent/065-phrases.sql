@@ -169,9 +169,10 @@ END $$;
 -- The clusters' offline labels, mined for all of a store's clusters together (a phrase's rarity is counted across
 -- them) from each cluster's 20 most committed files, and only when what they would be mined from changed: the
 -- clusters' words or those files' counted words (store_state.cluster_phrases_from, a digest).  So a phrase is a
--- function of the store's state, not of the path that led there.
+-- function of the store's state, not of the path that led there.  No JIT: the estimate of the per-file lookups is
+-- far too high (as over unnested arrays, storetopics._cluster_keywords), and buys a compilation longer than them.
 CREATE OR REPLACE FUNCTION storetopics._cluster_phrases(p_source int, p_store text) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
   v_words jsonb;   -- [{grp, lexeme, weight}]: the clusters' words, best first
@@ -191,13 +192,18 @@ BEGIN
          md5(v_from || '|' ||
              coalesce(string_agg(x.grp || ':' || x.file_key || ':' || x.digest, ',' ORDER BY x.grp, x.file_key), ''))
     INTO v_files, v_from
-    FROM (SELECT u.cluster_id AS grp, f.file_key, md5(f.term_ids::text || f.counts::text) AS digest,
-                 row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC,
-                                                                       hashtext(f.file_key), f.file_key) AS r
-            FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
-           WHERE f.source_id = p_source AND f.store_key = p_store
-             AND u.cluster_id IN (SELECT (w ->> 'grp')::int FROM jsonb_array_elements(v_words) w)) x
-   WHERE x.r <= 20;
+    FROM (SELECT k.grp, k.file_key, d.digest
+            FROM (SELECT u.cluster_id AS grp, f.file_key, f.ctid AS tid,
+                         row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC,
+                                                                               hashtext(f.file_key), f.file_key) AS r
+                    FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
+                   WHERE f.source_id = p_source AND f.store_key = p_store
+                     AND u.cluster_id IN (SELECT (w ->> 'grp')::int FROM jsonb_array_elements(v_words) w)) k,
+                 -- the counted words' digest of the kept files only (by ctid, in this statement's snapshot; OFFSET
+                 -- 0 keeps it a per-row lookup)
+                 LATERAL (SELECT md5(f.term_ids::text || f.counts::text) AS digest
+                            FROM storetopics.file_terms f WHERE f.ctid = k.tid OFFSET 0) d
+           WHERE k.r <= 20) x;
   IF v_from IS NOT DISTINCT FROM (SELECT st.cluster_phrases_from FROM storetopics.store_state st
                                    WHERE st.source_id = p_source AND st.store_key = p_store) THEN
     RETURN;
