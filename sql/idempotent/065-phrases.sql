@@ -80,7 +80,7 @@ RETURN storetopics._read_arm('sample_texts', format($q$
 -- statements read.)
 CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text, p_files jsonb, p_words jsonb)
 RETURNS TABLE (grp int, phrase text, one_file boolean, hits bigint, score numeric, rank bigint)
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off SET enable_mergejoin = off AS $$
 #variable_conflict use_column
 DECLARE
   v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
@@ -101,28 +101,28 @@ BEGIN
   EXECUTE format('CREATE TEMP TABLE storetopics_mine_texts ON COMMIT DROP AS SELECT * FROM %s(''sample_texts'', $1, '
                  '$2, NULL) AS r(file_key text, t text)', storetopics._reader(p_source))
     USING ARRAY(SELECT DISTINCT g.file_key FROM pg_temp.storetopics_mine_files g), p_store;
+  -- every run of 1-3 words of a clause, one row per occurrence; a word's shape is tested once, on the clause's word
+  -- array (no window over the words: their sort costs more than the rest)
   CREATE TEMP TABLE storetopics_mine_grams ON COMMIT DROP AS
-  WITH clauses AS (
-    SELECT x.file_key, c.clause, row_number() OVER () AS n
-      FROM pg_temp.storetopics_mine_texts x,
-           regexp_split_to_table(x.t, '[.,;:!?()\[\]{}"<>|/\\=*#`~_\t\r\n]+|\s-+\s') AS c(clause)
-  ), words AS (
-    SELECT cl.file_key, cl.n, w.word, w.i
-      FROM clauses cl, regexp_split_to_table(btrim(cl.clause), '\s+') WITH ORDINALITY AS w(word, i)
-  ), grams AS (
-    SELECT w.file_key, w.word AS w1, lead(w.word) OVER o AS w2, lead(w.word, 2) OVER o AS w3
-      FROM words w WINDOW o AS (PARTITION BY w.n ORDER BY w.i)
-  )
-  SELECT g.file_key, v.len, v.words
-    FROM grams g, LATERAL (VALUES (1, ARRAY[g.w1]), (2, ARRAY[g.w1, g.w2]), (3, ARRAY[g.w1, g.w2, g.w3])) AS v(len, words)
-   WHERE array_position(v.words, NULL) IS NULL
-     AND v.words <@ ARRAY(SELECT w FROM unnest(v.words) w
-                           WHERE w ~ '^[[:alpha:]][[:alpha:]''-]*[[:alpha:]]$' AND length(w) <= 30)
-     AND cardinality(ARRAY(SELECT DISTINCT lower(w) FROM unnest(v.words) w)) = v.len;   -- no word twice
-  -- each distinct word's lexeme (none: a stopword)
+  SELECT c.file_key, v.len, c.a[i:i + v.len - 1] AS words
+    FROM (SELECT x.file_key, a.a,
+                 ARRAY(SELECT u.w ~ '^[[:alpha:]][[:alpha:]''-]*[[:alpha:]]$' AND length(u.w) <= 30
+                         FROM unnest(a.a) WITH ORDINALITY AS u(w, o) ORDER BY u.o) AS ok,
+                 ARRAY(SELECT lower(u.w) FROM unnest(a.a) WITH ORDINALITY AS u(w, o) ORDER BY u.o) AS lw
+            FROM pg_temp.storetopics_mine_texts x,
+                 regexp_split_to_table(x.t, '[.,;:!?()\[\]{}"<>|/\\=*#`~_\t\r\n]+|\s-+\s') AS cl(clause),
+                 regexp_split_to_array(btrim(cl.clause), '\s+') AS a(a)
+          OFFSET 0) c,   -- (the arrays made once per clause, not once per run)
+         generate_series(1, cardinality(c.a)) AS i, (VALUES (1), (2), (3)) AS v(len)
+   WHERE i + v.len - 1 <= cardinality(c.a)
+     AND c.ok[i] AND (v.len < 2 OR c.ok[i + 1]) AND (v.len < 3 OR c.ok[i + 2])
+     -- no word twice
+     AND (v.len < 2 OR c.lw[i] <> c.lw[i + 1])
+     AND (v.len < 3 OR (c.lw[i] <> c.lw[i + 2] AND c.lw[i + 1] <> c.lw[i + 2]));
+  -- each distinct word's lexeme (none: a stopword); every word of a run is a run of one itself
   CREATE TEMP TABLE storetopics_mine_lex ON COMMIT DROP AS
   SELECT w.word, (tsvector_to_array(to_tsvector(v_cfg, w.word)))[1] AS lexeme
-    FROM (SELECT DISTINCT lower(u.w) AS word FROM pg_temp.storetopics_mine_grams g, unnest(g.words) u(w)) w;
+    FROM (SELECT DISTINCT lower(g.words[1]) AS word FROM pg_temp.storetopics_mine_grams g WHERE g.len = 1) w;
   -- the words that are noise in this store (storetopics._noise: page chrome, dates, fragments): no phrase holds one
   v_noise := ARRAY(
     SELECT l.word FROM pg_temp.storetopics_mine_lex l
@@ -138,30 +138,31 @@ BEGIN
       JOIN pg_temp.storetopics_mine_files f ON f.file_key = g.file_key
       JOIN pg_temp.storetopics_mine_lex l1 ON l1.word = lower(g.words[1]) AND l1.lexeme IS NOT NULL
       JOIN pg_temp.storetopics_mine_lex l2 ON l2.word = lower(g.words[cardinality(g.words)]) AND l2.lexeme IS NOT NULL
-     WHERE NOT string_to_array(lower(array_to_string(g.words, ' ')), ' ') && v_noise
   ), scored AS (
     -- shown in its most common spelling (mode(): ties go to the first in order)
     SELECT p.grp, p.key, count(DISTINCT p.file_key) AS files, mode() WITHIN GROUP (ORDER BY p.surface) AS phrase,
            min(p.words) AS words
       FROM per p GROUP BY 1, 2
   ), weighted AS (
-    SELECT s.grp, s.key, sum(mw.weight) AS weight, count(*) FILTER (WHERE mw.weight >= 0.5) AS hits
-      FROM scored s CROSS JOIN LATERAL unnest(s.words) AS u(w)
-      JOIN pg_temp.storetopics_mine_lex l ON l.word = lower(u.w)
-      JOIN pg_temp.storetopics_mine_words mw ON mw.grp = s.grp AND mw.lexeme = l.lexeme
+    SELECT u.grp, u.key, sum(mw.weight) AS weight, count(*) FILTER (WHERE mw.weight >= 0.5) AS hits
+      FROM (SELECT s.grp, s.key, lower(unnest(s.words)) AS w FROM scored s) u
+      JOIN pg_temp.storetopics_mine_lex l ON l.word = u.w
+      JOIN pg_temp.storetopics_mine_words mw ON mw.grp = u.grp AND mw.lexeme = l.lexeme
      GROUP BY 1, 2
   ), spread AS (
     SELECT s.key, count(*) AS groups FROM scored s GROUP BY 1
   ), sizes AS (
     SELECT f.grp, count(*) AS files FROM pg_temp.storetopics_mine_files f GROUP BY 1
   )
-  SELECT s.grp, s.phrase, s.files < least(2, z.files) AS one_file, w.hits,
-         round((s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups))::numeric, 9) AS score,
-         row_number() OVER (PARTITION BY s.grp ORDER BY cardinality(s.words) = 1, s.files < least(2, z.files),
-                                                        s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups)
-                                                        DESC, s.phrase) AS rank
-    FROM scored s JOIN weighted w USING (grp, key) JOIN spread sp USING (key) JOIN sizes z USING (grp)
-   WHERE w.weight > 0 AND storetopics._clause_fragment(s.words) IS NULL;
+  -- the tests of a phrase's words (noise, a piece of a sentence) on the weighted phrases only (OFFSET 0 keeps them
+  -- above the joins): a key they drop is dropped whole, so the spread of the others is the same
+  SELECT y.grp, y.phrase, y.one_file, y.hits, round(y.score::numeric, 9),
+         row_number() OVER (PARTITION BY y.grp ORDER BY cardinality(y.words) = 1, y.one_file, y.score DESC, y.phrase)
+    FROM (SELECT s.grp, s.key, s.phrase, s.words, s.files < least(2, z.files) AS one_file, w.hits,
+                 s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups) AS score
+            FROM scored s JOIN weighted w USING (grp, key) JOIN spread sp USING (key) JOIN sizes z USING (grp)
+           WHERE w.weight > 0 OFFSET 0) y
+   WHERE NOT string_to_array(y.key, ' ') && v_noise AND storetopics._clause_fragment(y.words) IS NULL;
   DROP TABLE pg_temp.storetopics_mine_files, pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_texts,
              pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex;
 END $$;
