@@ -104482,7 +104482,8 @@ RETURN storetopics._read_arm('sample_texts', format($q$
 -- runs that occur in a single file, then single weighted words ("debootstrap", "Docker"), which a keyword-only
 -- store's topics take rather than none.
 -- No JIT: planned over temp tables and unnested arrays, these statements are estimated at orders of magnitude more
--- rows than they have, which buys them an LLVM compilation that takes longer than they run (bench/README.md).
+-- rows than they have, which buys them an LLVM compilation that takes longer than they run (bench/README.md).  No
+-- merge joins either: on those estimates the planner sorts every run by collation to merge it with the words.
 -- (About 90 lines: its input, n-grams and their words are temp tables made and dropped here, which several of its
 -- statements read.)
 CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text, p_files jsonb, p_words jsonb)
@@ -106948,4 +106949,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '4274876091') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '666490266') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
