@@ -100574,6 +100574,51 @@ END $$;
 DROP FUNCTION IF EXISTS storetopics.claim(text, float8, int);
 DROP FUNCTION IF EXISTS storetopics.sources_to_fold();
 
+-- incremental/0.2/010-novelty.sql
+-- storetopics 0.2: what render keeps of a store's file novelty between renders (storetopics._outlier_files), so that
+-- a render after a small change reads the files that changed, not every (file, term) pair of the store.  Derived
+-- state: dropped and computed again whenever it cannot vouch for the exact result (not dumped by pg_dump).
+CREATE TABLE storetopics.novelty_state (
+  source_id      int NOT NULL,
+  store_key      text NOT NULL,
+  fit_generation int NOT NULL,      -- the fit the files' "apart" flags are of
+  files          bigint NOT NULL,   -- the store's files when it was computed
+  rare           int NOT NULL,      -- terms in at most this many files then have their postings kept
+  PRIMARY KEY (source_id, store_key)
+);
+-- One row per file of a store that has a novelty_state: its sums as they were then (n NULL: the file was folded
+-- since, its row is a placeholder that fold writes, and each render computes the file again).
+CREATE TABLE storetopics.file_novelty (
+  source_id int NOT NULL,
+  store_key text NOT NULL,
+  file_key  text NOT NULL,
+  n         int,                    -- the file's number in the postings
+  total     bigint,                 -- sum over its counted terms of count x ln(files holding it), in units of 1e-9
+  words     bigint,                 -- its counted terms
+  apart     boolean                 -- every chunk of it lies beyond its nearest cluster's radius
+);
+CREATE INDEX file_novelty_store ON storetopics.file_novelty (source_id, store_key, n);
+CREATE INDEX file_novelty_file ON storetopics.file_novelty (source_id, (md5(file_key)::uuid));
+-- The files (by number) and counts of each rare term, as they were: a term whose document frequency moved since
+-- moves the novelty of exactly these files.
+CREATE TABLE storetopics.novelty_postings (
+  source_id int NOT NULL,
+  store_key text NOT NULL,
+  term_id   int NOT NULL,
+  files     int NOT NULL,           -- the files holding it then
+  file_ns   int[] NOT NULL,
+  counts    int[] NOT NULL,
+  PRIMARY KEY (source_id, store_key, term_id)
+);
+-- keywords() is given the outlier files (storetopics._outlier_files) instead of computing them: the idempotent part
+-- makes it anew.
+DO $$
+BEGIN
+  IF to_regprocedure('storetopics._keywords(int, text, int, int)') IS NOT NULL THEN
+    DROP FUNCTION storetopics._keywords(int, text, int, int);
+  END IF;
+END $$;
+
 -- incremental/0.2/012-cluster-words-digest.sql
 -- storetopics 0.2: what the clusters' words were last computed from (storetopics._cluster_keywords): a digest of
 -- the files each cluster's words are counted over and of their counted words.  While it holds, a change of the
@@ -102167,6 +102212,7 @@ BEGIN
   DELETE FROM storetopics.pending WHERE source_id = p_source;
   DELETE FROM storetopics.file_terms WHERE source_id = p_source;
   DELETE FROM storetopics.store_terms WHERE source_id = p_source;
+  PERFORM storetopics._forget_novelty(p_source);
   DELETE FROM storetopics.store_state WHERE source_id = p_source;
   DELETE FROM storetopics.clusters WHERE source_id = p_source;
   DELETE FROM storetopics.label_ledger WHERE source_id = p_source;
@@ -102843,6 +102889,7 @@ BEGIN
   PERFORM storetopics._catalog_move(src.id, storetopics._catalog(src.id), NULL);
   DELETE FROM storetopics.file_terms WHERE source_id = src.id;
   DELETE FROM storetopics.store_terms WHERE source_id = src.id;
+  PERFORM storetopics._forget_novelty(src.id);
   UPDATE storetopics.store_state SET files = 0, chunks = 0, words = 0, skipped = 0, other_dim = 0, folded_at = now(),
          version = version + 1
    WHERE source_id = src.id;
@@ -103159,6 +103206,12 @@ BEGIN
          nf.cluster_ids, nf.cluster_chunks, nf.cluster_outliers, nf.other_dim
     FROM pg_temp.storetopics_new_files nf;
   GET DIAGNOSTICS v_n = ROW_COUNT;
+  -- what render keeps of its stores' novelty (storetopics._outlier_files): these files are computed again there
+  DELETE FROM storetopics.file_novelty f
+   WHERE f.source_id = src.id AND md5(f.file_key)::uuid = ANY (v_digests) AND f.file_key = ANY (p_files);
+  INSERT INTO storetopics.file_novelty (source_id, store_key, file_key)
+  SELECT src.id, nf.store_key, nf.file_key FROM pg_temp.storetopics_new_files nf
+   WHERE nf.store_key IN (SELECT k.store_key FROM storetopics.novelty_state k WHERE k.source_id = src.id);
   DROP TABLE pg_temp.storetopics_new_files, pg_temp.storetopics_old_files, pg_temp.storetopics_store_delta;
   RETURN v_n;
 END $$;
@@ -104526,6 +104579,248 @@ BEGIN ATOMIC
   ON CONFLICT (chunk) DO NOTHING;
 END;
 
+-- idempotent/069-novelty.sql
+-- ------------------------------------------------------------------------------------------------------------
+-- File novelty: the outlier files of a store, exact, in time proportional to what changed
+-- ------------------------------------------------------------------------------------------------------------
+-- A file's novelty is the mean IDF of its counted words: ln(N) - sum(n ln df) / sum(n), N the store's files, df
+-- the files holding a term.  keywords() shows the terms of up to 3 files whose novelty has a robust z-score (median,
+-- MAD over all the store's files) of at least 3.5, or 2.5 when the clustering also finds the file apart.
+--
+-- Computed from scratch, that reads every (file, term) pair of the store at every render.  Here it is kept: each
+-- file's sum(n ln df) as it was (storetopics.file_novelty), the files of the rare terms (novelty_postings).  After
+-- some file events, a kept file's sum moves (a) exactly, by the rare terms whose df moved (their postings say which
+-- files hold them), and (b) by at most D per counted word for the other terms (df above `rare` then, each df moved
+-- by at most k: D = -ln(1 - k / (rare + 1))).  So each file's novelty is known within bounds; the median, the MAD
+-- and each file's test are decided from the bounds where they suffice, and from the files computed again exactly
+-- where they do not (order statistics: only the files whose bounds straddle them).  The result is what a
+-- computation from scratch gives, bit for bit: sums are integers (each ln rounded to 1e-9 first), so they do not
+-- depend on which files are summed together or in what order, and every step the bounds decide is one whose
+-- outcome they prove (tests/test_novelty.py).  The kept state is computed again when k grows (D > 0.003), when a
+-- re-fit changed what is apart, or when anything about it does not add up.
+
+-- ln(df) in units of 1e-9, rounded: integer sums are exact in any order.
+CREATE OR REPLACE FUNCTION storetopics._ln9(df bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN round(ln(greatest(df, 1)::float8) * 1e9)::bigint;
+
+-- A file's novelty from its sums (ln_n: ln of the store's files), rounded: equal sums tie exactly.  Monotone in
+-- total, so bounds on the sum are bounds on the novelty.
+CREATE OR REPLACE FUNCTION storetopics._novelty(ln_n float8, total bigint, words bigint) RETURNS float8
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN round((ln_n - total::float8 / 1e9 / words)::numeric, 9)::float8;
+
+-- The sums of some counted files of a store (NULL: all of them) at the current document frequencies, and whether
+-- the clustering finds each apart.  (The pairs are unnested in the select list, which streams them.)
+CREATE OR REPLACE FUNCTION storetopics._novelty_sums(p_source int, p_store text, p_files text[])
+RETURNS TABLE (file_key text, total bigint, words bigint, apart boolean)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off AS $$
+BEGIN
+  RETURN QUERY
+  SELECT u.file_key, sum(u.n::bigint * storetopics._ln9(t.files))::bigint, sum(u.n)::bigint, bool_or(u.apart)
+    FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id, unnest(f.counts) AS n,
+                 cardinality(f.cluster_chunks) > 0 AND (SELECT sum(o) FROM unnest(f.cluster_outliers) o)
+                   = (SELECT sum(c) FROM unnest(f.cluster_chunks) c) AS apart
+            FROM storetopics.file_terms f
+           WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0
+             AND (p_files IS NULL OR (md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x))
+                                      AND f.file_key = ANY (p_files)))) u
+    JOIN storetopics.store_terms t ON t.source_id = p_source AND t.store_key = p_store AND t.term_id = u.term_id
+   GROUP BY u.file_key;
+END $$;
+
+-- Forget what render kept of a source's (or one store's) novelty.
+CREATE OR REPLACE FUNCTION storetopics._forget_novelty(p_source int, p_store text DEFAULT NULL) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  DELETE FROM storetopics.novelty_state WHERE source_id = p_source AND (p_store IS NULL OR store_key = p_store);
+  DELETE FROM storetopics.file_novelty WHERE source_id = p_source AND (p_store IS NULL OR store_key = p_store);
+  DELETE FROM storetopics.novelty_postings WHERE source_id = p_source AND (p_store IS NULL OR store_key = p_store);
+END;
+
+-- Keep a store's novelty: every file's sums now (p_sums: a temp table of storetopics._novelty_sums for all of them),
+-- numbered, and the postings of the terms in at most `rare` files.
+CREATE OR REPLACE FUNCTION storetopics._keep_novelty(p_source int, p_store text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off AS $$
+DECLARE
+  st storetopics.store_state;
+  v_rare int;
+BEGIN
+  SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
+  v_rare := greatest(100, st.files / 10)::int;
+  PERFORM storetopics._forget_novelty(p_source, p_store);
+  INSERT INTO storetopics.file_novelty (source_id, store_key, file_key, n, total, words, apart)
+  SELECT p_source, p_store, f.file_key, row_number() OVER (ORDER BY f.file_key), coalesce(s.total, 0),
+         coalesce(s.words, 0), coalesce(s.apart, false)
+    FROM storetopics.file_terms f LEFT JOIN pg_temp.storetopics_novelty_sums s ON s.file_key = f.file_key
+   WHERE f.source_id = p_source AND f.store_key = p_store;
+  INSERT INTO storetopics.novelty_postings (source_id, store_key, term_id, files, file_ns, counts)
+  SELECT p_source, p_store, u.term_id, min(t.files), array_agg(fn.n ORDER BY fn.n), array_agg(u.n ORDER BY fn.n)
+    FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id, unnest(f.counts) AS n FROM storetopics.file_terms f
+           WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0) u
+    JOIN storetopics.store_terms t ON t.source_id = p_source AND t.store_key = p_store AND t.term_id = u.term_id
+    JOIN storetopics.file_novelty fn ON fn.source_id = p_source AND fn.store_key = p_store AND fn.file_key = u.file_key
+   WHERE t.files <= v_rare
+   GROUP BY u.term_id;
+  INSERT INTO storetopics.novelty_state (source_id, store_key, fit_generation, files, rare)
+  VALUES (p_source, p_store, st.fit_generation, st.files, v_rare);
+END $$;
+
+-- Make the rows of pg_temp.storetopics_nov that match a condition exact (computed again from their pairs).
+CREATE OR REPLACE FUNCTION storetopics._novelty_exact(p_source int, p_store text, p_ln float8, p_where text)
+RETURNS int
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_keys text[];
+BEGIN
+  EXECUTE format('SELECT array_agg(v.file_key) FROM pg_temp.storetopics_nov v WHERE NOT v.exact AND (%s)', p_where)
+    INTO v_keys;
+  IF v_keys IS NULL THEN
+    RETURN 0;
+  END IF;
+  UPDATE pg_temp.storetopics_nov v
+     SET lo = storetopics._novelty(p_ln, s.total, s.words), hi = storetopics._novelty(p_ln, s.total, s.words),
+         exact = true, apart = s.apart
+    FROM storetopics._novelty_sums(p_source, p_store, v_keys) s
+   WHERE v.file_key = s.file_key;
+  RETURN cardinality(v_keys);
+END $$;
+
+-- The r1-th and r2-th smallest (1-based) exact values of an expression of the rows of pg_temp.storetopics_nov,
+-- given each row's bounds on it (lo_expr <= value <= hi_expr): the rows whose bounds straddle them are made exact.
+CREATE OR REPLACE FUNCTION storetopics._novelty_ranks(p_source int, p_store text, p_ln float8, lo_expr text,
+                                                      hi_expr text, r1 bigint, r2 bigint, OUT x1 float8,
+                                                      OUT x2 float8)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_l float8;
+  v_h float8;
+  v_below bigint;
+BEGIN
+  EXECUTE format('SELECT (SELECT %1$s FROM pg_temp.storetopics_nov v ORDER BY 1 OFFSET $1 - 1 LIMIT 1), '
+                 '(SELECT %2$s FROM pg_temp.storetopics_nov v ORDER BY 1 OFFSET $2 - 1 LIMIT 1)', lo_expr, hi_expr)
+    INTO v_l, v_h USING r1, r2;
+  PERFORM storetopics._novelty_exact(p_source, p_store, p_ln,
+                                     format('%s >= %L::float8 AND %s <= %L::float8', hi_expr, v_l, lo_expr, v_h));
+  EXECUTE format('SELECT count(*) FROM pg_temp.storetopics_nov v WHERE %s < %L::float8', hi_expr, v_l) INTO v_below;
+  EXECUTE format('SELECT (SELECT %1$s FROM pg_temp.storetopics_nov v WHERE %2$s >= %3$L::float8 AND %1$s <= %4$L::float8 '
+                 '        ORDER BY 1 OFFSET $1 - 1 LIMIT 1), '
+                 '       (SELECT %1$s FROM pg_temp.storetopics_nov v WHERE %2$s >= %3$L::float8 AND %1$s <= %4$L::float8 '
+                 '        ORDER BY 1 OFFSET $2 - 1 LIMIT 1)', lo_expr, hi_expr, v_l, v_h)
+    INTO x1, x2 USING r1 - v_below, r2 - v_below;
+END $$;
+
+-- The outlier files of a store whose terms keywords() shows, best first: rank, file, novelty.  Keeps the store's
+-- novelty (storetopics._keep_novelty) when what was kept cannot serve.  Exact: the same state gives the same files
+-- whether they were found from the kept state or from scratch.
+CREATE OR REPLACE FUNCTION storetopics._outlier_files(p_source int, p_store text)
+RETURNS TABLE (rank int, file_key text, novelty float8)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off SET jit = off AS $$
+DECLARE
+  st storetopics.store_state;
+  k storetopics.novelty_state;
+  v_ln float8;
+  v_rows bigint;
+  v_changed bigint;
+  v_events bigint;
+  v_d float8 := 0;     -- the bound on how far a kept file's sum moved per counted word, in ln units
+  v_m bigint;          -- counted files
+  v_pos float8;
+  v_x1 float8;
+  v_x2 float8;
+  v_med float8;
+  v_mad float8;
+  v_dev_lo text;
+  v_dev_hi text;
+  v_z text := '(%s - %L::float8) / (1.4826 * %L::float8 + 1e-9) >= CASE WHEN v.apart THEN 2.5 ELSE 3.5 END';
+BEGIN
+  SELECT * INTO st FROM storetopics.store_state s WHERE s.source_id = p_source AND s.store_key = p_store;
+  IF NOT FOUND THEN
+    RETURN;
+  END IF;
+  v_ln := ln(greatest(st.files, 1)::float8);
+  SELECT * INTO k FROM storetopics.novelty_state s WHERE s.source_id = p_source AND s.store_key = p_store;
+  IF FOUND THEN
+    SELECT count(*), count(*) FILTER (WHERE f.n IS NULL) INTO v_rows, v_changed
+      FROM storetopics.file_novelty f WHERE f.source_id = p_source AND f.store_key = p_store;
+    v_events := v_changed + (k.files - (v_rows - v_changed));   -- files folded since, a changed one twice
+    IF v_events < k.rare THEN
+      v_d := -ln(1 - v_events::float8 / (k.rare + 1));
+    END IF;
+  END IF;
+  IF to_regclass('pg_temp.storetopics_nov') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_nov; END IF;
+  CREATE TEMP TABLE storetopics_nov (file_key text, lo float8, hi float8, exact boolean, apart boolean);
+  IF k.source_id IS NULL OR k.fit_generation <> st.fit_generation OR v_rows <> st.files OR v_events >= k.rare
+     OR v_d > 0.003 OR v_changed > greatest(100, st.files / 100) THEN
+    -- from scratch, and kept for the next renders
+    IF to_regclass('pg_temp.storetopics_novelty_sums') IS NOT NULL THEN
+      DROP TABLE pg_temp.storetopics_novelty_sums;
+    END IF;
+    CREATE TEMP TABLE storetopics_novelty_sums AS SELECT * FROM storetopics._novelty_sums(p_source, p_store, NULL);
+    PERFORM storetopics._keep_novelty(p_source, p_store);
+    INSERT INTO pg_temp.storetopics_nov
+    SELECT s.file_key, storetopics._novelty(v_ln, s.total, s.words), storetopics._novelty(v_ln, s.total, s.words),
+           true, s.apart
+      FROM pg_temp.storetopics_novelty_sums s;
+    DROP TABLE pg_temp.storetopics_novelty_sums;
+  ELSE
+    -- kept files: their sums moved exactly by their rare terms, and by at most v_d per word for the others
+    INSERT INTO pg_temp.storetopics_nov
+    SELECT f.file_key, storetopics._novelty(v_ln, f.total + coalesce(d.delta, 0) + b.slack, f.words),
+           storetopics._novelty(v_ln, f.total + coalesce(d.delta, 0) - b.slack, f.words), v_d = 0, f.apart
+      FROM storetopics.file_novelty f
+      LEFT JOIN (SELECT u.fn, sum(u.c::bigint * (storetopics._ln9(m.now) - storetopics._ln9(m.files)))::bigint AS delta
+                   FROM (SELECT p.file_ns, p.counts, p.files, coalesce(t.files, 0) AS now
+                           FROM storetopics.novelty_postings p
+                           LEFT JOIN storetopics.store_terms t
+                                  ON t.source_id = p.source_id AND t.store_key = p.store_key AND t.term_id = p.term_id
+                          WHERE p.source_id = p_source AND p.store_key = p_store
+                            AND p.files IS DISTINCT FROM t.files) m,
+                        unnest(m.file_ns, m.counts) AS u(fn, c)
+                  GROUP BY u.fn) d ON d.fn = f.n,
+           LATERAL (SELECT CASE WHEN v_d = 0 THEN 0 ELSE ceil(f.words * (v_d * 1e9 + 1))::bigint + 1 END AS slack) b
+     WHERE f.source_id = p_source AND f.store_key = p_store AND f.n IS NOT NULL AND f.words > 0;
+    -- files folded since: exact
+    INSERT INTO pg_temp.storetopics_nov
+    SELECT s.file_key, storetopics._novelty(v_ln, s.total, s.words), storetopics._novelty(v_ln, s.total, s.words),
+           true, s.apart
+      FROM storetopics._novelty_sums(p_source, p_store,
+                                     ARRAY(SELECT f.file_key FROM storetopics.file_novelty f
+                                            WHERE f.source_id = p_source AND f.store_key = p_store AND f.n IS NULL)) s;
+  END IF;
+  -- the median and the MAD as percentile_cont computes them: its two middle values, interpolated by itself
+  v_m := (SELECT count(*) FROM pg_temp.storetopics_nov);
+  IF v_m = 0 THEN
+    DROP TABLE pg_temp.storetopics_nov;
+    RETURN;
+  END IF;
+  v_pos := 0.5 * (v_m - 1);
+  SELECT * INTO v_x1, v_x2 FROM storetopics._novelty_ranks(p_source, p_store, v_ln, 'v.lo', 'v.hi',
+                                                            floor(v_pos)::bigint + 1, ceil(v_pos)::bigint + 1);
+  v_med := (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY x) FROM unnest(ARRAY[v_x1, v_x2]) x);
+  v_dev_lo := format('CASE WHEN v.lo > %1$L::float8 THEN v.lo - %1$L::float8 WHEN v.hi < %1$L::float8 '
+                     'THEN %1$L::float8 - v.hi ELSE 0 END', v_med);
+  v_dev_hi := format('greatest(abs(v.lo - %1$L::float8), abs(v.hi - %1$L::float8))', v_med);
+  SELECT * INTO v_x1, v_x2 FROM storetopics._novelty_ranks(p_source, p_store, v_ln, v_dev_lo, v_dev_hi,
+                                                            floor(v_pos)::bigint + 1, ceil(v_pos)::bigint + 1);
+  v_mad := (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY x) FROM unnest(ARRAY[v_x1, v_x2]) x);
+  -- the files that may pass the test and rank among the first 3: made exact, then tested
+  EXECUTE format(
+    'WITH sure AS (SELECT v.apart, v.lo FROM pg_temp.storetopics_nov v WHERE %1$s '
+    '              ORDER BY v.apart DESC, v.lo DESC LIMIT 1 OFFSET 2) '
+    'DELETE FROM pg_temp.storetopics_nov v WHERE NOT (%2$s) '
+    '   OR EXISTS (SELECT 1 FROM sure s WHERE (s.apart AND NOT v.apart) OR (s.apart = v.apart AND v.hi < s.lo))',
+    format(v_z, 'v.lo', v_med, v_mad), format(v_z, 'v.hi', v_med, v_mad));
+  PERFORM storetopics._novelty_exact(p_source, p_store, v_ln, 'true');
+  RETURN QUERY
+    SELECT (row_number() OVER (ORDER BY o.apart DESC, o.lo DESC, o.file_key))::int, o.file_key, o.lo
+      FROM (SELECT v.* FROM pg_temp.storetopics_nov v
+             WHERE (v.lo - v_med) / (1.4826 * v_mad + 1e-9) >= CASE WHEN v.apart THEN 2.5 ELSE 3.5 END
+             ORDER BY v.apart DESC, v.lo DESC, v.file_key LIMIT 3) o
+     ORDER BY 1;
+  DROP TABLE pg_temp.storetopics_nov;
+END $$;
+
 -- idempotent/070-summary.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Keyword lists and the rendered summary
@@ -104596,11 +104891,13 @@ RETURN coalesce((SELECT mode() WITHIN GROUP (ORDER BY storetopics._script(x.lexe
 --     * recurring dense terms: (total_sq / total) x IDF, for terms in at least three files whose occurrences come
 --       in clusters (total_sq / total >= 2, i.e. one-off mentions are ignored; a name two files share is not a
 --       theme).
--- No merge joins: the planner cannot know how long the arrays are, so it would sort every (file, term) pair of the
--- store by term to merge them with the store's terms; hashing the terms streams the pairs instead (bench/README.md).
--- (About 90 lines: one query, whose lists share the store's terms and its files' novelty.)
-CREATE OR REPLACE FUNCTION storetopics._keywords(p_source int, p_store text, n_dominant int DEFAULT 10,
-                                     n_distinctive int DEFAULT 8)
+-- The outlier files are given (storetopics._outlier_files finds them, from what changed).  No merge joins: the
+-- planner cannot know how long the arrays are, so it would sort every (file, term) pair of the outlier files by term
+-- to merge them with the store's terms; hashing the terms streams the pairs instead (bench/README.md).
+-- (About 70 lines: one query, whose lists share the store's terms.)
+CREATE OR REPLACE FUNCTION storetopics._keywords(p_source int, p_store text, outlier_files text[],
+                                                 outlier_novelty float8[], n_dominant int DEFAULT 10,
+                                                 n_distinctive int DEFAULT 8)
 RETURNS TABLE (kind text, rank int, lexeme text, score float8, files int, total bigint, file_key text)
 LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off
 BEGIN ATOMIC
@@ -104620,31 +104917,9 @@ BEGIN ATOMIC
      WHERE storetopics._showable_term(t.term)
        AND storetopics._noise(t.term, t.files, t.total, t.total_sq, t.n::bigint, t.words, t.script) IS NULL
      ORDER BY t.total DESC, t.term LIMIT n_dominant
-  ), novelty AS (
-    -- rounded: a float sum depends on the order rows arrive in, and files with the same words must tie exactly
-    -- whatever the table's physical order (the same state renders the same text)
-    -- (every (file, term) pair of the store: the arrays are unnested in the select list, which streams them,
-    -- where unnest(a, b) in FROM first copies each pair into a tuplestore)
-    SELECT u.file_key, round((sum(u.n * t.idf) / sum(u.n))::numeric, 9)::float8 AS nov
-      FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id, unnest(f.counts) AS n FROM storetopics.file_terms f
-             WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0) u
-      JOIN terms t ON t.term_id = u.term_id
-     GROUP BY u.file_key
-  ), spread AS (
-    SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY nov) AS med FROM novelty
-  ), mad AS (
-    SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY abs(v.nov - s.med)) AS mad, s.med
-      FROM novelty v, spread s GROUP BY s.med
-  ), apart AS (
-    -- files the clustering gives no topic: every one of their chunks lies beyond its nearest cluster's radius
-    SELECT f.file_key FROM storetopics.file_terms f
-     WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0 AND cardinality(f.cluster_chunks) > 0
-       AND (SELECT sum(o) FROM unnest(f.cluster_outliers) o) = (SELECT sum(c) FROM unnest(f.cluster_chunks) c)
   ), outliers AS (
-    SELECT v.file_key, v.nov FROM novelty v CROSS JOIN mad m LEFT JOIN apart a ON a.file_key = v.file_key
-     WHERE (v.nov - m.med) / (1.4826 * m.mad + 1e-9) >= CASE WHEN a.file_key IS NULL THEN 3.5 ELSE 2.5 END
-     -- files both signals find apart first: a uniform store has some novel files of its own, rarely apart as well
-     ORDER BY a.file_key IS NULL, v.nov DESC, v.file_key LIMIT 3
+    -- (storetopics._outlier_files: the files, best first, and their novelty)
+    SELECT o.file_key, o.nov FROM unnest(outlier_files, outlier_novelty) AS o(file_key, nov)
   ), outlier_terms AS (
     -- the top 3 terms of each outlier file, even when they also rank as dominant (in a small store a needle's words
     -- do: they are still what the file is about); a term two outlier files share is kept once, with its best file
@@ -104961,6 +105236,7 @@ BEGIN
   IF st.files <= 0 THEN
     DELETE FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
     DELETE FROM storetopics.clusters WHERE source_id = p_source AND store_key = p_store;
+    PERFORM storetopics._forget_novelty(p_source, p_store);
     PERFORM storetopics._mirror(src, p_store, NULL);
     PERFORM pg_notify('storetopics_updated', p_source || ':' || p_store);
     RETURN true;
@@ -105132,12 +105408,16 @@ DECLARE
   v_files int[];
   v_total bigint[];
   v_file text[];
+  v_outliers text[];
+  v_novelty float8[];
 BEGIN
+  SELECT array_agg(o.file_key ORDER BY o.rank), array_agg(o.novelty ORDER BY o.rank) INTO v_outliers, v_novelty
+    FROM storetopics._outlier_files(src.id, p_store) o;
   SELECT array_agg(k.kind), array_agg(k.rank), array_agg(k.lexeme), array_agg(k.score), array_agg(k.files),
          array_agg(k.total), array_agg(k.file_key)
     INTO v_kind, v_rank, v_lexeme, v_score, v_files, v_total, v_file
     FROM (SELECT k.kind, k.rank, k.lexeme, k.score, k.files, k.total, k.file_key
-            FROM storetopics._keywords(src.id, p_store) k
+            FROM storetopics._keywords(src.id, p_store, v_outliers, v_novelty) k
           UNION ALL
           SELECT 'contrast', (row_number() OVER (ORDER BY c.score DESC, c.lexeme))::int, c.lexeme, c.score, c.files,
                  NULL, NULL
@@ -105197,7 +105477,7 @@ BEGIN
 END $$;
 
 -- What \df+ shows a DBA.
-COMMENT ON FUNCTION storetopics._keywords(int, text, int, int) IS
+COMMENT ON FUNCTION storetopics._keywords(int, text, text[], float8[], int, int) IS
   'A store''s dominant (by count) and distinctive (outlier files, dense terms) terms, exact, deterministic.';
 COMMENT ON FUNCTION storetopics._contrast_terms(int, text, int) IS
   'The terms that tell a store apart from the other stores of its catalog, best first (p ln(p/q) over file shares), exact.';
@@ -106710,4 +106990,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1781236506') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1539012301') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
