@@ -100816,11 +100816,11 @@ DROP FUNCTION IF EXISTS storetopics.sources_to_fold();
 -- a render after a small change reads the files that changed, not every (file, term) pair of the store.  Derived
 -- state: dropped and computed again whenever it cannot vouch for the exact result (not dumped by pg_dump).
 CREATE TABLE storetopics.novelty_state (
-  source_id      int NOT NULL,
-  store_key      text NOT NULL,
-  fit_generation int NOT NULL,      -- the fit the files' "apart" flags are of
-  files          bigint NOT NULL,   -- the store's files when it was computed
-  rare           int NOT NULL,      -- terms in at most this many files then have their postings kept
+  source_id int NOT NULL,
+  store_key text NOT NULL,
+  rare      int NOT NULL,           -- terms in at most this many files then have their postings kept
+  dfs       int[] NOT NULL,         -- the files holding each term then, by term id (0, or past the end: none)
+  spread    float8 NOT NULL,        -- the median over the files of sensitivity / words (below)
   PRIMARY KEY (source_id, store_key)
 );
 -- One row per file of a store that has a novelty_state: its sums as they were then (n NULL: the file was folded
@@ -100832,7 +100832,10 @@ CREATE TABLE storetopics.file_novelty (
   n         int,                    -- the file's number in the postings
   total     bigint,                 -- sum over its counted terms of count x ln(files holding it), in units of 1e-9
   words     bigint,                 -- its counted terms
-  apart     boolean                 -- every chunk of it lies beyond its nearest cluster's radius
+  apart     boolean,                -- every chunk of it lies beyond its nearest cluster's radius
+  -- sum over its terms in more than `rare` files of count / files: a term's ln(files) moves by at most (how many
+  -- files it gained or lost) / files, so this bounds how far the file's sum moves through those terms
+  sensitivity float8
 );
 CREATE INDEX file_novelty_store ON storetopics.file_novelty (source_id, store_key, n);
 CREATE INDEX file_novelty_file ON storetopics.file_novelty (source_id, (md5(file_key)::uuid));
@@ -100842,7 +100845,6 @@ CREATE TABLE storetopics.novelty_postings (
   source_id int NOT NULL,
   store_key text NOT NULL,
   term_id   int NOT NULL,
-  files     int NOT NULL,           -- the files holding it then
   file_ns   int[] NOT NULL,
   counts    int[] NOT NULL,
   PRIMARY KEY (source_id, store_key, term_id)
@@ -103979,6 +103981,8 @@ AS $$
 DECLARE
   v_updated bigint;
 BEGIN
+  -- what is apart may change for every file: render's kept novelty of the store goes (storetopics._outlier_files)
+  PERFORM storetopics._forget_novelty(src.id, p_store);
   -- (a temp table made and dropped here: two statements read it, planned on its statistics)
   CREATE TEMP TABLE storetopics_assign ON COMMIT DROP AS SELECT * FROM storetopics._assign(src, NULL, p_store);
   ANALYZE pg_temp.storetopics_assign;
@@ -104825,46 +104829,125 @@ END;
 -- MAD over all the store's files) of at least 3.5, or 2.5 when the clustering also finds the file apart.
 --
 -- Computed from scratch, that reads every (file, term) pair of the store at every render.  Here it is kept: each
--- file's sum(n ln df) as it was (storetopics.file_novelty), the files of the rare terms (novelty_postings).  After
--- some file events, a kept file's sum moves (a) exactly, by the rare terms whose df moved (their postings say which
--- files hold them), and (b) by at most D per counted word for the other terms (df above `rare` then, each df moved
--- by at most k: D = -ln(1 - k / (rare + 1))).  So each file's novelty is known within bounds; the median, the MAD
--- and each file's test are decided from the bounds where they suffice, and from the files computed again exactly
--- where they do not (order statistics: only the files whose bounds straddle them).  The result is what a
--- computation from scratch gives, bit for bit: sums are integers (each ln rounded to 1e-9 first), so they do not
--- depend on which files are summed together or in what order, and every step the bounds decide is one whose
--- outcome they prove (tests/test_novelty.py).  The kept state is computed again when k grows (D > 0.003), when a
--- re-fit changed what is apart, or when anything about it does not add up.
+-- file's sum(n ln df) as it was (storetopics.file_novelty), the document frequencies then (novelty_state.dfs), and
+-- the files of the rare terms (novelty_postings).  After some file events, a kept file's sum has moved (a) exactly
+-- by its rare terms whose df moved (their postings say which files hold them, with what counts), and (b) by at most
+-- `slack` per counted word through its other terms (the largest move of ln df among the terms above `rare`).  So
+-- each file's novelty is known within bounds; the median, the MAD and each file's test are decided from the bounds
+-- where they suffice, and from the files computed again exactly where they do not (order statistics: only the files
+-- whose bounds straddle them).  Files folded since are computed again.  The result is what a computation from
+-- scratch gives, bit for bit: sums are integers (each ln df rounded to 1e-9 first), so they do not depend on which
+-- files are summed together or in what order, and every step the bounds decide is one whose outcome they prove
+-- (tests/test_novelty.py).  The kept state is computed again when the bounds grow loose or many files changed, and
+-- forgotten when the clusters' assignment changes (what is apart) or anything about it does not add up.
 
--- ln(df) in units of 1e-9, rounded: integer sums are exact in any order.
+-- ln(df) in units of 1e-9, rounded: integer sums are exact in any order.  (SQL-standard bodies without SET or
+-- STRICT: the planner inlines them, they run per row.)
 CREATE OR REPLACE FUNCTION storetopics._ln9(df bigint) RETURNS bigint
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN round(ln(greatest(df, 1)::float8) * 1e9)::bigint;
 
 -- A file's novelty from its sums (ln_n: ln of the store's files), rounded: equal sums tie exactly.  Monotone in
 -- total, so bounds on the sum are bounds on the novelty.
 CREATE OR REPLACE FUNCTION storetopics._novelty(ln_n float8, total bigint, words bigint) RETURNS float8
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN round((ln_n - total::float8 / 1e9 / words)::numeric, 9)::float8;
 
--- The sums of some counted files of a store (NULL: all of them) at the current document frequencies, and whether
--- the clustering finds each apart.  (The pairs are unnested in the select list, which streams them.)
-CREATE OR REPLACE FUNCTION storetopics._novelty_sums(p_source int, p_store text, p_files text[])
-RETURNS TABLE (file_key text, total bigint, words bigint, apart boolean)
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off AS $$
+-- For a value x known to lie in [lo, hi]: a lower (upper: false) or upper bound of x itself (about NULL), or of
+-- its distance to `about`.  Exact (lo = hi) in, exact out: both bounds are then x, or |x - about|.
+CREATE OR REPLACE FUNCTION storetopics._novelty_bound(lo float8, hi float8, about float8, upper boolean)
+RETURNS float8
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN about IS NULL THEN CASE WHEN upper THEN hi ELSE lo END
+            WHEN upper THEN greatest(hi - about, about - lo)
+            WHEN lo > about THEN lo - about WHEN hi < about THEN about - hi ELSE 0 END;
+
+-- Whether a novelty passes the outlier test (robust z-score against the store's median and MAD).  Monotone in x.
+CREATE OR REPLACE FUNCTION storetopics._novel(x float8, apart boolean, med float8, mad float8) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN (x - med) / (1.4826 * mad + 1e-9) >= CASE WHEN apart THEN 2.5 ELSE 3.5 END;
+
+-- The document frequency of each term of a store (p_files: only the terms of these files), by term id: an array
+-- that the sums below index, 0 for a term the store does not hold.
+CREATE OR REPLACE FUNCTION storetopics._store_dfs(p_source int, p_store text, p_files text[]) RETURNS int[]
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_dfs int[];
+  r record;
 BEGIN
-  RETURN QUERY
-  SELECT u.file_key, sum(u.n::bigint * storetopics._ln9(t.files))::bigint, sum(u.n)::bigint, bool_or(u.apart)
-    FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id, unnest(f.counts) AS n,
-                 cardinality(f.cluster_chunks) > 0 AND (SELECT sum(o) FROM unnest(f.cluster_outliers) o)
-                   = (SELECT sum(c) FROM unnest(f.cluster_chunks) c) AS apart
-            FROM storetopics.file_terms f
-           WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0
-             AND (p_files IS NULL OR (md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x))
-                                      AND f.file_key = ANY (p_files)))) u
-    JOIN storetopics.store_terms t ON t.source_id = p_source AND t.store_key = p_store AND t.term_id = u.term_id
-   GROUP BY u.file_key;
+  -- (filled in place, from the highest id down: an expanded array, each assignment in constant time)
+  FOR r IN SELECT t.term_id, t.files FROM storetopics.store_terms t
+            WHERE t.source_id = p_source AND t.store_key = p_store
+              AND (p_files IS NULL OR t.term_id IN (
+                     SELECT unnest(f.term_ids) FROM storetopics.file_terms f
+                      WHERE f.source_id = p_source
+                        AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x))
+                        AND f.file_key = ANY (p_files) AND f.store_key = p_store))
+            ORDER BY t.term_id DESC
+  LOOP
+    IF v_dfs IS NULL THEN
+      v_dfs := array_fill(0, ARRAY[r.term_id]);
+    END IF;
+    v_dfs[r.term_id] := r.files;
+  END LOOP;
+  RETURN coalesce(v_dfs, '{}');
 END $$;
+
+-- The sums of a store's files (p_files: only these; NULL: all of them) at the document frequencies p_dfs (NULL:
+-- the current ones), whether the clustering finds each apart; with p_rare, also their terms in at most p_rare files
+-- with their counts, and their sensitivity to the others (storetopics.file_novelty).  The terms are looked up by
+-- position in arrays indexed by term id: hashing every (file, term) pair of the store and grouping the pairs by file
+-- again costs about twice as much (bench/README.md).
+CREATE OR REPLACE FUNCTION storetopics._novelty_sums(p_source int, p_store text, p_files text[],
+                                                     p_rare int DEFAULT NULL, p_dfs int[] DEFAULT NULL)
+RETURNS TABLE (file_key text, total bigint, words bigint, apart boolean, sensitivity float8, rare_terms int[],
+               rare_counts int[])
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+DECLARE
+  v_dfs int[];
+  v_ln9 bigint[];
+  v_inv float8[];
+BEGIN
+  IF cardinality(p_files) = 0 THEN
+    RETURN;
+  END IF;
+  v_dfs := coalesce(p_dfs, storetopics._store_dfs(p_source, p_store, p_files));
+  SELECT array_agg(storetopics._ln9(x.d) ORDER BY x.i),
+         array_agg(CASE WHEN x.d > p_rare THEN 1 / x.d::float8 ELSE 0 END ORDER BY x.i)
+    INTO v_ln9, v_inv
+    FROM unnest(v_dfs) WITH ORDINALITY AS x(d, i);
+  RETURN QUERY
+  SELECT f.file_key, coalesce(s.total, 0)::bigint, coalesce(s.words, 0)::bigint,
+         cardinality(f.cluster_chunks) > 0 AND (SELECT sum(o) FROM unnest(f.cluster_outliers) o)
+           = (SELECT sum(c) FROM unnest(f.cluster_chunks) c),
+         coalesce(s.sensitivity, 0), s.rare_terms, s.rare_counts
+    FROM storetopics.file_terms f,
+         LATERAL (SELECT sum(u.c::bigint * v_ln9[u.t]) AS total, sum(u.c) AS words,
+                         sum(u.c * v_inv[u.t]) AS sensitivity,
+                         array_agg(u.t) FILTER (WHERE v_dfs[u.t] <= p_rare) AS rare_terms,
+                         array_agg(u.c) FILTER (WHERE v_dfs[u.t] <= p_rare) AS rare_counts
+                    FROM unnest(f.term_ids, f.counts) AS u(t, c)) s
+   WHERE f.source_id = p_source AND f.store_key = p_store
+     AND (p_files IS NULL OR (md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x))
+                              AND f.file_key = ANY (p_files)));
+END $$;
+
+-- The sums now of some kept files of a store (storetopics.file_novelty): the kept sum moved by each of the file's
+-- terms whose ln(files) moved since (p_moves, by term id, in units of 1e-9).  Exact: integers.
+CREATE OR REPLACE FUNCTION storetopics._novelty_moved(p_source int, p_store text, p_files text[], p_moves bigint[])
+RETURNS TABLE (file_key text, total bigint, words bigint)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  SELECT n.file_key,
+         n.total + coalesce((SELECT sum(u.c::bigint * p_moves[u.t]) FROM unnest(f.term_ids, f.counts) AS u(t, c)), 0),
+         n.words
+    FROM storetopics.file_novelty n
+    JOIN storetopics.file_terms f
+      ON f.source_id = p_source AND md5(f.file_key)::uuid = md5(n.file_key)::uuid AND f.file_key = n.file_key
+     AND f.store_key = p_store
+   WHERE n.source_id = p_source AND n.store_key = p_store AND n.n IS NOT NULL
+     AND md5(n.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x)) AND n.file_key = ANY (p_files);
+END;
 
 -- Forget what render kept of a source's (or one store's) novelty.
 CREATE OR REPLACE FUNCTION storetopics._forget_novelty(p_source int, p_store text DEFAULT NULL) RETURNS void
@@ -104875,101 +104958,66 @@ BEGIN ATOMIC
   DELETE FROM storetopics.novelty_postings WHERE source_id = p_source AND (p_store IS NULL OR store_key = p_store);
 END;
 
--- Keep a store's novelty: every file's sums now (p_sums: a temp table of storetopics._novelty_sums for all of them),
--- numbered, and the postings of the terms in at most `rare` files.
+-- Keep a store's novelty: every file's sums now, numbered, the document frequencies they are of, and the postings
+-- of the terms in at most `rare` files (the others move a file's sum little: its sensitivity bounds how far).
 CREATE OR REPLACE FUNCTION storetopics._keep_novelty(p_source int, p_store text) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
-  st storetopics.store_state;
-  v_rare int;
+  v_rare int := 30;
+  v_dfs int[] := storetopics._store_dfs(p_source, p_store, NULL);
 BEGIN
-  SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
-  v_rare := greatest(100, st.files / 10)::int;
   PERFORM storetopics._forget_novelty(p_source, p_store);
-  INSERT INTO storetopics.file_novelty (source_id, store_key, file_key, n, total, words, apart)
-  SELECT p_source, p_store, f.file_key, row_number() OVER (ORDER BY f.file_key), coalesce(s.total, 0),
-         coalesce(s.words, 0), coalesce(s.apart, false)
-    FROM storetopics.file_terms f LEFT JOIN pg_temp.storetopics_novelty_sums s ON s.file_key = f.file_key
-   WHERE f.source_id = p_source AND f.store_key = p_store;
-  INSERT INTO storetopics.novelty_postings (source_id, store_key, term_id, files, file_ns, counts)
-  SELECT p_source, p_store, u.term_id, min(t.files), array_agg(fn.n ORDER BY fn.n), array_agg(u.n ORDER BY fn.n)
-    FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id, unnest(f.counts) AS n FROM storetopics.file_terms f
-           WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0) u
-    JOIN storetopics.store_terms t ON t.source_id = p_source AND t.store_key = p_store AND t.term_id = u.term_id
-    JOIN storetopics.file_novelty fn ON fn.source_id = p_source AND fn.store_key = p_store AND fn.file_key = u.file_key
-   WHERE t.files <= v_rare
-   GROUP BY u.term_id;
-  INSERT INTO storetopics.novelty_state (source_id, store_key, fit_generation, files, rare)
-  VALUES (p_source, p_store, st.fit_generation, st.files, v_rare);
-END $$;
-
--- Make the rows of pg_temp.storetopics_nov that match a condition exact (computed again from their pairs).
-CREATE OR REPLACE FUNCTION storetopics._novelty_exact(p_source int, p_store text, p_ln float8, p_where text)
-RETURNS int
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  v_keys text[];
-BEGIN
-  EXECUTE format('SELECT array_agg(v.file_key) FROM pg_temp.storetopics_nov v WHERE NOT v.exact AND (%s)', p_where)
-    INTO v_keys;
-  IF v_keys IS NULL THEN
-    RETURN 0;
-  END IF;
-  UPDATE pg_temp.storetopics_nov v
-     SET lo = storetopics._novelty(p_ln, s.total, s.words), hi = storetopics._novelty(p_ln, s.total, s.words),
-         exact = true, apart = s.apart
-    FROM storetopics._novelty_sums(p_source, p_store, v_keys) s
-   WHERE v.file_key = s.file_key;
-  RETURN cardinality(v_keys);
-END $$;
-
--- The r1-th and r2-th smallest (1-based) exact values of an expression of the rows of pg_temp.storetopics_nov,
--- given each row's bounds on it (lo_expr <= value <= hi_expr): the rows whose bounds straddle them are made exact.
-CREATE OR REPLACE FUNCTION storetopics._novelty_ranks(p_source int, p_store text, p_ln float8, lo_expr text,
-                                                      hi_expr text, r1 bigint, r2 bigint, OUT x1 float8,
-                                                      OUT x2 float8)
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  v_l float8;
-  v_h float8;
-  v_below bigint;
-BEGIN
-  EXECUTE format('SELECT (SELECT %1$s FROM pg_temp.storetopics_nov v ORDER BY 1 OFFSET $1 - 1 LIMIT 1), '
-                 '(SELECT %2$s FROM pg_temp.storetopics_nov v ORDER BY 1 OFFSET $2 - 1 LIMIT 1)', lo_expr, hi_expr)
-    INTO v_l, v_h USING r1, r2;
-  PERFORM storetopics._novelty_exact(p_source, p_store, p_ln,
-                                     format('%s >= %L::float8 AND %s <= %L::float8', hi_expr, v_l, lo_expr, v_h));
-  EXECUTE format('SELECT count(*) FROM pg_temp.storetopics_nov v WHERE %s < %L::float8', hi_expr, v_l) INTO v_below;
-  EXECUTE format('SELECT (SELECT %1$s FROM pg_temp.storetopics_nov v WHERE %2$s >= %3$L::float8 AND %1$s <= %4$L::float8 '
-                 '        ORDER BY 1 OFFSET $1 - 1 LIMIT 1), '
-                 '       (SELECT %1$s FROM pg_temp.storetopics_nov v WHERE %2$s >= %3$L::float8 AND %1$s <= %4$L::float8 '
-                 '        ORDER BY 1 OFFSET $2 - 1 LIMIT 1)', lo_expr, hi_expr, v_l, v_h)
-    INTO x1, x2 USING r1 - v_below, r2 - v_below;
+  IF to_regclass('pg_temp.storetopics_keep') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_keep; END IF;
+  CREATE TEMP TABLE storetopics_keep ON COMMIT DROP AS
+  SELECT (row_number() OVER ())::int AS n, s.*
+    FROM storetopics._novelty_sums(p_source, p_store, NULL, v_rare, v_dfs) s;
+  INSERT INTO storetopics.file_novelty (source_id, store_key, file_key, n, total, words, apart, sensitivity)
+  SELECT p_source, p_store, k.file_key, k.n, k.total, k.words, k.apart, k.sensitivity
+    FROM pg_temp.storetopics_keep k;
+  INSERT INTO storetopics.novelty_postings (source_id, store_key, term_id, file_ns, counts)
+  SELECT p_source, p_store, u.t, array_agg(k.n), array_agg(u.c)
+    FROM pg_temp.storetopics_keep k, unnest(k.rare_terms, k.rare_counts) AS u(t, c)
+   GROUP BY u.t;
+  INSERT INTO storetopics.novelty_state (source_id, store_key, rare, dfs, spread)
+  SELECT p_source, p_store, v_rare, v_dfs,
+         coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY k.sensitivity / k.words), 0)
+    FROM pg_temp.storetopics_keep k WHERE k.words > 0;
+  DROP TABLE pg_temp.storetopics_keep;
 END $$;
 
 -- The outlier files of a store whose terms keywords() shows, best first: rank, file, novelty.  Keeps the store's
 -- novelty (storetopics._keep_novelty) when what was kept cannot serve.  Exact: the same state gives the same files
 -- whether they were found from the kept state or from scratch.
+-- (About 130 lines: what moved since the state was kept, the bounds, then three decisions on them, each making
+-- exact only the files it cannot decide; the files' bounds live in one temp table, which only this function reads.)
 CREATE OR REPLACE FUNCTION storetopics._outlier_files(p_source int, p_store text)
 RETURNS TABLE (rank int, file_key text, novelty float8)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off SET jit = off AS $$
 DECLARE
   st storetopics.store_state;
   k storetopics.novelty_state;
+  r record;
+  v_dfs int[];
   v_ln float8;
   v_rows bigint;
-  v_changed bigint;
-  v_events bigint;
-  v_d float8 := 0;     -- the bound on how far a kept file's sum moved per counted word, in ln units
-  v_m bigint;          -- counted files
-  v_pos float8;
-  v_x1 float8;
-  v_x2 float8;
+  v_new text[];          -- files folded since: computed again
+  v_moves bigint[];      -- by term id: how far its ln(files) moved since, in units of 1e-9
+  v_rare int[];          -- the rare terms among them
+  v_rare_moves bigint[];
+  v_most bigint := 0;    -- the most any other term's ln moved: per counted word, a bound on a kept file's move
+  v_ratio float8 := 0;   -- the most (files gained or lost) x files then / the smaller of files then and now ...
+                         -- ... of any other term: times a file's sensitivity, another bound on its move
+  v_m bigint;
+  r1 bigint;
+  r2 bigint;
+  v_l float8;
+  v_h float8;
+  v_below bigint;
+  v_about float8;        -- NULL for the median; the median, for the MAD
   v_med float8;
   v_mad float8;
-  v_dev_lo text;
-  v_dev_hi text;
-  v_z text := '(%s - %L::float8) / (1.4826 * %L::float8 + 1e-9) >= CASE WHEN v.apart THEN 2.5 ELSE 3.5 END';
+  v_s_apart boolean;
+  v_s_lo float8;
 BEGIN
   SELECT * INTO st FROM storetopics.store_state s WHERE s.source_id = p_source AND s.store_key = p_store;
   IF NOT FOUND THEN
@@ -104978,81 +105026,114 @@ BEGIN
   v_ln := ln(greatest(st.files, 1)::float8);
   SELECT * INTO k FROM storetopics.novelty_state s WHERE s.source_id = p_source AND s.store_key = p_store;
   IF FOUND THEN
-    SELECT count(*), count(*) FILTER (WHERE f.n IS NULL) INTO v_rows, v_changed
+    v_dfs := k.dfs;   -- (a variable: expanded once, each lookup below in constant time)
+    SELECT count(*), array_agg(f.file_key) FILTER (WHERE f.n IS NULL) INTO v_rows, v_new
       FROM storetopics.file_novelty f WHERE f.source_id = p_source AND f.store_key = p_store;
-    v_events := v_changed + (k.files - (v_rows - v_changed));   -- files folded since, a changed one twice
-    IF v_events < k.rare THEN
-      v_d := -ln(1 - v_events::float8 / (k.rare + 1));
-    END IF;
+    -- the terms whose files changed since (a term no kept file held moves none of them), from the highest id down
+    FOR r IN SELECT m.term_id, m.was, m.files, storetopics._ln9(m.files) - storetopics._ln9(m.was) AS move
+               FROM (SELECT t.term_id, t.files, coalesce(v_dfs[t.term_id], 0) AS was FROM storetopics.store_terms t
+                      WHERE t.source_id = p_source AND t.store_key = p_store) m
+              WHERE m.files <> m.was AND m.was > 0
+              ORDER BY m.term_id DESC
+    LOOP
+      IF v_moves IS NULL THEN
+        v_moves := array_fill(0::bigint, ARRAY[r.term_id]);
+      END IF;
+      v_moves[r.term_id] := r.move;
+      IF r.was <= k.rare THEN
+        v_rare := v_rare || r.term_id;
+        v_rare_moves := v_rare_moves || r.move;
+      ELSE
+        v_most := greatest(v_most, abs(r.move));
+        v_ratio := greatest(v_ratio, abs(r.files - r.was)::float8 * r.was / least(r.was, r.files));
+      END IF;
+    END LOOP;
+  END IF;
+  -- computed again when nothing is kept, when the kept rows do not add up to the store's files, or when the bounds
+  -- of a typical file or the files to compute again would cost about as much as all of it
+  IF k.source_id IS NULL OR v_rows <> st.files OR cardinality(v_new) > greatest(100, st.files / 50)
+     OR least(v_most / 1e9, v_ratio * k.spread) > 0.01 THEN
+    PERFORM storetopics._keep_novelty(p_source, p_store);
+    v_new := NULL; v_moves := NULL; v_rare := NULL; v_rare_moves := NULL; v_most := 0; v_ratio := 0;
   END IF;
   IF to_regclass('pg_temp.storetopics_nov') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_nov; END IF;
-  CREATE TEMP TABLE storetopics_nov (file_key text, lo float8, hi float8, exact boolean, apart boolean);
-  IF k.source_id IS NULL OR k.fit_generation <> st.fit_generation OR v_rows <> st.files OR v_events >= k.rare
-     OR v_d > 0.003 OR v_changed > greatest(100, st.files / 100) THEN
-    -- from scratch, and kept for the next renders
-    IF to_regclass('pg_temp.storetopics_novelty_sums') IS NOT NULL THEN
-      DROP TABLE pg_temp.storetopics_novelty_sums;
-    END IF;
-    CREATE TEMP TABLE storetopics_novelty_sums AS SELECT * FROM storetopics._novelty_sums(p_source, p_store, NULL);
-    PERFORM storetopics._keep_novelty(p_source, p_store);
+  -- Kept files: their sums moved exactly by their rare terms (the postings), and through the others by at most
+  -- v_most per word, and by at most v_ratio x their sensitivity (each term's ln moved by at most v_ratio / its
+  -- files then), plus the roundings of each ln to 1e-9, one unit per word.
+  CREATE TEMP TABLE storetopics_nov ON COMMIT DROP AS
+  SELECT f.file_key, storetopics._novelty(v_ln, f.total + coalesce(d.move, 0) + b.slack, f.words) AS lo,
+         storetopics._novelty(v_ln, f.total + coalesce(d.move, 0) - b.slack, f.words) AS hi, f.apart
+    FROM storetopics.file_novelty f
+    LEFT JOIN (SELECT u.n, sum(u.c::bigint * m.move)::bigint AS move
+                 FROM unnest(v_rare, v_rare_moves) AS m(term_id, move)
+                 JOIN storetopics.novelty_postings p
+                   ON p.source_id = p_source AND p.store_key = p_store AND p.term_id = m.term_id,
+                      unnest(p.file_ns, p.counts) AS u(n, c)
+                GROUP BY u.n) d ON d.n = f.n,
+         LATERAL (SELECT CASE WHEN v_most = 0 THEN 0
+                         ELSE least(f.words * v_most,
+                                    ceil(f.sensitivity * v_ratio * 1e9 * (1 + 1e-9))::bigint + f.words) END AS slack) b
+   WHERE f.source_id = p_source AND f.store_key = p_store AND f.n IS NOT NULL AND f.words > 0;
+  IF v_new IS NOT NULL THEN   -- files folded since: exact
     INSERT INTO pg_temp.storetopics_nov
     SELECT s.file_key, storetopics._novelty(v_ln, s.total, s.words), storetopics._novelty(v_ln, s.total, s.words),
-           true, s.apart
-      FROM pg_temp.storetopics_novelty_sums s;
-    DROP TABLE pg_temp.storetopics_novelty_sums;
-  ELSE
-    -- kept files: their sums moved exactly by their rare terms, and by at most v_d per word for the others
-    INSERT INTO pg_temp.storetopics_nov
-    SELECT f.file_key, storetopics._novelty(v_ln, f.total + coalesce(d.delta, 0) + b.slack, f.words),
-           storetopics._novelty(v_ln, f.total + coalesce(d.delta, 0) - b.slack, f.words), v_d = 0, f.apart
-      FROM storetopics.file_novelty f
-      LEFT JOIN (SELECT u.fn, sum(u.c::bigint * (storetopics._ln9(m.now) - storetopics._ln9(m.files)))::bigint AS delta
-                   FROM (SELECT p.file_ns, p.counts, p.files, coalesce(t.files, 0) AS now
-                           FROM storetopics.novelty_postings p
-                           LEFT JOIN storetopics.store_terms t
-                                  ON t.source_id = p.source_id AND t.store_key = p.store_key AND t.term_id = p.term_id
-                          WHERE p.source_id = p_source AND p.store_key = p_store
-                            AND p.files IS DISTINCT FROM t.files) m,
-                        unnest(m.file_ns, m.counts) AS u(fn, c)
-                  GROUP BY u.fn) d ON d.fn = f.n,
-           LATERAL (SELECT CASE WHEN v_d = 0 THEN 0 ELSE ceil(f.words * (v_d * 1e9 + 1))::bigint + 1 END AS slack) b
-     WHERE f.source_id = p_source AND f.store_key = p_store AND f.n IS NOT NULL AND f.words > 0;
-    -- files folded since: exact
-    INSERT INTO pg_temp.storetopics_nov
-    SELECT s.file_key, storetopics._novelty(v_ln, s.total, s.words), storetopics._novelty(v_ln, s.total, s.words),
-           true, s.apart
-      FROM storetopics._novelty_sums(p_source, p_store,
-                                     ARRAY(SELECT f.file_key FROM storetopics.file_novelty f
-                                            WHERE f.source_id = p_source AND f.store_key = p_store AND f.n IS NULL)) s;
+           s.apart
+      FROM storetopics._novelty_sums(p_source, p_store, v_new) s WHERE s.words > 0;
   END IF;
-  -- the median and the MAD as percentile_cont computes them: its two middle values, interpolated by itself
   v_m := (SELECT count(*) FROM pg_temp.storetopics_nov);
   IF v_m = 0 THEN
     DROP TABLE pg_temp.storetopics_nov;
     RETURN;
   END IF;
-  v_pos := 0.5 * (v_m - 1);
-  SELECT * INTO v_x1, v_x2 FROM storetopics._novelty_ranks(p_source, p_store, v_ln, 'v.lo', 'v.hi',
-                                                            floor(v_pos)::bigint + 1, ceil(v_pos)::bigint + 1);
-  v_med := (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY x) FROM unnest(ARRAY[v_x1, v_x2]) x);
-  v_dev_lo := format('CASE WHEN v.lo > %1$L::float8 THEN v.lo - %1$L::float8 WHEN v.hi < %1$L::float8 '
-                     'THEN %1$L::float8 - v.hi ELSE 0 END', v_med);
-  v_dev_hi := format('greatest(abs(v.lo - %1$L::float8), abs(v.hi - %1$L::float8))', v_med);
-  SELECT * INTO v_x1, v_x2 FROM storetopics._novelty_ranks(p_source, p_store, v_ln, v_dev_lo, v_dev_hi,
-                                                            floor(v_pos)::bigint + 1, ceil(v_pos)::bigint + 1);
-  v_mad := (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY x) FROM unnest(ARRAY[v_x1, v_x2]) x);
-  -- the files that may pass the test and rank among the first 3: made exact, then tested
-  EXECUTE format(
-    'WITH sure AS (SELECT v.apart, v.lo FROM pg_temp.storetopics_nov v WHERE %1$s '
-    '              ORDER BY v.apart DESC, v.lo DESC LIMIT 1 OFFSET 2) '
-    'DELETE FROM pg_temp.storetopics_nov v WHERE NOT (%2$s) '
-    '   OR EXISTS (SELECT 1 FROM sure s WHERE (s.apart AND NOT v.apart) OR (s.apart = v.apart AND v.hi < s.lo))',
-    format(v_z, 'v.lo', v_med, v_mad), format(v_z, 'v.hi', v_med, v_mad));
-  PERFORM storetopics._novelty_exact(p_source, p_store, v_ln, 'true');
+  -- The median, then the MAD (the median of the distances to it), as percentile_cont takes them: the r1-th and r2-th
+  -- smallest values, interpolated.  The r1-th smallest value is at least the r1-th smallest lower bound (v_l), the
+  -- r2-th at most the r2-th smallest upper bound (v_h): the files whose bounds reach into [v_l, v_h] are made
+  -- exact, those wholly below are counted, and the two values are read off the exact ones between.
+  r1 := floor(0.5 * (v_m - 1))::bigint + 1;
+  r2 := ceil(0.5 * (v_m - 1))::bigint + 1;
+  FOR stage IN 1..2 LOOP
+    SELECT (SELECT storetopics._novelty_bound(v.lo, v.hi, v_about, false) FROM pg_temp.storetopics_nov v
+             ORDER BY 1 OFFSET r1 - 1 LIMIT 1),
+           (SELECT storetopics._novelty_bound(v.lo, v.hi, v_about, true) FROM pg_temp.storetopics_nov v
+             ORDER BY 1 OFFSET r2 - 1 LIMIT 1)
+      INTO v_l, v_h;
+    UPDATE pg_temp.storetopics_nov v SET lo = storetopics._novelty(v_ln, x.total, x.words),
+                                         hi = storetopics._novelty(v_ln, x.total, x.words)
+      FROM storetopics._novelty_moved(p_source, p_store, ARRAY(
+             SELECT w.file_key FROM pg_temp.storetopics_nov w
+              WHERE w.lo < w.hi AND storetopics._novelty_bound(w.lo, w.hi, v_about, true) >= v_l
+                AND storetopics._novelty_bound(w.lo, w.hi, v_about, false) <= v_h), v_moves) x
+     WHERE v.file_key = x.file_key;
+    SELECT count(*) INTO v_below FROM pg_temp.storetopics_nov v
+     WHERE storetopics._novelty_bound(v.lo, v.hi, v_about, true) < v_l;
+    SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY b.x) INTO v_about
+      FROM (SELECT storetopics._novelty_bound(v.lo, v.hi, v_about, false) AS x FROM pg_temp.storetopics_nov v
+             WHERE storetopics._novelty_bound(v.lo, v.hi, v_about, true) >= v_l
+               AND storetopics._novelty_bound(v.lo, v.hi, v_about, false) <= v_h
+             ORDER BY 1 OFFSET r1 - v_below - 1 LIMIT r2 - r1 + 1) b;
+    IF stage = 1 THEN
+      v_med := v_about;
+    ELSE
+      v_mad := v_about;
+    END IF;
+  END LOOP;
+  -- The files that pass for sure (lower bound) rank below the third best of them for sure, unless better: of the
+  -- others, only those that may pass and may rank among the first three are made exact, then tested.
+  SELECT v.apart, v.lo INTO v_s_apart, v_s_lo FROM pg_temp.storetopics_nov v
+   WHERE storetopics._novel(v.lo, v.apart, v_med, v_mad)
+   ORDER BY v.apart DESC, v.lo DESC OFFSET 2 LIMIT 1;
+  DELETE FROM pg_temp.storetopics_nov v
+   WHERE NOT storetopics._novel(v.hi, v.apart, v_med, v_mad)
+      OR (v_s_lo IS NOT NULL AND ((v_s_apart AND NOT v.apart) OR (v_s_apart = v.apart AND v.hi < v_s_lo)));
+  UPDATE pg_temp.storetopics_nov v SET lo = storetopics._novelty(v_ln, x.total, x.words),
+                                       hi = storetopics._novelty(v_ln, x.total, x.words)
+    FROM storetopics._novelty_moved(p_source, p_store,
+                                    ARRAY(SELECT w.file_key FROM pg_temp.storetopics_nov w WHERE w.lo < w.hi),
+                                    v_moves) x
+   WHERE v.file_key = x.file_key;
   RETURN QUERY
     SELECT (row_number() OVER (ORDER BY o.apart DESC, o.lo DESC, o.file_key))::int, o.file_key, o.lo
-      FROM (SELECT v.* FROM pg_temp.storetopics_nov v
-             WHERE (v.lo - v_med) / (1.4826 * v_mad + 1e-9) >= CASE WHEN v.apart THEN 2.5 ELSE 3.5 END
+      FROM (SELECT v.* FROM pg_temp.storetopics_nov v WHERE storetopics._novel(v.lo, v.apart, v_med, v_mad)
              ORDER BY v.apart DESC, v.lo DESC, v.file_key LIMIT 3) o
      ORDER BY 1;
   DROP TABLE pg_temp.storetopics_nov;
@@ -107227,4 +107308,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1539012301') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '916412592') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -2,11 +2,11 @@
 -- a render after a small change reads the files that changed, not every (file, term) pair of the store.  Derived
 -- state: dropped and computed again whenever it cannot vouch for the exact result (not dumped by pg_dump).
 CREATE TABLE storetopics.novelty_state (
-  source_id      int NOT NULL,
-  store_key      text NOT NULL,
-  fit_generation int NOT NULL,      -- the fit the files' "apart" flags are of
-  files          bigint NOT NULL,   -- the store's files when it was computed
-  rare           int NOT NULL,      -- terms in at most this many files then have their postings kept
+  source_id int NOT NULL,
+  store_key text NOT NULL,
+  rare      int NOT NULL,           -- terms in at most this many files then have their postings kept
+  dfs       int[] NOT NULL,         -- the files holding each term then, by term id (0, or past the end: none)
+  spread    float8 NOT NULL,        -- the median over the files of sensitivity / words (below)
   PRIMARY KEY (source_id, store_key)
 );
 -- One row per file of a store that has a novelty_state: its sums as they were then (n NULL: the file was folded
@@ -18,7 +18,10 @@ CREATE TABLE storetopics.file_novelty (
   n         int,                    -- the file's number in the postings
   total     bigint,                 -- sum over its counted terms of count x ln(files holding it), in units of 1e-9
   words     bigint,                 -- its counted terms
-  apart     boolean                 -- every chunk of it lies beyond its nearest cluster's radius
+  apart     boolean,                -- every chunk of it lies beyond its nearest cluster's radius
+  -- sum over its terms in more than `rare` files of count / files: a term's ln(files) moves by at most (how many
+  -- files it gained or lost) / files, so this bounds how far the file's sum moves through those terms
+  sensitivity float8
 );
 CREATE INDEX file_novelty_store ON storetopics.file_novelty (source_id, store_key, n);
 CREATE INDEX file_novelty_file ON storetopics.file_novelty (source_id, (md5(file_key)::uuid));
@@ -28,7 +31,6 @@ CREATE TABLE storetopics.novelty_postings (
   source_id int NOT NULL,
   store_key text NOT NULL,
   term_id   int NOT NULL,
-  files     int NOT NULL,           -- the files holding it then
   file_ns   int[] NOT NULL,
   counts    int[] NOT NULL,
   PRIMARY KEY (source_id, store_key, term_id)
