@@ -100583,7 +100583,6 @@ CREATE TABLE storetopics.novelty_state (
   store_key text NOT NULL,
   rare      int NOT NULL,           -- terms in at most this many files then have their postings kept
   dfs       int[] NOT NULL,         -- the files holding each term then, by term id (0, or past the end: none)
-  spread    float8 NOT NULL,        -- the median over the files of sensitivity / words (below)
   PRIMARY KEY (source_id, store_key)
 );
 -- One row per file of a store that has a novelty_state: its sums as they were then (n NULL: the file was folded
@@ -104640,13 +104639,17 @@ DECLARE
 BEGIN
   -- (filled in place, from the highest id down: an expanded array, each assignment in constant time)
   FOR r IN SELECT t.term_id, t.files FROM storetopics.store_terms t
-            WHERE t.source_id = p_source AND t.store_key = p_store
-              AND (p_files IS NULL OR t.term_id IN (
-                     SELECT unnest(f.term_ids) FROM storetopics.file_terms f
-                      WHERE f.source_id = p_source
-                        AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x))
-                        AND f.file_key = ANY (p_files) AND f.store_key = p_store))
-            ORDER BY t.term_id DESC
+            WHERE t.source_id = p_source AND t.store_key = p_store AND p_files IS NULL
+           UNION ALL   -- (the files' terms, each found by the index)
+           SELECT t.term_id, t.files
+             FROM (SELECT DISTINCT unnest(f.term_ids) AS term_id FROM storetopics.file_terms f
+                    WHERE f.source_id = p_source
+                      AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x))
+                      AND f.file_key = ANY (p_files) AND f.store_key = p_store) x
+             JOIN storetopics.store_terms t
+               ON t.source_id = p_source AND t.store_key = p_store AND t.term_id = x.term_id
+            WHERE p_files IS NOT NULL
+           ORDER BY 1 DESC
   LOOP
     IF v_dfs IS NULL THEN
       v_dfs := array_fill(0, ARRAY[r.term_id]);
@@ -104658,9 +104661,9 @@ END $$;
 
 -- The sums of a store's files (p_files: only these; NULL: all of them) at the document frequencies p_dfs (NULL:
 -- the current ones), whether the clustering finds each apart; with p_rare, also their terms in at most p_rare files
--- with their counts, and their sensitivity to the others (storetopics.file_novelty).  The terms are looked up by
--- position in arrays indexed by term id: hashing every (file, term) pair of the store and grouping the pairs by file
--- again costs about twice as much (bench/README.md).
+-- with their counts, and their sensitivity to the others (storetopics.file_novelty).  The terms' document
+-- frequencies are looked up by position in an array indexed by term id: hashing every (file, term) pair of the
+-- store and grouping the pairs by file again costs about twice as much (bench/README.md).
 CREATE OR REPLACE FUNCTION storetopics._novelty_sums(p_source int, p_store text, p_files text[],
                                                      p_rare int DEFAULT NULL, p_dfs int[] DEFAULT NULL)
 RETURNS TABLE (file_key text, total bigint, words bigint, apart boolean, sensitivity float8, rare_terms int[],
@@ -104668,25 +104671,19 @@ RETURNS TABLE (file_key text, total bigint, words bigint, apart boolean, sensiti
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
   v_dfs int[];
-  v_ln9 bigint[];
-  v_inv float8[];
 BEGIN
   IF cardinality(p_files) = 0 THEN
     RETURN;
   END IF;
   v_dfs := coalesce(p_dfs, storetopics._store_dfs(p_source, p_store, p_files));
-  SELECT array_agg(storetopics._ln9(x.d) ORDER BY x.i),
-         array_agg(CASE WHEN x.d > p_rare THEN 1 / x.d::float8 ELSE 0 END ORDER BY x.i)
-    INTO v_ln9, v_inv
-    FROM unnest(v_dfs) WITH ORDINALITY AS x(d, i);
   RETURN QUERY
   SELECT f.file_key, coalesce(s.total, 0)::bigint, coalesce(s.words, 0)::bigint,
          cardinality(f.cluster_chunks) > 0 AND (SELECT sum(o) FROM unnest(f.cluster_outliers) o)
            = (SELECT sum(c) FROM unnest(f.cluster_chunks) c),
          coalesce(s.sensitivity, 0), s.rare_terms, s.rare_counts
     FROM storetopics.file_terms f,
-         LATERAL (SELECT sum(u.c::bigint * v_ln9[u.t]) AS total, sum(u.c) AS words,
-                         sum(u.c * v_inv[u.t]) AS sensitivity,
+         LATERAL (SELECT sum(u.c::bigint * storetopics._ln9(v_dfs[u.t])) AS total, sum(u.c) AS words,
+                         sum(u.c / v_dfs[u.t]::float8) FILTER (WHERE v_dfs[u.t] > p_rare) AS sensitivity,
                          array_agg(u.t) FILTER (WHERE v_dfs[u.t] <= p_rare) AS rare_terms,
                          array_agg(u.c) FILTER (WHERE v_dfs[u.t] <= p_rare) AS rare_counts
                     FROM unnest(f.term_ids, f.counts) AS u(t, c)) s
@@ -104741,11 +104738,42 @@ BEGIN
   SELECT p_source, p_store, u.t, array_agg(k.n), array_agg(u.c)
     FROM pg_temp.storetopics_keep k, unnest(k.rare_terms, k.rare_counts) AS u(t, c)
    GROUP BY u.t;
-  INSERT INTO storetopics.novelty_state (source_id, store_key, rare, dfs, spread)
-  SELECT p_source, p_store, v_rare, v_dfs,
-         coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY k.sensitivity / k.words), 0)
-    FROM pg_temp.storetopics_keep k WHERE k.words > 0;
+  INSERT INTO storetopics.novelty_state (source_id, store_key, rare, dfs) VALUES (p_source, p_store, v_rare, v_dfs);
   DROP TABLE pg_temp.storetopics_keep;
+END $$;
+
+-- How the ln(files) of a store's terms moved since a kept state (p_dfs: the files of each term then, by term id),
+-- in units of 1e-9: by term id (0: not moved, or held by no kept file); the terms that were in at most p_rare files
+-- and their moves; of the others, the largest move and the largest (files gained or lost) x files then / the
+-- smaller of files then and now: a term's ln moved by at most that over its files then.
+CREATE OR REPLACE FUNCTION storetopics._novelty_moves(p_source int, p_store text, p_dfs int[], p_rare int,
+                                                      OUT moves bigint[], OUT rare int[], OUT rare_moves bigint[],
+                                                      OUT most bigint, OUT ratio float8)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  r record;
+BEGIN
+  most := 0;
+  ratio := 0;
+  -- (from the highest id down, into an expanded array; a term no kept file held moves none of them)
+  FOR r IN SELECT m.term_id, m.was, m.files, storetopics._ln9(m.files) - storetopics._ln9(m.was) AS move
+             FROM (SELECT t.term_id, t.files, coalesce(p_dfs[t.term_id], 0) AS was FROM storetopics.store_terms t
+                    WHERE t.source_id = p_source AND t.store_key = p_store) m
+            WHERE m.files <> m.was AND m.was > 0
+            ORDER BY m.term_id DESC
+  LOOP
+    IF moves IS NULL THEN
+      moves := array_fill(0::bigint, ARRAY[r.term_id]);
+    END IF;
+    moves[r.term_id] := r.move;
+    IF r.was <= p_rare THEN
+      rare := rare || r.term_id;
+      rare_moves := rare_moves || r.move;
+    ELSE
+      most := greatest(most, abs(r.move));
+      ratio := greatest(ratio, abs(r.files - r.was)::float8 * r.was / least(r.was, r.files));
+    END IF;
+  END LOOP;
 END $$;
 
 -- The outlier files of a store whose terms keywords() shows, best first: rank, file, novelty.  Keeps the store's
@@ -104759,8 +104787,6 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_mergejoin = of
 DECLARE
   st storetopics.store_state;
   k storetopics.novelty_state;
-  r record;
-  v_dfs int[];
   v_ln float8;
   v_rows bigint;
   v_new text[];          -- files folded since: computed again
@@ -104787,79 +104813,72 @@ BEGIN
     RETURN;
   END IF;
   v_ln := ln(greatest(st.files, 1)::float8);
-  SELECT * INTO k FROM storetopics.novelty_state s WHERE s.source_id = p_source AND s.store_key = p_store;
-  IF FOUND THEN
-    v_dfs := k.dfs;   -- (a variable: expanded once, each lookup below in constant time)
-    SELECT count(*), array_agg(f.file_key) FILTER (WHERE f.n IS NULL) INTO v_rows, v_new
-      FROM storetopics.file_novelty f WHERE f.source_id = p_source AND f.store_key = p_store;
-    -- the terms whose files changed since (a term no kept file held moves none of them), from the highest id down
-    FOR r IN SELECT m.term_id, m.was, m.files, storetopics._ln9(m.files) - storetopics._ln9(m.was) AS move
-               FROM (SELECT t.term_id, t.files, coalesce(v_dfs[t.term_id], 0) AS was FROM storetopics.store_terms t
-                      WHERE t.source_id = p_source AND t.store_key = p_store) m
-              WHERE m.files <> m.was AND m.was > 0
-              ORDER BY m.term_id DESC
-    LOOP
-      IF v_moves IS NULL THEN
-        v_moves := array_fill(0::bigint, ARRAY[r.term_id]);
-      END IF;
-      v_moves[r.term_id] := r.move;
-      IF r.was <= k.rare THEN
-        v_rare := v_rare || r.term_id;
-        v_rare_moves := v_rare_moves || r.move;
-      ELSE
-        v_most := greatest(v_most, abs(r.move));
-        v_ratio := greatest(v_ratio, abs(r.files - r.was)::float8 * r.was / least(r.was, r.files));
-      END IF;
-    END LOOP;
-  END IF;
-  -- computed again when nothing is kept, when the kept rows do not add up to the store's files, or when the bounds
-  -- of a typical file or the files to compute again would cost about as much as all of it
-  IF k.source_id IS NULL OR v_rows <> st.files OR cardinality(v_new) > greatest(100, st.files / 50)
-     OR least(v_most / 1e9, v_ratio * k.spread) > 0.01 THEN
-    PERFORM storetopics._keep_novelty(p_source, p_store);
-    v_new := NULL; v_moves := NULL; v_rare := NULL; v_rare_moves := NULL; v_most := 0; v_ratio := 0;
-  END IF;
-  IF to_regclass('pg_temp.storetopics_nov') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_nov; END IF;
-  -- Kept files: their sums moved exactly by their rare terms (the postings), and through the others by at most
-  -- v_most per word, and by at most v_ratio x their sensitivity (each term's ln moved by at most v_ratio / its
-  -- files then), plus the roundings of each ln to 1e-9, one unit per word.
-  CREATE TEMP TABLE storetopics_nov ON COMMIT DROP AS
-  SELECT f.file_key, storetopics._novelty(v_ln, f.total + coalesce(d.move, 0) + b.slack, f.words) AS lo,
-         storetopics._novelty(v_ln, f.total + coalesce(d.move, 0) - b.slack, f.words) AS hi, f.apart
-    FROM storetopics.file_novelty f
-    LEFT JOIN (SELECT u.n, sum(u.c::bigint * m.move)::bigint AS move
-                 FROM unnest(v_rare, v_rare_moves) AS m(term_id, move)
-                 JOIN storetopics.novelty_postings p
-                   ON p.source_id = p_source AND p.store_key = p_store AND p.term_id = m.term_id,
-                      unnest(p.file_ns, p.counts) AS u(n, c)
-                GROUP BY u.n) d ON d.n = f.n,
-         LATERAL (SELECT CASE WHEN v_most = 0 THEN 0
-                         ELSE least(f.words * v_most,
-                                    ceil(f.sensitivity * v_ratio * 1e9 * (1 + 1e-9))::bigint + f.words) END AS slack) b
-   WHERE f.source_id = p_source AND f.store_key = p_store AND f.n IS NOT NULL AND f.words > 0;
-  IF v_new IS NOT NULL THEN   -- files folded since: exact
-    INSERT INTO pg_temp.storetopics_nov
-    SELECT s.file_key, storetopics._novelty(v_ln, s.total, s.words), storetopics._novelty(v_ln, s.total, s.words),
-           s.apart
-      FROM storetopics._novelty_sums(p_source, p_store, v_new) s WHERE s.words > 0;
-  END IF;
-  v_m := (SELECT count(*) FROM pg_temp.storetopics_nov);
-  IF v_m = 0 THEN
-    DROP TABLE pg_temp.storetopics_nov;
-    RETURN;
-  END IF;
-  -- The median, then the MAD (the median of the distances to it), as percentile_cont takes them: the r1-th and r2-th
-  -- smallest values, interpolated.  The r1-th smallest value is at least the r1-th smallest lower bound (v_l), the
-  -- r2-th at most the r2-th smallest upper bound (v_h): the files whose bounds reach into [v_l, v_h] are made
-  -- exact, those wholly below are counted, and the two values are read off the exact ones between.
-  r1 := floor(0.5 * (v_m - 1))::bigint + 1;
-  r2 := ceil(0.5 * (v_m - 1))::bigint + 1;
-  FOR stage IN 1..2 LOOP
-    SELECT (SELECT storetopics._novelty_bound(v.lo, v.hi, v_about, false) FROM pg_temp.storetopics_nov v
-             ORDER BY 1 OFFSET r1 - 1 LIMIT 1),
-           (SELECT storetopics._novelty_bound(v.lo, v.hi, v_about, true) FROM pg_temp.storetopics_nov v
-             ORDER BY 1 OFFSET r2 - 1 LIMIT 1)
+  FOR attempt IN 1..2 LOOP
+    v_rows := NULL; v_new := NULL; v_moves := NULL; v_rare := NULL; v_rare_moves := NULL; v_most := 0; v_ratio := 0;
+    SELECT * INTO k FROM storetopics.novelty_state s WHERE s.source_id = p_source AND s.store_key = p_store;
+    IF FOUND AND attempt = 1 THEN
+      SELECT count(*), array_agg(f.file_key) FILTER (WHERE f.n IS NULL) INTO v_rows, v_new
+        FROM storetopics.file_novelty f WHERE f.source_id = p_source AND f.store_key = p_store;
+      SELECT * INTO v_moves, v_rare, v_rare_moves, v_most, v_ratio
+        FROM storetopics._novelty_moves(p_source, p_store, k.dfs, k.rare);
+    END IF;
+    -- computed again when nothing is kept, when the kept rows do not add up to the store's files, when many files
+    -- changed, or (a second attempt) when the bounds leave too many files to compute again
+    IF k.source_id IS NULL OR attempt = 2 OR v_rows <> st.files OR cardinality(v_new) > greatest(100, st.files / 50)
+    THEN
+      PERFORM storetopics._keep_novelty(p_source, p_store);
+      v_new := NULL; v_moves := NULL; v_rare := NULL; v_rare_moves := NULL; v_most := 0; v_ratio := 0;
+    END IF;
+    IF to_regclass('pg_temp.storetopics_nov') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_nov; END IF;
+    -- Kept files: their sums moved exactly by their rare terms (the postings), and through the others by at most
+    -- v_most per word, and by at most v_ratio x their sensitivity (each term's ln moved by at most v_ratio / its
+    -- files then), plus the roundings of each ln to 1e-9, one unit per word.
+    CREATE TEMP TABLE storetopics_nov ON COMMIT DROP AS
+    SELECT f.file_key, storetopics._novelty(v_ln, f.total + coalesce(d.move, 0) + b.slack, f.words) AS lo,
+           storetopics._novelty(v_ln, f.total + coalesce(d.move, 0) - b.slack, f.words) AS hi, f.apart
+      FROM storetopics.file_novelty f
+      LEFT JOIN (SELECT u.n, sum(u.c::bigint * m.move)::bigint AS move
+                   FROM unnest(v_rare, v_rare_moves) AS m(term_id, move)
+                   JOIN storetopics.novelty_postings p
+                     ON p.source_id = p_source AND p.store_key = p_store AND p.term_id = m.term_id,
+                        unnest(p.file_ns, p.counts) AS u(n, c)
+                  GROUP BY u.n) d ON d.n = f.n,
+           LATERAL (SELECT CASE WHEN v_most = 0 THEN 0
+                           ELSE least(f.words * v_most,
+                                      ceil(f.sensitivity * v_ratio * 1e9 * (1 + 1e-9))::bigint + f.words) END
+                           AS slack) b
+     WHERE f.source_id = p_source AND f.store_key = p_store AND f.n IS NOT NULL AND f.words > 0;
+    IF v_new IS NOT NULL THEN   -- files folded since: exact
+      INSERT INTO pg_temp.storetopics_nov
+      SELECT s.file_key, storetopics._novelty(v_ln, s.total, s.words), storetopics._novelty(v_ln, s.total, s.words),
+             s.apart
+        FROM storetopics._novelty_sums(p_source, p_store, v_new) s WHERE s.words > 0;
+    END IF;
+    v_m := (SELECT count(*) FROM pg_temp.storetopics_nov);
+    IF v_m = 0 THEN
+      DROP TABLE pg_temp.storetopics_nov;
+      RETURN;
+    END IF;
+    -- The median, then the MAD (the median of the distances to it), as percentile_cont takes them: the r1-th and
+    -- r2-th smallest values, interpolated.  The r1-th smallest value is at least the r1-th smallest lower bound
+    -- (v_l), the r2-th at most the r2-th smallest upper bound (v_h): the files whose bounds reach into [v_l, v_h]
+    -- are made exact, those wholly below are counted, and the two values are read off the exact ones between.
+    r1 := floor(0.5 * (v_m - 1))::bigint + 1;
+    r2 := ceil(0.5 * (v_m - 1))::bigint + 1;
+    SELECT (SELECT v.lo FROM pg_temp.storetopics_nov v ORDER BY 1 OFFSET r1 - 1 LIMIT 1),
+           (SELECT v.hi FROM pg_temp.storetopics_nov v ORDER BY 1 OFFSET r2 - 1 LIMIT 1)
       INTO v_l, v_h;
+    EXIT WHEN (SELECT count(*) FROM pg_temp.storetopics_nov v WHERE v.lo < v.hi AND v.hi >= v_l AND v.lo <= v_h)
+              <= greatest(100, v_m / 40);
+  END LOOP;
+  FOR stage IN 1..2 LOOP
+    IF stage = 2 THEN
+      SELECT (SELECT storetopics._novelty_bound(v.lo, v.hi, v_about, false) FROM pg_temp.storetopics_nov v
+               ORDER BY 1 OFFSET r1 - 1 LIMIT 1),
+             (SELECT storetopics._novelty_bound(v.lo, v.hi, v_about, true) FROM pg_temp.storetopics_nov v
+               ORDER BY 1 OFFSET r2 - 1 LIMIT 1)
+        INTO v_l, v_h;
+    END IF;
     UPDATE pg_temp.storetopics_nov v SET lo = storetopics._novelty(v_ln, x.total, x.words),
                                          hi = storetopics._novelty(v_ln, x.total, x.words)
       FROM storetopics._novelty_moved(p_source, p_store, ARRAY(
@@ -107071,4 +107090,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '916412592') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '3728712556') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -6,7 +6,6 @@ CREATE TABLE storetopics.novelty_state (
   store_key text NOT NULL,
   rare      int NOT NULL,           -- terms in at most this many files then have their postings kept
   dfs       int[] NOT NULL,         -- the files holding each term then, by term id (0, or past the end: none)
-  spread    float8 NOT NULL,        -- the median over the files of sensitivity / words (below)
   PRIMARY KEY (source_id, store_key)
 );
 -- One row per file of a store that has a novelty_state: its sums as they were then (n NULL: the file was folded
