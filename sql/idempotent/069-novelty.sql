@@ -74,15 +74,15 @@ BEGIN
   RETURN coalesce(v_dfs, '{}');
 END $$;
 
--- The sums of a store's files (p_files: only these; NULL: all of them) at the document frequencies p_dfs (NULL:
--- the current ones), whether the clustering finds each apart; with p_rare, also their terms in at most p_rare files
--- with their counts, and their sensitivity to the others (storetopics.file_novelty).  The terms' document
--- frequencies are looked up by position in an array indexed by term id: hashing every (file, term) pair of the
--- store and grouping the pairs by file again costs about twice as much (bench/README.md).
-CREATE OR REPLACE FUNCTION storetopics._novelty_sums(p_source int, p_store text, p_files text[],
-                                                     p_rare int DEFAULT NULL, p_dfs int[] DEFAULT NULL)
-RETURNS TABLE (file_key text, total bigint, words bigint, apart boolean, sensitivity float8, rare_terms int[],
-               rare_counts int[])
+-- Whether the clustering finds a file apart: every one of its chunks lies beyond its nearest cluster's radius.
+CREATE OR REPLACE FUNCTION storetopics._file_apart(chunks int[], outliers int[]) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN cardinality(chunks) > 0
+       AND (SELECT sum(o) FROM unnest(outliers) o) = (SELECT sum(c) FROM unnest(chunks) c);
+
+-- The sums of some files of a store at the current document frequencies, and whether each is apart.
+CREATE OR REPLACE FUNCTION storetopics._novelty_sums(p_source int, p_store text, p_files text[])
+RETURNS TABLE (file_key text, total bigint, words bigint, apart boolean)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
   v_dfs int[];
@@ -90,21 +90,15 @@ BEGIN
   IF cardinality(p_files) = 0 THEN
     RETURN;
   END IF;
-  v_dfs := coalesce(p_dfs, storetopics._store_dfs(p_source, p_store, p_files));
+  v_dfs := storetopics._store_dfs(p_source, p_store, p_files);
   RETURN QUERY
-  SELECT f.file_key, coalesce(s.total, 0)::bigint, coalesce(s.words, 0)::bigint,
-         cardinality(f.cluster_chunks) > 0 AND (SELECT sum(o) FROM unnest(f.cluster_outliers) o)
-           = (SELECT sum(c) FROM unnest(f.cluster_chunks) c),
-         coalesce(s.sensitivity, 0), s.rare_terms, s.rare_counts
-    FROM storetopics.file_terms f,
-         LATERAL (SELECT sum(u.c::bigint * storetopics._ln9(v_dfs[u.t])) AS total, sum(u.c) AS words,
-                         sum(u.c / v_dfs[u.t]::float8) FILTER (WHERE v_dfs[u.t] > p_rare) AS sensitivity,
-                         array_agg(u.t) FILTER (WHERE v_dfs[u.t] <= p_rare) AS rare_terms,
-                         array_agg(u.c) FILTER (WHERE v_dfs[u.t] <= p_rare) AS rare_counts
-                    FROM unnest(f.term_ids, f.counts) AS u(t, c)) s
+  SELECT f.file_key,
+         coalesce((SELECT sum(u.c::bigint * storetopics._ln9(v_dfs[u.t]))
+                     FROM unnest(f.term_ids, f.counts) AS u(t, c)), 0)::bigint,
+         f.words, storetopics._file_apart(f.cluster_chunks, f.cluster_outliers)
+    FROM storetopics.file_terms f
    WHERE f.source_id = p_source AND f.store_key = p_store
-     AND (p_files IS NULL OR (md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x))
-                              AND f.file_key = ANY (p_files)));
+     AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x)) AND f.file_key = ANY (p_files);
 END $$;
 
 -- The sums now of some kept files of a store (storetopics.file_novelty): the kept sum moved by each of the file's
@@ -133,26 +127,42 @@ BEGIN ATOMIC
   DELETE FROM storetopics.novelty_postings WHERE source_id = p_source AND (p_store IS NULL OR store_key = p_store);
 END;
 
--- Keep a store's novelty: every file's sums now, numbered, the document frequencies they are of, and the postings
--- of the terms in at most `rare` files (the others move a file's sum little: its sensitivity bounds how far).
+-- Keep a store's novelty: every file's sums now, numbered, the document frequencies they are of, each file's
+-- sensitivity to the terms in more than `rare` files, and the postings of the others.  One pass over the store's
+-- (file, term) pairs: each term's ln and 1 / files looked up by position in arrays indexed by term id (hashing the
+-- pairs and grouping them by file again costs about twice as much), each file's rare terms packed with their counts
+-- into one array (an aggregate per pair less).
 CREATE OR REPLACE FUNCTION storetopics._keep_novelty(p_source int, p_store text) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off SET work_mem = '256MB' AS $$
 DECLARE
-  v_rare int := 30;
+  v_rare int := 100;
   v_dfs int[] := storetopics._store_dfs(p_source, p_store, NULL);
+  v_ln9 bigint[];
+  v_inv float8[];    -- 1 / files, 0 for a rare term
 BEGIN
+  SELECT array_agg(storetopics._ln9(x.d) ORDER BY x.i), array_agg(CASE WHEN x.d > v_rare THEN 1 / x.d::float8 ELSE 0 END
+                                                              ORDER BY x.i)
+    INTO v_ln9, v_inv
+    FROM unnest(v_dfs) WITH ORDINALITY AS x(d, i);
   PERFORM storetopics._forget_novelty(p_source, p_store);
   IF to_regclass('pg_temp.storetopics_keep') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_keep; END IF;
   CREATE TEMP TABLE storetopics_keep ON COMMIT DROP AS
-  SELECT (row_number() OVER ())::int AS n, s.*
-    FROM storetopics._novelty_sums(p_source, p_store, NULL, v_rare, v_dfs) s;
+  SELECT (row_number() OVER ())::int AS n, f.file_key, coalesce(s.total, 0)::bigint AS total, f.words,
+         storetopics._file_apart(f.cluster_chunks, f.cluster_outliers) AS apart,
+         coalesce(s.sensitivity, 0) AS sensitivity, s.rare
+    FROM storetopics.file_terms f,
+         LATERAL (SELECT sum(u.c::bigint * v_ln9[u.t]) AS total, sum(u.c * v_inv[u.t]) AS sensitivity,
+                         array_agg(u.t::bigint << 32 | u.c) FILTER (WHERE v_inv[u.t] = 0) AS rare
+                    FROM unnest(f.term_ids, f.counts) AS u(t, c)) s
+   WHERE f.source_id = p_source AND f.store_key = p_store;
   INSERT INTO storetopics.file_novelty (source_id, store_key, file_key, n, total, words, apart, sensitivity)
   SELECT p_source, p_store, k.file_key, k.n, k.total, k.words, k.apart, k.sensitivity
     FROM pg_temp.storetopics_keep k;
+  -- (unnested in the select list, which streams the pairs)
   INSERT INTO storetopics.novelty_postings (source_id, store_key, term_id, file_ns, counts)
-  SELECT p_source, p_store, u.t, array_agg(k.n), array_agg(u.c)
-    FROM pg_temp.storetopics_keep k, unnest(k.rare_terms, k.rare_counts) AS u(t, c)
-   GROUP BY u.t;
+  SELECT p_source, p_store, (u.x >> 32)::int, array_agg(u.n), array_agg((u.x & 4294967295)::int)
+    FROM (SELECT k.n, unnest(k.rare) AS x FROM pg_temp.storetopics_keep k) u
+   GROUP BY u.x >> 32;
   INSERT INTO storetopics.novelty_state (source_id, store_key, rare, dfs) VALUES (p_source, p_store, v_rare, v_dfs);
   DROP TABLE pg_temp.storetopics_keep;
 END $$;
@@ -238,7 +248,8 @@ BEGIN
         FROM storetopics._novelty_moves(p_source, p_store, k.dfs, k.rare);
     END IF;
     -- computed again when nothing is kept, when the kept rows do not add up to the store's files, when many files
-    -- changed, or (a second attempt) when the bounds leave too many files to compute again
+    -- changed, or (a second attempt) when the bounds leave too many files to compute again: a tenth of them, whose
+    -- exact sums would cost a good part of computing all of them
     IF k.source_id IS NULL OR attempt = 2 OR v_rows <> st.files OR cardinality(v_new) > greatest(100, st.files / 50)
     THEN
       PERFORM storetopics._keep_novelty(p_source, p_store);
@@ -284,7 +295,7 @@ BEGIN
            (SELECT v.hi FROM pg_temp.storetopics_nov v ORDER BY 1 OFFSET r2 - 1 LIMIT 1)
       INTO v_l, v_h;
     EXIT WHEN (SELECT count(*) FROM pg_temp.storetopics_nov v WHERE v.lo < v.hi AND v.hi >= v_l AND v.lo <= v_h)
-              <= greatest(100, v_m / 40);
+              <= greatest(100, v_m / 10);
   END LOOP;
   FOR stage IN 1..2 LOOP
     IF stage = 2 THEN
