@@ -94,7 +94,7 @@ BEGIN
   RETURN QUERY
   SELECT f.file_key,
          coalesce((SELECT sum(u.c::bigint * storetopics._ln9(v_dfs[u.t]))
-                     FROM unnest(f.term_ids, f.counts) AS u(t, c)), 0)::bigint,
+                     FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u), 0)::bigint,
          f.words, storetopics._file_apart(f.cluster_chunks, f.cluster_outliers)
     FROM storetopics.file_terms f
    WHERE f.source_id = p_source AND f.store_key = p_store
@@ -108,7 +108,8 @@ RETURNS TABLE (file_key text, total bigint, words bigint)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   SELECT n.file_key,
-         n.total + coalesce((SELECT sum(u.c::bigint * p_moves[u.t]) FROM unnest(f.term_ids, f.counts) AS u(t, c)), 0),
+         n.total + coalesce((SELECT sum(u.c::bigint * p_moves[u.t])
+                               FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u), 0),
          n.words
     FROM storetopics.file_novelty n
     JOIN storetopics.file_terms f
@@ -131,11 +132,12 @@ END;
 -- sensitivity to the terms in more than `rare` files, and the postings of the others.  One pass over the store's
 -- (file, term) pairs: each term's ln and 1 / files looked up by position in arrays indexed by term id (hashing the
 -- pairs and grouping them by file again costs about twice as much), each file's rare terms packed with their counts
--- into one array (an aggregate per pair less).
+-- into one array (an aggregate per pair less).  (A file's arrays are unnested in the select list, in step, which
+-- streams its pairs; unnest(a, b) in FROM copies them into a tuplestore first.)
 CREATE OR REPLACE FUNCTION storetopics._keep_novelty(p_source int, p_store text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off SET work_mem = '256MB' AS $$
 DECLARE
-  v_rare int := 100;
+  v_rare int := 50;
   v_dfs int[] := storetopics._store_dfs(p_source, p_store, NULL);
   v_ln9 bigint[];
   v_inv float8[];    -- 1 / files, 0 for a rare term
@@ -153,7 +155,7 @@ BEGIN
     FROM storetopics.file_terms f,
          LATERAL (SELECT sum(u.c::bigint * v_ln9[u.t]) AS total, sum(u.c * v_inv[u.t]) AS sensitivity,
                          array_agg(u.t::bigint << 32 | u.c) FILTER (WHERE v_inv[u.t] = 0) AS rare
-                    FROM unnest(f.term_ids, f.counts) AS u(t, c)) s
+                    FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u) s
    WHERE f.source_id = p_source AND f.store_key = p_store;
   INSERT INTO storetopics.file_novelty (source_id, store_key, file_key, n, total, words, apart, sensitivity)
   SELECT p_source, p_store, k.file_key, k.n, k.total, k.words, k.apart, k.sensitivity
@@ -258,10 +260,15 @@ BEGIN
     IF to_regclass('pg_temp.storetopics_nov') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_nov; END IF;
     -- Kept files: their sums moved exactly by their rare terms (the postings), and through the others by at most
     -- v_most per word, and by at most v_ratio x their sensitivity (each term's ln moved by at most v_ratio / its
-    -- files then), plus the roundings of each ln to 1e-9, one unit per word.
+    -- files then), plus the roundings of each ln to 1e-9, one unit per word.  Bounds on the novelty without its
+    -- rounding to 1e-9, widened by 1e-9 (rounding moves it by less); exact (lo = hi) where nothing moved the sum.
     CREATE TEMP TABLE storetopics_nov ON COMMIT DROP AS
-    SELECT f.file_key, storetopics._novelty(v_ln, f.total + coalesce(d.move, 0) + b.slack, f.words) AS lo,
-           storetopics._novelty(v_ln, f.total + coalesce(d.move, 0) - b.slack, f.words) AS hi, f.apart
+    SELECT f.file_key,
+           CASE WHEN b.slack = 0 THEN storetopics._novelty(v_ln, f.total + coalesce(d.move, 0), f.words)
+                ELSE v_ln - (f.total + coalesce(d.move, 0) + b.slack)::float8 / 1e9 / f.words - 1e-9 END AS lo,
+           CASE WHEN b.slack = 0 THEN storetopics._novelty(v_ln, f.total + coalesce(d.move, 0), f.words)
+                ELSE v_ln - (f.total + coalesce(d.move, 0) - b.slack)::float8 / 1e9 / f.words + 1e-9 END AS hi,
+           f.apart
       FROM storetopics.file_novelty f
       LEFT JOIN (SELECT u.n, sum(u.c::bigint * m.move)::bigint AS move
                    FROM unnest(v_rare, v_rare_moves) AS m(term_id, move)
@@ -330,15 +337,16 @@ BEGIN
   SELECT v.apart, v.lo INTO v_s_apart, v_s_lo FROM pg_temp.storetopics_nov v
    WHERE storetopics._novel(v.lo, v.apart, v_med, v_mad)
    ORDER BY v.apart DESC, v.lo DESC OFFSET 2 LIMIT 1;
-  DELETE FROM pg_temp.storetopics_nov v
-   WHERE NOT storetopics._novel(v.hi, v.apart, v_med, v_mad)
-      OR (v_s_lo IS NOT NULL AND ((v_s_apart AND NOT v.apart) OR (v_s_apart = v.apart AND v.hi < v_s_lo)));
   UPDATE pg_temp.storetopics_nov v SET lo = storetopics._novelty(v_ln, x.total, x.words),
                                        hi = storetopics._novelty(v_ln, x.total, x.words)
-    FROM storetopics._novelty_moved(p_source, p_store,
-                                    ARRAY(SELECT w.file_key FROM pg_temp.storetopics_nov w WHERE w.lo < w.hi),
-                                    v_moves) x
+    FROM storetopics._novelty_moved(p_source, p_store, ARRAY(
+           SELECT w.file_key FROM pg_temp.storetopics_nov w
+            WHERE w.lo < w.hi AND storetopics._novel(w.hi, w.apart, v_med, v_mad)
+              AND (v_s_lo IS NULL
+                   OR NOT ((v_s_apart AND NOT w.apart) OR (v_s_apart = w.apart AND w.hi < v_s_lo)))),
+           v_moves) x
    WHERE v.file_key = x.file_key;
+  -- (the others rank below those three, exact, whatever their bounds)
   RETURN QUERY
     SELECT (row_number() OVER (ORDER BY o.apart DESC, o.lo DESC, o.file_key))::int, o.file_key, o.lo
       FROM (SELECT v.* FROM pg_temp.storetopics_nov v WHERE storetopics._novel(v.lo, v.apart, v_med, v_mad)

@@ -1,7 +1,8 @@
 -- storetopics 0.2: what render keeps of a store's file novelty between renders (storetopics._outlier_files), so that
 -- a render after a small change reads the files that changed, not every (file, term) pair of the store.  Derived
 -- state: dropped and computed again whenever it cannot vouch for the exact result (not dumped by pg_dump).
-CREATE TABLE storetopics.novelty_state (
+-- Unlogged: writing it costs no WAL, and after a crash the three tables are empty together, and computed again.
+CREATE UNLOGGED TABLE storetopics.novelty_state (
   source_id int NOT NULL,
   store_key text NOT NULL,
   rare      int NOT NULL,           -- terms in at most this many files then have their postings kept
@@ -10,7 +11,7 @@ CREATE TABLE storetopics.novelty_state (
 );
 -- One row per file of a store that has a novelty_state: its sums as they were then (n NULL: the file was folded
 -- since, its row is a placeholder that fold writes, and each render computes the file again).
-CREATE TABLE storetopics.file_novelty (
+CREATE UNLOGGED TABLE storetopics.file_novelty (
   source_id int NOT NULL,
   store_key text NOT NULL,
   file_key  text NOT NULL,
@@ -26,7 +27,7 @@ CREATE INDEX file_novelty_store ON storetopics.file_novelty (source_id, store_ke
 CREATE INDEX file_novelty_file ON storetopics.file_novelty (source_id, (md5(file_key)::uuid));
 -- The files (by number) and counts of each rare term, as they were: a term whose document frequency moved since
 -- moves the novelty of exactly these files.
-CREATE TABLE storetopics.novelty_postings (
+CREATE UNLOGGED TABLE storetopics.novelty_postings (
   source_id int NOT NULL,
   store_key text NOT NULL,
   term_id   int NOT NULL,
