@@ -101,22 +101,18 @@ BEGIN
      AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x)) AND f.file_key = ANY (p_files);
 END $$;
 
--- The sums now of some kept files of a store (storetopics.file_novelty): the kept sum moved by each of the file's
--- terms whose ln(files) moved since (p_moves, by term id, in units of 1e-9).  Exact: integers.
+-- How far the sums of some files of a store moved through their terms whose ln(files) moved (p_moves, by term id,
+-- in units of 1e-9): a kept file's sum (storetopics.file_novelty) plus this is its sum now.  Exact: integers.
 CREATE OR REPLACE FUNCTION storetopics._novelty_moved(p_source int, p_store text, p_files text[], p_moves bigint[])
-RETURNS TABLE (file_key text, total bigint, words bigint)
+RETURNS TABLE (file_key text, moved bigint)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-  SELECT n.file_key,
-         n.total + coalesce((SELECT sum(u.c::bigint * p_moves[u.t])
-                               FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u), 0),
-         n.words
-    FROM storetopics.file_novelty n
-    JOIN storetopics.file_terms f
-      ON f.source_id = p_source AND md5(f.file_key)::uuid = md5(n.file_key)::uuid AND f.file_key = n.file_key
-     AND f.store_key = p_store
-   WHERE n.source_id = p_source AND n.store_key = p_store AND n.n IS NOT NULL
-     AND md5(n.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x)) AND n.file_key = ANY (p_files);
+  SELECT f.file_key,
+         coalesce((SELECT sum(u.c::bigint * p_moves[u.t])
+                     FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u), 0)::bigint
+    FROM storetopics.file_terms f
+   WHERE f.source_id = p_source AND f.store_key = p_store
+     AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x)) AND f.file_key = ANY (p_files);
 END;
 
 -- Forget what render kept of a source's (or one store's) novelty.
@@ -268,7 +264,7 @@ BEGIN
                 ELSE v_ln - (f.total + coalesce(d.move, 0) + b.slack)::float8 / 1e9 / f.words - 1e-9 END AS lo,
            CASE WHEN b.slack = 0 THEN storetopics._novelty(v_ln, f.total + coalesce(d.move, 0), f.words)
                 ELSE v_ln - (f.total + coalesce(d.move, 0) - b.slack)::float8 / 1e9 / f.words + 1e-9 END AS hi,
-           f.apart
+           f.apart, f.total, f.words
       FROM storetopics.file_novelty f
       LEFT JOIN (SELECT u.n, sum(u.c::bigint * m.move)::bigint AS move
                    FROM unnest(v_rare, v_rare_moves) AS m(term_id, move)
@@ -284,7 +280,7 @@ BEGIN
     IF v_new IS NOT NULL THEN   -- files folded since: exact
       INSERT INTO pg_temp.storetopics_nov
       SELECT s.file_key, storetopics._novelty(v_ln, s.total, s.words), storetopics._novelty(v_ln, s.total, s.words),
-             s.apart
+             s.apart, s.total, s.words
         FROM storetopics._novelty_sums(p_source, p_store, v_new) s WHERE s.words > 0;
     END IF;
     v_m := (SELECT count(*) FROM pg_temp.storetopics_nov);
@@ -312,8 +308,8 @@ BEGIN
                ORDER BY 1 OFFSET r2 - 1 LIMIT 1)
         INTO v_l, v_h;
     END IF;
-    UPDATE pg_temp.storetopics_nov v SET lo = storetopics._novelty(v_ln, x.total, x.words),
-                                         hi = storetopics._novelty(v_ln, x.total, x.words)
+    UPDATE pg_temp.storetopics_nov v SET lo = storetopics._novelty(v_ln, v.total + x.moved, v.words),
+                                         hi = storetopics._novelty(v_ln, v.total + x.moved, v.words)
       FROM storetopics._novelty_moved(p_source, p_store, ARRAY(
              SELECT w.file_key FROM pg_temp.storetopics_nov w
               WHERE w.lo < w.hi AND storetopics._novelty_bound(w.lo, w.hi, v_about, true) >= v_l
@@ -337,8 +333,8 @@ BEGIN
   SELECT v.apart, v.lo INTO v_s_apart, v_s_lo FROM pg_temp.storetopics_nov v
    WHERE storetopics._novel(v.lo, v.apart, v_med, v_mad)
    ORDER BY v.apart DESC, v.lo DESC OFFSET 2 LIMIT 1;
-  UPDATE pg_temp.storetopics_nov v SET lo = storetopics._novelty(v_ln, x.total, x.words),
-                                       hi = storetopics._novelty(v_ln, x.total, x.words)
+  UPDATE pg_temp.storetopics_nov v SET lo = storetopics._novelty(v_ln, v.total + x.moved, v.words),
+                                       hi = storetopics._novelty(v_ln, v.total + x.moved, v.words)
     FROM storetopics._novelty_moved(p_source, p_store, ARRAY(
            SELECT w.file_key FROM pg_temp.storetopics_nov w
             WHERE w.lo < w.hi AND storetopics._novel(w.hi, w.apart, v_med, v_mad)
