@@ -104594,15 +104594,17 @@ END;
 -- Computed from scratch, that reads every (file, term) pair of the store at every render.  Here it is kept: each
 -- file's sum(n ln df) as it was (storetopics.file_novelty), the document frequencies then (novelty_state.dfs), and
 -- the files of the rare terms (novelty_postings).  After some file events, a kept file's sum has moved (a) exactly
--- by its rare terms whose df moved (their postings say which files hold them, with what counts), and (b) by at most
--- `slack` per counted word through its other terms (the largest move of ln df among the terms above `rare`).  So
+-- by its rare terms whose df moved (their postings say which files hold them, with what counts), and (b) through its
+-- other terms by at most the largest move of their ln df per counted word, and by at most its sensitivity (the sum
+-- of count / df over them, kept) times the largest (df gained or lost) x df then / the smaller df of any of them.  So
 -- each file's novelty is known within bounds; the median, the MAD and each file's test are decided from the bounds
 -- where they suffice, and from the files computed again exactly where they do not (order statistics: only the files
 -- whose bounds straddle them).  Files folded since are computed again.  The result is what a computation from
 -- scratch gives, bit for bit: sums are integers (each ln df rounded to 1e-9 first), so they do not depend on which
 -- files are summed together or in what order, and every step the bounds decide is one whose outcome they prove
--- (tests/test_novelty.py).  The kept state is computed again when the bounds grow loose or many files changed, and
--- forgotten when the clusters' assignment changes (what is apart) or anything about it does not add up.
+-- (tests/test_novelty.py).  The kept state is computed again when many files changed or the bounds leave a tenth of
+-- the files to compute exactly, and forgotten when the clusters' assignment changes (what is apart), when the source
+-- is recounted, or when anything about it does not add up.
 
 -- ln(df) in units of 1e-9, rounded: integer sums are exact in any order.  (SQL-standard bodies without SET or
 -- STRICT: the planner inlines them, they run per row.)
@@ -107106,4 +107108,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '114280514') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '4234461026') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
