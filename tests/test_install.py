@@ -19,8 +19,12 @@ SEARCH_PATH = "search_path=pg_catalog, pg_temp"
 # created, so the caller's search_path cannot change what they call; a SET clause would stop the planner from
 # inlining them (they run per row in fold()).  Any other function must set search_path.
 # functions that do not pin their search_path: a SQL-standard body is bound when it is created, and the planner
-# inlines these into the statements that call them (fold's recount)
-BOUND_AT_CREATION: set[str] = {"_dehyphenated(text)"}
+# inlines these into the statements that call them (fold's recount; render's novelty, per (file, term) pair or
+# per file: sql/idempotent/069-novelty.sql)
+BOUND_AT_CREATION: set[str] = {"_dehyphenated(text)", "_ln9(bigint)", "_novelty(double precision,bigint,bigint)",
+                               "_novelty_bound(double precision,double precision,double precision,boolean)",
+                               "_novel(double precision,boolean,double precision,double precision)",
+                               "_file_apart(integer[],integer[])"}
 PUBLIC_EXECUTE = {"_usable_text(text)", "_dehyphenated(text)", "_showable_term(text)", "_human_count(bigint)",
                   "_tsvector_or_null(regconfig,text)", "_max_store_key()", "_tool_name(text,text)",
                   # checks every caller itself: contents go only to roles that may SELECT the chunk table

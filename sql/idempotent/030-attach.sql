@@ -48,6 +48,7 @@ BEGIN
   DELETE FROM storetopics.pending WHERE source_id = p_source;
   DELETE FROM storetopics.file_terms WHERE source_id = p_source;
   DELETE FROM storetopics.store_terms WHERE source_id = p_source;
+  PERFORM storetopics._forget_novelty(p_source);
   DELETE FROM storetopics.store_state WHERE source_id = p_source;
   DELETE FROM storetopics.clusters WHERE source_id = p_source;
   DELETE FROM storetopics.label_ledger WHERE source_id = p_source;

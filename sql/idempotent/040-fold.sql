@@ -130,6 +130,7 @@ BEGIN
   PERFORM storetopics._catalog_move(src.id, storetopics._catalog(src.id), NULL);
   DELETE FROM storetopics.file_terms WHERE source_id = src.id;
   DELETE FROM storetopics.store_terms WHERE source_id = src.id;
+  PERFORM storetopics._forget_novelty(src.id);
   UPDATE storetopics.store_state SET files = 0, chunks = 0, words = 0, skipped = 0, other_dim = 0, folded_at = now(),
          version = version + 1
    WHERE source_id = src.id;
@@ -446,6 +447,12 @@ BEGIN
          nf.cluster_ids, nf.cluster_chunks, nf.cluster_outliers, nf.other_dim
     FROM pg_temp.storetopics_new_files nf;
   GET DIAGNOSTICS v_n = ROW_COUNT;
+  -- what render keeps of its stores' novelty (storetopics._outlier_files): these files are computed again there
+  DELETE FROM storetopics.file_novelty f
+   WHERE f.source_id = src.id AND md5(f.file_key)::uuid = ANY (v_digests) AND f.file_key = ANY (p_files);
+  INSERT INTO storetopics.file_novelty (source_id, store_key, file_key)
+  SELECT src.id, nf.store_key, nf.file_key FROM pg_temp.storetopics_new_files nf
+   WHERE nf.store_key IN (SELECT k.store_key FROM storetopics.novelty_state k WHERE k.source_id = src.id);
   DROP TABLE pg_temp.storetopics_new_files, pg_temp.storetopics_old_files, pg_temp.storetopics_store_delta;
   RETURN v_n;
 END $$;

@@ -307,6 +307,8 @@ AS $$
 DECLARE
   v_updated bigint;
 BEGIN
+  -- what is apart may change for every file: render's kept novelty of the store goes (storetopics._outlier_files)
+  PERFORM storetopics._forget_novelty(src.id, p_store);
   -- (a temp table made and dropped here: two statements read it, planned on its statistics)
   CREATE TEMP TABLE storetopics_assign ON COMMIT DROP AS SELECT * FROM storetopics._assign(src, NULL, p_store);
   ANALYZE pg_temp.storetopics_assign;

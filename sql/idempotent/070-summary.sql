@@ -67,11 +67,13 @@ RETURN coalesce((SELECT mode() WITHIN GROUP (ORDER BY storetopics._script(x.lexe
 --     * recurring dense terms: (total_sq / total) x IDF, for terms in at least three files whose occurrences come
 --       in clusters (total_sq / total >= 2, i.e. one-off mentions are ignored; a name two files share is not a
 --       theme).
--- No merge joins: the planner cannot know how long the arrays are, so it would sort every (file, term) pair of the
--- store by term to merge them with the store's terms; hashing the terms streams the pairs instead (bench/README.md).
--- (About 90 lines: one query, whose lists share the store's terms and its files' novelty.)
-CREATE OR REPLACE FUNCTION storetopics._keywords(p_source int, p_store text, n_dominant int DEFAULT 10,
-                                     n_distinctive int DEFAULT 8)
+-- The outlier files are given (storetopics._outlier_files finds them, from what changed).  No merge joins: the
+-- planner cannot know how long the arrays are, so it would sort every (file, term) pair of the outlier files by term
+-- to merge them with the store's terms; hashing the terms streams the pairs instead (bench/README.md).
+-- (About 70 lines: one query, whose lists share the store's terms.)
+CREATE OR REPLACE FUNCTION storetopics._keywords(p_source int, p_store text, outlier_files text[],
+                                                 outlier_novelty float8[], n_dominant int DEFAULT 10,
+                                                 n_distinctive int DEFAULT 8)
 RETURNS TABLE (kind text, rank int, lexeme text, score float8, files int, total bigint, file_key text)
 LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off
 BEGIN ATOMIC
@@ -91,31 +93,9 @@ BEGIN ATOMIC
      WHERE storetopics._showable_term(t.term)
        AND storetopics._noise(t.term, t.files, t.total, t.total_sq, t.n::bigint, t.words, t.script) IS NULL
      ORDER BY t.total DESC, t.term LIMIT n_dominant
-  ), novelty AS (
-    -- rounded: a float sum depends on the order rows arrive in, and files with the same words must tie exactly
-    -- whatever the table's physical order (the same state renders the same text)
-    -- (every (file, term) pair of the store: the arrays are unnested in the select list, which streams them,
-    -- where unnest(a, b) in FROM first copies each pair into a tuplestore)
-    SELECT u.file_key, round((sum(u.n * t.idf) / sum(u.n))::numeric, 9)::float8 AS nov
-      FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id, unnest(f.counts) AS n FROM storetopics.file_terms f
-             WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0) u
-      JOIN terms t ON t.term_id = u.term_id
-     GROUP BY u.file_key
-  ), spread AS (
-    SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY nov) AS med FROM novelty
-  ), mad AS (
-    SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY abs(v.nov - s.med)) AS mad, s.med
-      FROM novelty v, spread s GROUP BY s.med
-  ), apart AS (
-    -- files the clustering gives no topic: every one of their chunks lies beyond its nearest cluster's radius
-    SELECT f.file_key FROM storetopics.file_terms f
-     WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0 AND cardinality(f.cluster_chunks) > 0
-       AND (SELECT sum(o) FROM unnest(f.cluster_outliers) o) = (SELECT sum(c) FROM unnest(f.cluster_chunks) c)
   ), outliers AS (
-    SELECT v.file_key, v.nov FROM novelty v CROSS JOIN mad m LEFT JOIN apart a ON a.file_key = v.file_key
-     WHERE (v.nov - m.med) / (1.4826 * m.mad + 1e-9) >= CASE WHEN a.file_key IS NULL THEN 3.5 ELSE 2.5 END
-     -- files both signals find apart first: a uniform store has some novel files of its own, rarely apart as well
-     ORDER BY a.file_key IS NULL, v.nov DESC, v.file_key LIMIT 3
+    -- (storetopics._outlier_files: the files, best first, and their novelty)
+    SELECT o.file_key, o.nov FROM unnest(outlier_files, outlier_novelty) AS o(file_key, nov)
   ), outlier_terms AS (
     -- the top 3 terms of each outlier file, even when they also rank as dominant (in a small store a needle's words
     -- do: they are still what the file is about); a term two outlier files share is kept once, with its best file
@@ -432,6 +412,7 @@ BEGIN
   IF st.files <= 0 THEN
     DELETE FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
     DELETE FROM storetopics.clusters WHERE source_id = p_source AND store_key = p_store;
+    PERFORM storetopics._forget_novelty(p_source, p_store);
     PERFORM storetopics._mirror(src, p_store, NULL);
     PERFORM pg_notify('storetopics_updated', p_source || ':' || p_store);
     RETURN true;
@@ -603,12 +584,16 @@ DECLARE
   v_files int[];
   v_total bigint[];
   v_file text[];
+  v_outliers text[];
+  v_novelty float8[];
 BEGIN
+  SELECT array_agg(o.file_key ORDER BY o.rank), array_agg(o.novelty ORDER BY o.rank) INTO v_outliers, v_novelty
+    FROM storetopics._outlier_files(src.id, p_store) o;
   SELECT array_agg(k.kind), array_agg(k.rank), array_agg(k.lexeme), array_agg(k.score), array_agg(k.files),
          array_agg(k.total), array_agg(k.file_key)
     INTO v_kind, v_rank, v_lexeme, v_score, v_files, v_total, v_file
     FROM (SELECT k.kind, k.rank, k.lexeme, k.score, k.files, k.total, k.file_key
-            FROM storetopics._keywords(src.id, p_store) k
+            FROM storetopics._keywords(src.id, p_store, v_outliers, v_novelty) k
           UNION ALL
           SELECT 'contrast', (row_number() OVER (ORDER BY c.score DESC, c.lexeme))::int, c.lexeme, c.score, c.files,
                  NULL, NULL
@@ -668,7 +653,7 @@ BEGIN
 END $$;
 
 -- What \df+ shows a DBA.
-COMMENT ON FUNCTION storetopics._keywords(int, text, int, int) IS
+COMMENT ON FUNCTION storetopics._keywords(int, text, text[], float8[], int, int) IS
   'A store''s dominant (by count) and distinctive (outlier files, dense terms) terms, exact, deterministic.';
 COMMENT ON FUNCTION storetopics._contrast_terms(int, text, int) IS
   'The terms that tell a store apart from the other stores of its catalog, best first (p ln(p/q) over file shares), exact.';
