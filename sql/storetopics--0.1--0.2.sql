@@ -105019,74 +105019,144 @@ CREATE OR REPLACE FUNCTION storetopics._keywords(p_source int, p_store text, out
                                                  outlier_novelty float8[], n_dominant int DEFAULT 10,
                                                  n_distinctive int DEFAULT 8)
 RETURNS TABLE (kind text, rank int, lexeme text, score float8, files int, total bigint, file_key text)
-LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off
-BEGIN ATOMIC
-  WITH st AS MATERIALIZED (   -- (once: inlined, the script would be found again for every term)
-    SELECT greatest(s.files, 1)::float8 AS n, s.words AS words, storetopics._store_script(p_source, p_store) AS script
-      FROM storetopics.store_state s
-     WHERE s.source_id = p_source AND s.store_key = p_store
-  ), terms AS (
-    SELECT t.term_id, x.lexeme AS term, t.files, t.total, t.total_sq, ln(st.n / t.files) AS idf, st.n, st.words,
-           st.script
-      FROM storetopics.store_terms t JOIN storetopics.lexemes x ON x.id = t.term_id, st
-     WHERE t.source_id = p_source AND t.store_key = p_store
-  ), dominant AS (
-    SELECT 'dominant'::text AS kind, t.term, t.total::float8 AS score, t.files, t.total, NULL::text AS file_key
-      -- ranked first, then the test, until n pass (OFFSET 0 keeps the test above the sort, off most terms)
-      FROM (SELECT * FROM terms ORDER BY total DESC, term OFFSET 0) t
-     WHERE storetopics._showable_term(t.term)
-       AND storetopics._noise(t.term, t.files, t.total, t.total_sq, t.n::bigint, t.words, t.script) IS NULL
-     ORDER BY t.total DESC, t.term LIMIT n_dominant
-  ), outliers AS (
-    -- (storetopics._outlier_files: the files, best first, and their novelty)
-    SELECT o.file_key, o.nov FROM unnest(outlier_files, outlier_novelty) AS o(file_key, nov)
-  ), outlier_terms AS (
-    -- the top 3 terms of each outlier file, even when they also rank as dominant (in a small store a needle's words
-    -- do: they are still what the file is about); a term two outlier files share is kept once, with its best file
-    SELECT DISTINCT ON (x.term) x.term, x.score, x.files, x.total, x.file_key, x.nov FROM (
-      SELECT w.term, w.n * w.idf AS score, w.files, w.total, w.file_key, w.nov,
-             row_number() OVER (PARTITION BY w.file_key ORDER BY w.n * w.idf DESC, w.term) AS r
-        -- only the outlier files' words, then the test (OFFSET 0 keeps it above the joins: pushed down into the
-        -- scan of terms, it ran on every term of the store)
-        FROM (SELECT u.file_key, o.nov, t.term, u.n, t.idf, t.files, t.total, t.total_sq, t.n AS store_files,
-                     t.words AS store_words, t.script
-                FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id, unnest(f.counts) AS n
-                        FROM storetopics.file_terms f
-                       WHERE f.source_id = p_source AND f.store_key = p_store
-                         AND f.file_key IN (SELECT o.file_key FROM outliers o)) u
-                JOIN outliers o ON o.file_key = u.file_key
-                JOIN terms t ON t.term_id = u.term_id
-              OFFSET 0) w
-       WHERE storetopics._showable_term(w.term) AND w.idf > 0
-         AND storetopics._noise(w.term, w.files, w.total, w.total_sq, w.store_files::bigint, w.store_words,
-                                w.script) IS NULL) x
-     WHERE x.r <= 3
-     ORDER BY x.term, x.nov DESC, x.score DESC, x.file_key
-  ), dense AS (
-    -- no more than the list takes, ranked first, then the tests (OFFSET 0, as in dominant)
-    SELECT t.term, t.score, t.files, t.total
-      FROM (SELECT t.term, (t.total_sq::float8 / t.total) * t.idf AS score, t.files, t.total, t.total_sq, t.n,
-                   t.words, t.script FROM terms t
-             WHERE t.files >= 3 AND t.total_sq >= 2 * t.total AND t.idf > 0
-             ORDER BY 2 DESC, 1 OFFSET 0) t
-     WHERE storetopics._showable_term(t.term)
-       AND storetopics._noise(t.term, t.files, t.total, t.total_sq, t.n::bigint, t.words, t.script) IS NULL
-       AND t.term NOT IN (SELECT d.term FROM dominant d)
-       AND t.term NOT IN (SELECT o.term FROM outlier_terms o)
-     ORDER BY t.score DESC, t.term LIMIT n_distinctive
-  ), distinctive AS (
-    SELECT 'distinctive'::text AS kind, x.term, x.score, x.files, x.total, x.file_key
-      FROM (SELECT o.term, o.score, o.files, o.total, o.file_key, 0 AS pass, -o.nov AS k1, -o.score AS k2
-              FROM outlier_terms o
-            UNION ALL
-            SELECT d.term, d.score, d.files, d.total, NULL, 1, 0, -d.score FROM dense d) x
-     ORDER BY x.pass, x.k1, x.k2, x.term LIMIT n_distinctive
-  )
-  SELECT d.kind, (row_number() OVER (ORDER BY d.score DESC, d.term))::int, d.term, d.score, d.files, d.total,
-         d.file_key FROM dominant d
-  UNION ALL
-  SELECT x.kind, (row_number() OVER ())::int, x.term, x.score, x.files, x.total, x.file_key FROM distinctive x;
-END;
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_n float8;        -- the store's files (at least 1)
+  v_words bigint;
+  v_script text;
+  v_m int;           -- how many terms are ranked by their score alone (see below)
+  v_count bigint;
+  v_cut float8;
+  v_ids int[];
+  v_scores float8[];
+  v_files int[];
+  v_totals bigint[];
+  v_sqs bigint[];
+  -- the lists, best first
+  v_dom text[];
+  v_dom_total bigint[];
+  v_dom_files int[];
+  v_out text[];
+  v_out_score float8[];
+  v_out_files int[];
+  v_out_total bigint[];
+  v_out_file text[];
+  v_dense text[];
+  v_dense_score float8[];
+  v_dense_files int[];
+  v_dense_total bigint[];
+BEGIN
+  SELECT greatest(s.files, 1)::float8, s.words INTO v_n, v_words FROM storetopics.store_state s
+   WHERE s.source_id = p_source AND s.store_key = p_store;
+  IF NOT FOUND THEN
+    RETURN;
+  END IF;
+  v_script := storetopics._store_script(p_source, p_store);
+  -- A store has tens of thousands of terms and a list shows ten: the m best by score alone are taken (a bounded
+  -- sort, no lexeme read), and only they are named, ranked by (score, term) and tested.  Every term that scores
+  -- more than the m-th is among them, so those are the exact head of the full ranking; when fewer than the list
+  -- needs pass the tests there, m grows.  (Ranked first, then tested in that order until enough pass: OFFSET 0
+  -- keeps the tests above the sort.)
+  -- dominant: by total count
+  v_m := 8 * n_dominant + 40;
+  LOOP
+    SELECT array_agg(t.term_id), array_agg(t.total), array_agg(t.files), array_agg(t.total_sq), count(*),
+           min(t.total)
+      INTO v_ids, v_totals, v_files, v_sqs, v_count, v_cut
+      FROM (SELECT t.term_id, t.total, t.files, t.total_sq FROM storetopics.store_terms t
+             WHERE t.source_id = p_source AND t.store_key = p_store ORDER BY t.total DESC LIMIT v_m) t;
+    v_cut := CASE WHEN v_count >= v_m THEN v_cut END;   -- (all of them when fewer than m came: nothing is cut)
+    SELECT array_agg(d.lexeme ORDER BY d.total DESC, d.lexeme), array_agg(d.total ORDER BY d.total DESC, d.lexeme),
+           array_agg(d.files ORDER BY d.total DESC, d.lexeme)
+      INTO v_dom, v_dom_total, v_dom_files
+      FROM (SELECT d.* FROM (SELECT l.lexeme, u.total, u.files, u.total_sq
+                               FROM unnest(v_ids, v_totals, v_files, v_sqs) AS u(term_id, total, files, total_sq)
+                               JOIN storetopics.lexemes l ON l.id = u.term_id
+                              WHERE v_cut IS NULL OR u.total > v_cut
+                              ORDER BY u.total DESC, l.lexeme OFFSET 0) d
+             WHERE storetopics._showable_term(d.lexeme)
+               AND storetopics._noise(d.lexeme, d.files, d.total, d.total_sq, v_n::bigint, v_words, v_script) IS NULL
+             ORDER BY d.total DESC, d.lexeme LIMIT n_dominant) d;
+    EXIT WHEN v_cut IS NULL OR coalesce(cardinality(v_dom), 0) >= n_dominant;
+    v_m := v_m * 8;
+  END LOOP;
+  -- the top 3 terms of each outlier file (storetopics._outlier_files: the files, best first, and their novelty),
+  -- even when they also rank as dominant (in a small store a needle's words do: they are still what the file is
+  -- about); a term two outlier files share is kept once, with its best file
+  SELECT array_agg(x.lexeme ORDER BY x.nov DESC, x.score DESC, x.lexeme),
+         array_agg(x.score ORDER BY x.nov DESC, x.score DESC, x.lexeme),
+         array_agg(x.files ORDER BY x.nov DESC, x.score DESC, x.lexeme),
+         array_agg(x.total ORDER BY x.nov DESC, x.score DESC, x.lexeme),
+         array_agg(x.file_key ORDER BY x.nov DESC, x.score DESC, x.lexeme)
+    INTO v_out, v_out_score, v_out_files, v_out_total, v_out_file
+    FROM (SELECT DISTINCT ON (x.lexeme) x.lexeme, x.score, x.files, x.total, x.file_key, x.nov FROM (
+            SELECT w.lexeme, w.n * w.idf AS score, w.files, w.total, w.file_key, w.nov,
+                   row_number() OVER (PARTITION BY w.file_key ORDER BY w.n * w.idf DESC, w.lexeme) AS r
+              -- only the outlier files' words, then the tests (OFFSET 0 keeps them above the joins)
+              FROM (SELECT u.file_key, o.nov, l.lexeme, u.n, ln(v_n / t.files) AS idf, t.files, t.total, t.total_sq
+                      FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id, unnest(f.counts) AS n
+                              FROM storetopics.file_terms f
+                             WHERE f.source_id = p_source AND f.store_key = p_store
+                               AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(outlier_files) x))
+                               AND f.file_key = ANY (outlier_files)) u
+                      JOIN unnest(outlier_files, outlier_novelty) AS o(file_key, nov) ON o.file_key = u.file_key
+                      JOIN storetopics.store_terms t
+                        ON t.source_id = p_source AND t.store_key = p_store AND t.term_id = u.term_id
+                      JOIN storetopics.lexemes l ON l.id = u.term_id
+                    OFFSET 0) w
+             WHERE storetopics._showable_term(w.lexeme) AND w.idf > 0
+               AND storetopics._noise(w.lexeme, w.files, w.total, w.total_sq, v_n::bigint, v_words, v_script) IS NULL) x
+           WHERE x.r <= 3
+           ORDER BY x.lexeme, x.nov DESC, x.score DESC, x.file_key) x;
+  -- recurring dense terms, after the outlier files' terms: (total_sq / total) x IDF
+  IF coalesce(cardinality(v_out), 0) < n_distinctive THEN
+    v_m := 8 * n_distinctive + 40;
+    LOOP
+      SELECT array_agg(t.term_id), array_agg(t.score), array_agg(t.total), array_agg(t.files), array_agg(t.total_sq),
+             count(*), min(t.score)
+        INTO v_ids, v_scores, v_totals, v_files, v_sqs, v_count, v_cut
+        FROM (SELECT t.term_id, (t.total_sq::float8 / t.total) * ln(v_n / t.files) AS score, t.total, t.files,
+                     t.total_sq
+                FROM storetopics.store_terms t
+               WHERE t.source_id = p_source AND t.store_key = p_store
+                 AND t.files >= 3 AND t.total_sq >= 2 * t.total AND ln(v_n / t.files) > 0
+               ORDER BY 2 DESC LIMIT v_m) t;
+      v_cut := CASE WHEN v_count >= v_m THEN v_cut END;
+      SELECT array_agg(d.lexeme ORDER BY d.score DESC, d.lexeme), array_agg(d.score ORDER BY d.score DESC, d.lexeme),
+             array_agg(d.files ORDER BY d.score DESC, d.lexeme), array_agg(d.total ORDER BY d.score DESC, d.lexeme)
+        INTO v_dense, v_dense_score, v_dense_files, v_dense_total
+        FROM (SELECT d.* FROM (SELECT l.lexeme, u.score, u.total, u.files, u.total_sq
+                                 FROM unnest(v_ids, v_scores, v_totals, v_files, v_sqs)
+                                      AS u(term_id, score, total, files, total_sq)
+                                 JOIN storetopics.lexemes l ON l.id = u.term_id
+                                WHERE v_cut IS NULL OR u.score > v_cut
+                                ORDER BY u.score DESC, l.lexeme OFFSET 0) d
+               WHERE storetopics._showable_term(d.lexeme)
+                 AND storetopics._noise(d.lexeme, d.files, d.total, d.total_sq, v_n::bigint, v_words, v_script) IS NULL
+                 AND d.lexeme <> ALL (coalesce(v_dom, '{}')) AND d.lexeme <> ALL (coalesce(v_out, '{}'))
+               ORDER BY d.score DESC, d.lexeme LIMIT n_distinctive) d;
+      EXIT WHEN v_cut IS NULL OR coalesce(cardinality(v_dense), 0) >= n_distinctive;
+      v_m := v_m * 8;
+    END LOOP;
+  END IF;
+  RETURN QUERY
+    SELECT 'dominant', (row_number() OVER (ORDER BY d.total DESC, d.lexeme))::int, d.lexeme, d.total::float8, d.files,
+           d.total, NULL::text
+      FROM unnest(v_dom, v_dom_total, v_dom_files) AS d(lexeme, total, files)
+    UNION ALL
+    SELECT 'distinctive', (row_number() OVER (ORDER BY x.pass, x.i))::int, x.lexeme, x.score, x.files, x.total,
+           x.file_key
+      FROM (SELECT x.*
+              FROM (SELECT o.lexeme, o.score, o.files, o.total, o.file_key, 0 AS pass, o.i
+                      FROM unnest(v_out, v_out_score, v_out_files, v_out_total, v_out_file)
+                           WITH ORDINALITY AS o(lexeme, score, files, total, file_key, i)
+                    UNION ALL
+                    SELECT d.lexeme, d.score, d.files, d.total, NULL, 1, d.i
+                      FROM unnest(v_dense, v_dense_score, v_dense_files, v_dense_total)
+                           WITH ORDINALITY AS d(lexeme, score, files, total, i)) x
+             ORDER BY x.pass, x.i LIMIT n_distinctive) x;
+END $$;
 
 -- The words people wrote for some lexemes of a store, learnt from the texts of files that contain them and
 -- remembered in storetopics.term_words.  Returns how many lexemes were learnt.
@@ -105220,42 +105290,76 @@ RETURN CASE WHEN NOT offline AND label IS NOT NULL AND storetopics._screen(label
 -- in its catalog has nothing to be told apart from: its terms rank by p.
 CREATE OR REPLACE FUNCTION storetopics._contrast_terms(p_source int, p_store text, n int DEFAULT 60)
 RETURNS TABLE (lexeme text, score float8, files int, share float8, rest_share float8)
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-  WITH cat AS MATERIALIZED (
-    SELECT storetopics._catalog(p_source) AS name, storetopics._store_script(p_source, p_store) AS script
-  ), own AS (
-    SELECT greatest(st.files, 1)::float8 AS files, st.words FROM storetopics.store_state st
-     WHERE st.source_id = p_source AND st.store_key = p_store
-  ), whole AS (
-    -- the catalog's size from its sources' counters (kept by fold), not from every store's row
-    SELECT coalesce(sum(s.store_count), 0) AS stores, coalesce(sum(s.file_count), 0)::float8 AS files
-      FROM storetopics.sources s, cat WHERE storetopics._catalog(s.id) = cat.name
-  ), scored AS (
-    SELECT x.lexeme, t.files, t.files / own.files AS p,
-           (coalesce(c.files, t.files) - t.files + 0.5) / (whole.files - own.files + 0.5) AS q, whole.stores,
-           t.total, t.total_sq, own.files AS store_files, own.words AS store_words, cat.script
-      FROM storetopics.store_terms t JOIN storetopics.lexemes x ON x.id = t.term_id
-      CROSS JOIN own CROSS JOIN whole CROSS JOIN cat
-      LEFT JOIN storetopics.catalog_terms c ON c.catalog = cat.name AND c.term_id = t.term_id
-     WHERE t.source_id = p_source AND t.store_key = p_store AND (t.files >= 2 OR own.files < 20)
-  ), ranked AS (
-    SELECT s.lexeme, round((CASE WHEN s.stores < 2 THEN s.p ELSE s.p * ln(s.p / s.q) END)::numeric, 9)::float8
-             AS score, s.files, s.p, s.q, s.total, s.total_sq, s.store_files, s.store_words, s.script
-      FROM scored s
-     WHERE s.stores < 2 OR s.p > s.q
-     ORDER BY 2 DESC, 1
-    OFFSET 0
-  )
-  -- ranked first, then tested in that order until n pass (OFFSET 0 keeps the test above the sort): showable_term
-  -- is a call per term, and a store has tens of thousands of terms
-  SELECT r.lexeme, r.score, r.files, r.p, r.q FROM ranked r
-   WHERE storetopics._showable_term(r.lexeme)
-     AND storetopics._noise(r.lexeme, r.files, r.total, r.total_sq, r.store_files::bigint, r.store_words,
-                            r.script) IS NULL
-   ORDER BY r.score DESC, r.lexeme
-   LIMIT n;
-END;
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+  v_cat text := storetopics._catalog(p_source);
+  v_files float8;          -- the store's files (at least 1)
+  v_words bigint;
+  v_stores numeric;        -- the catalog's size from its sources' counters (kept by fold), not from every store's row
+  v_all float8;
+  v_script text;
+  v_m int := 4 * n + 40;   -- how many terms are ranked by their score before rounding (see below)
+  -- those m terms, best first
+  v_ids int[];
+  v_raw float8[];
+  v_nfiles int[];
+  v_total bigint[];
+  v_total_sq bigint[];
+  v_p float8[];
+  v_q float8[];
+  v_cut float8;
+  v_lexemes text[];
+  v_scores float8[];
+BEGIN
+  SELECT greatest(st.files, 1)::float8, st.words INTO v_files, v_words FROM storetopics.store_state st
+   WHERE st.source_id = p_source AND st.store_key = p_store;
+  IF NOT FOUND THEN
+    RETURN;
+  END IF;
+  SELECT coalesce(sum(s.store_count), 0), coalesce(sum(s.file_count), 0)::float8 INTO v_stores, v_all
+    FROM storetopics.sources s WHERE storetopics._catalog(s.id) = v_cat;
+  v_script := storetopics._store_script(p_source, p_store);
+  -- A store has tens of thousands of terms and shows a few dozen: the m best by their score before rounding are
+  -- taken (a bounded sort, no lexeme read), and only they are named, ranked and tested.  Rounding is monotone, so
+  -- every term whose rounded score beats the m-th's is among them, and those terms are the exact head of the full
+  -- ranking (rounded score, then lexeme).  When fewer than n of them pass the tests, m grows.
+  LOOP
+    SELECT array_agg(h.term_id), array_agg(h.raw), array_agg(h.files), array_agg(h.total), array_agg(h.total_sq),
+           array_agg(h.p), array_agg(h.q)
+      INTO v_ids, v_raw, v_nfiles, v_total, v_total_sq, v_p, v_q
+      FROM (SELECT s.term_id, s.files, s.total, s.total_sq, s.p, s.q,
+                   CASE WHEN v_stores < 2 THEN s.p ELSE s.p * ln(s.p / s.q) END AS raw
+              FROM (SELECT t.term_id, t.files, t.total, t.total_sq, t.files / v_files AS p,
+                           ((coalesce(c.files, t.files) - t.files)::float8 + 0.5) / (v_all - v_files + 0.5) AS q
+                      FROM storetopics.store_terms t
+                      LEFT JOIN storetopics.catalog_terms c ON c.catalog = v_cat AND c.term_id = t.term_id
+                     WHERE t.source_id = p_source AND t.store_key = p_store AND (t.files >= 2 OR v_files < 20)) s
+             WHERE v_stores < 2 OR s.p > s.q
+             ORDER BY 7 DESC LIMIT v_m) h;
+    -- (all of them when fewer than m came: then nothing is cut)
+    v_cut := CASE WHEN coalesce(cardinality(v_ids), 0) >= v_m
+                  THEN round((SELECT min(r) FROM unnest(v_raw) r)::numeric, 9)::float8 END;
+    SELECT array_agg(r.lexeme ORDER BY r.score DESC, r.lexeme), array_agg(r.score ORDER BY r.score DESC, r.lexeme),
+           array_agg(r.files ORDER BY r.score DESC, r.lexeme), array_agg(r.p ORDER BY r.score DESC, r.lexeme),
+           array_agg(r.q ORDER BY r.score DESC, r.lexeme)
+      INTO v_lexemes, v_scores, v_nfiles, v_p, v_q
+      FROM (SELECT r.* FROM (
+              SELECT l.lexeme, round(u.raw::numeric, 9)::float8 AS score, u.files, u.total, u.total_sq, u.p, u.q
+                FROM unnest(v_ids, v_raw, v_nfiles, v_total, v_total_sq, v_p, v_q)
+                     AS u(term_id, raw, files, total, total_sq, p, q)
+                JOIN storetopics.lexemes l ON l.id = u.term_id
+               WHERE v_cut IS NULL OR round(u.raw::numeric, 9)::float8 > v_cut
+               ORDER BY 2 DESC, 1 OFFSET 0) r   -- ranked first, then tested in that order until n pass
+             WHERE storetopics._showable_term(r.lexeme)
+               AND storetopics._noise(r.lexeme, r.files, r.total, r.total_sq, v_files::bigint, v_words, v_script) IS NULL
+             ORDER BY r.score DESC, r.lexeme
+             LIMIT n) r;
+    EXIT WHEN v_cut IS NULL OR coalesce(cardinality(v_lexemes), 0) >= n;
+    v_m := v_m * 8;
+  END LOOP;
+  RETURN QUERY SELECT * FROM unnest(v_lexemes, v_scores, v_nfiles, v_p, v_q);
+END $$;
 
 -- The cl100k tokens of a piece of a summary that follows a space: the sum over its space-separated chunks (each
 -- with its leading space) of their counts in storetopics.token_counts, or of their bytes where no count is known
@@ -107110,4 +107214,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1125238924') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '960112300') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
