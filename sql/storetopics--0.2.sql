@@ -105248,10 +105248,9 @@ RETURN coalesce((SELECT mode() WITHIN GROUP (ORDER BY storetopics._script(x.lexe
 --     * recurring dense terms: (total_sq / total) x IDF, for terms in at least three files whose occurrences come
 --       in clusters (total_sq / total >= 2, i.e. one-off mentions are ignored; a name two files share is not a
 --       theme).
--- The outlier files are given (storetopics._outlier_files finds them, from what changed).  No merge joins: the
--- planner cannot know how long the arrays are, so it would sort every (file, term) pair of the outlier files by term
--- to merge them with the store's terms; hashing the terms streams the pairs instead (bench/README.md).
--- (About 70 lines: one query, whose lists share the store's terms.)
+-- The outlier files are given (storetopics._outlier_files finds them, from what changed); their terms are looked
+-- up by id (no merge joins: the planner cannot know how long the arrays are, and would sort the pairs to merge them).
+-- (About 120 lines: a bounded sort and its head per list, the outlier files' terms between them.)
 CREATE OR REPLACE FUNCTION storetopics._keywords(p_source int, p_store text, outlier_files text[],
                                                  outlier_novelty float8[], n_dominant int DEFAULT 10,
                                                  n_distinctive int DEFAULT 8)
@@ -107451,4 +107450,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '960112300') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1268252386') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
