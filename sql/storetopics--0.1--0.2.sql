@@ -104998,6 +104998,30 @@ RETURN coalesce((SELECT mode() WITHIN GROUP (ORDER BY storetopics._script(x.lexe
                           ORDER BY t.files DESC, t.term_id LIMIT 200) t
                    JOIN storetopics.lexemes x ON x.id = t.term_id), 'latin');
 
+-- The head of a ranking of a store's terms, for the bounded sorts of _keywords and _contrast_terms: of the terms
+-- given (ids, scores and counts by position: the m best of the store by score), those that score more than `cut`
+-- (NULL: every term was given), named, ranked by (score, lexeme), then tested in that order (showable, not noise in
+-- the store, not `excluded`) until n pass.  i: a term's position in the arrays given.
+CREATE OR REPLACE FUNCTION storetopics._term_head(ids int[], scores float8[], files int[], totals bigint[],
+                                                  totals_sq bigint[], cut float8, n int, excluded text[],
+                                                  store_files float8, store_words bigint, script text)
+RETURNS TABLE (i int, lexeme text, score float8)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  SELECT d.i, d.lexeme, d.score
+    FROM (SELECT u.i::int AS i, l.lexeme, u.score, u.files, u.total, u.total_sq
+            FROM unnest(ids, scores, files, totals, totals_sq) WITH ORDINALITY AS u(term_id, score, files, total,
+                                                                                   total_sq, i)
+            JOIN storetopics.lexemes l ON l.id = u.term_id
+           WHERE cut IS NULL OR u.score > cut
+           ORDER BY u.score DESC, l.lexeme OFFSET 0) d   -- (OFFSET 0 keeps the tests above the sort)
+   WHERE storetopics._showable_term(d.lexeme)
+     AND storetopics._noise(d.lexeme, d.files, d.total, d.total_sq, store_files::bigint, store_words, script) IS NULL
+     AND d.lexeme <> ALL (coalesce(excluded, '{}'))
+   ORDER BY d.score DESC, d.lexeme
+   LIMIT n;
+END;
+
 -- Two ranked lists per store, both computed from the exact counts, deterministic (ties broken by term):
 --   dominant:    by total count (what the store is mostly about);
 --   distinctive: what is dense and rare.  Two sources, in this order:
@@ -105053,30 +105077,22 @@ BEGIN
   END IF;
   v_script := storetopics._store_script(p_source, p_store);
   -- A store has tens of thousands of terms and a list shows ten: the m best by score alone are taken (a bounded
-  -- sort, no lexeme read), and only they are named, ranked by (score, term) and tested.  Every term that scores
-  -- more than the m-th is among them, so those are the exact head of the full ranking; when fewer than the list
-  -- needs pass the tests there, m grows.  (Ranked first, then tested in that order until enough pass: OFFSET 0
-  -- keeps the tests above the sort.)
+  -- sort, no lexeme read), and only they are named, ranked by (score, term) and tested (storetopics._term_head).
+  -- Every term that scores more than the m-th is among them, so those are the exact head of the full ranking; when
+  -- fewer than the list needs pass the tests there, m grows.
   -- dominant: by total count
   v_m := 8 * n_dominant + 40;
   LOOP
-    SELECT array_agg(t.term_id), array_agg(t.total), array_agg(t.files), array_agg(t.total_sq), count(*),
-           min(t.total)
-      INTO v_ids, v_totals, v_files, v_sqs, v_count, v_cut
+    SELECT array_agg(t.term_id), array_agg(t.total::float8), array_agg(t.total), array_agg(t.files),
+           array_agg(t.total_sq), count(*), min(t.total)
+      INTO v_ids, v_scores, v_totals, v_files, v_sqs, v_count, v_cut
       FROM (SELECT t.term_id, t.total, t.files, t.total_sq FROM storetopics.store_terms t
              WHERE t.source_id = p_source AND t.store_key = p_store ORDER BY t.total DESC LIMIT v_m) t;
     v_cut := CASE WHEN v_count >= v_m THEN v_cut END;   -- (all of them when fewer than m came: nothing is cut)
-    SELECT array_agg(d.lexeme ORDER BY d.total DESC, d.lexeme), array_agg(d.total ORDER BY d.total DESC, d.lexeme),
-           array_agg(d.files ORDER BY d.total DESC, d.lexeme)
+    SELECT array_agg(h.lexeme ORDER BY h.r), array_agg(v_totals[h.i] ORDER BY h.r), array_agg(v_files[h.i] ORDER BY h.r)
       INTO v_dom, v_dom_total, v_dom_files
-      FROM (SELECT d.* FROM (SELECT l.lexeme, u.total, u.files, u.total_sq
-                               FROM unnest(v_ids, v_totals, v_files, v_sqs) AS u(term_id, total, files, total_sq)
-                               JOIN storetopics.lexemes l ON l.id = u.term_id
-                              WHERE v_cut IS NULL OR u.total > v_cut
-                              ORDER BY u.total DESC, l.lexeme OFFSET 0) d
-             WHERE storetopics._showable_term(d.lexeme)
-               AND storetopics._noise(d.lexeme, d.files, d.total, d.total_sq, v_n::bigint, v_words, v_script) IS NULL
-             ORDER BY d.total DESC, d.lexeme LIMIT n_dominant) d;
+      FROM storetopics._term_head(v_ids, v_scores, v_files, v_totals, v_sqs, v_cut, n_dominant, NULL, v_n, v_words,
+                                  v_script) WITH ORDINALITY AS h(i, lexeme, score, r);
     EXIT WHEN v_cut IS NULL OR coalesce(cardinality(v_dom), 0) >= n_dominant;
     v_m := v_m * 8;
   END LOOP;
@@ -105122,19 +105138,12 @@ BEGIN
                  AND t.files >= 3 AND t.total_sq >= 2 * t.total AND ln(v_n / t.files) > 0
                ORDER BY 2 DESC LIMIT v_m) t;
       v_cut := CASE WHEN v_count >= v_m THEN v_cut END;
-      SELECT array_agg(d.lexeme ORDER BY d.score DESC, d.lexeme), array_agg(d.score ORDER BY d.score DESC, d.lexeme),
-             array_agg(d.files ORDER BY d.score DESC, d.lexeme), array_agg(d.total ORDER BY d.score DESC, d.lexeme)
+      SELECT array_agg(h.lexeme ORDER BY h.r), array_agg(h.score ORDER BY h.r), array_agg(v_files[h.i] ORDER BY h.r),
+             array_agg(v_totals[h.i] ORDER BY h.r)
         INTO v_dense, v_dense_score, v_dense_files, v_dense_total
-        FROM (SELECT d.* FROM (SELECT l.lexeme, u.score, u.total, u.files, u.total_sq
-                                 FROM unnest(v_ids, v_scores, v_totals, v_files, v_sqs)
-                                      AS u(term_id, score, total, files, total_sq)
-                                 JOIN storetopics.lexemes l ON l.id = u.term_id
-                                WHERE v_cut IS NULL OR u.score > v_cut
-                                ORDER BY u.score DESC, l.lexeme OFFSET 0) d
-               WHERE storetopics._showable_term(d.lexeme)
-                 AND storetopics._noise(d.lexeme, d.files, d.total, d.total_sq, v_n::bigint, v_words, v_script) IS NULL
-                 AND d.lexeme <> ALL (coalesce(v_dom, '{}')) AND d.lexeme <> ALL (coalesce(v_out, '{}'))
-               ORDER BY d.score DESC, d.lexeme LIMIT n_distinctive) d;
+        FROM storetopics._term_head(v_ids, v_scores, v_files, v_totals, v_sqs, v_cut, n_distinctive,
+                                    coalesce(v_dom, '{}') || coalesce(v_out, '{}'), v_n, v_words, v_script)
+             WITH ORDINALITY AS h(i, lexeme, score, r);
       EXIT WHEN v_cut IS NULL OR coalesce(cardinality(v_dense), 0) >= n_distinctive;
       v_m := v_m * 8;
     END LOOP;
@@ -105299,17 +105308,22 @@ DECLARE
   v_all float8;
   v_script text;
   v_m int := 4 * n + 40;   -- how many terms are ranked by their score before rounding (see below)
-  -- those m terms, best first
+  -- those m terms, best first, with their rounded scores
   v_ids int[];
-  v_raw float8[];
+  v_scores float8[];
   v_nfiles int[];
   v_total bigint[];
   v_total_sq bigint[];
   v_p float8[];
   v_q float8[];
+  v_count bigint;
   v_cut float8;
+  -- the head: what is returned
   v_lexemes text[];
-  v_scores float8[];
+  v_out_scores float8[];
+  v_out_files int[];
+  v_out_p float8[];
+  v_out_q float8[];
 BEGIN
   SELECT greatest(st.files, 1)::float8, st.words INTO v_files, v_words FROM storetopics.store_state st
    WHERE st.source_id = p_source AND st.store_key = p_store;
@@ -105320,13 +105334,13 @@ BEGIN
     FROM storetopics.sources s WHERE storetopics._catalog(s.id) = v_cat;
   v_script := storetopics._store_script(p_source, p_store);
   -- A store has tens of thousands of terms and shows a few dozen: the m best by their score before rounding are
-  -- taken (a bounded sort, no lexeme read), and only they are named, ranked and tested.  Rounding is monotone, so
-  -- every term whose rounded score beats the m-th's is among them, and those terms are the exact head of the full
-  -- ranking (rounded score, then lexeme).  When fewer than n of them pass the tests, m grows.
+  -- taken (a bounded sort, no lexeme read), and only they are named, ranked and tested (storetopics._term_head).
+  -- Rounding is monotone, so every term whose rounded score beats the m-th's is among them, and those terms are the
+  -- exact head of the full ranking (rounded score, then lexeme).  When fewer than n of them pass the tests, m grows.
   LOOP
-    SELECT array_agg(h.term_id), array_agg(h.raw), array_agg(h.files), array_agg(h.total), array_agg(h.total_sq),
-           array_agg(h.p), array_agg(h.q)
-      INTO v_ids, v_raw, v_nfiles, v_total, v_total_sq, v_p, v_q
+    SELECT array_agg(h.term_id), array_agg(round(h.raw::numeric, 9)::float8), array_agg(h.files), array_agg(h.total),
+           array_agg(h.total_sq), array_agg(h.p), array_agg(h.q), count(*), round(min(h.raw)::numeric, 9)::float8
+      INTO v_ids, v_scores, v_nfiles, v_total, v_total_sq, v_p, v_q, v_count, v_cut
       FROM (SELECT s.term_id, s.files, s.total, s.total_sq, s.p, s.q,
                    CASE WHEN v_stores < 2 THEN s.p ELSE s.p * ln(s.p / s.q) END AS raw
               FROM (SELECT t.term_id, t.files, t.total, t.total_sq, t.files / v_files AS p,
@@ -105336,28 +105350,16 @@ BEGIN
                      WHERE t.source_id = p_source AND t.store_key = p_store AND (t.files >= 2 OR v_files < 20)) s
              WHERE v_stores < 2 OR s.p > s.q
              ORDER BY 7 DESC LIMIT v_m) h;
-    -- (all of them when fewer than m came: then nothing is cut)
-    v_cut := CASE WHEN coalesce(cardinality(v_ids), 0) >= v_m
-                  THEN round((SELECT min(r) FROM unnest(v_raw) r)::numeric, 9)::float8 END;
-    SELECT array_agg(r.lexeme ORDER BY r.score DESC, r.lexeme), array_agg(r.score ORDER BY r.score DESC, r.lexeme),
-           array_agg(r.files ORDER BY r.score DESC, r.lexeme), array_agg(r.p ORDER BY r.score DESC, r.lexeme),
-           array_agg(r.q ORDER BY r.score DESC, r.lexeme)
-      INTO v_lexemes, v_scores, v_nfiles, v_p, v_q
-      FROM (SELECT r.* FROM (
-              SELECT l.lexeme, round(u.raw::numeric, 9)::float8 AS score, u.files, u.total, u.total_sq, u.p, u.q
-                FROM unnest(v_ids, v_raw, v_nfiles, v_total, v_total_sq, v_p, v_q)
-                     AS u(term_id, raw, files, total, total_sq, p, q)
-                JOIN storetopics.lexemes l ON l.id = u.term_id
-               WHERE v_cut IS NULL OR round(u.raw::numeric, 9)::float8 > v_cut
-               ORDER BY 2 DESC, 1 OFFSET 0) r   -- ranked first, then tested in that order until n pass
-             WHERE storetopics._showable_term(r.lexeme)
-               AND storetopics._noise(r.lexeme, r.files, r.total, r.total_sq, v_files::bigint, v_words, v_script) IS NULL
-             ORDER BY r.score DESC, r.lexeme
-             LIMIT n) r;
+    v_cut := CASE WHEN v_count >= v_m THEN v_cut END;   -- (all of them when fewer than m came: nothing is cut)
+    SELECT array_agg(h.lexeme ORDER BY h.r), array_agg(h.score ORDER BY h.r), array_agg(v_nfiles[h.i] ORDER BY h.r),
+           array_agg(v_p[h.i] ORDER BY h.r), array_agg(v_q[h.i] ORDER BY h.r)
+      INTO v_lexemes, v_out_scores, v_out_files, v_out_p, v_out_q
+      FROM storetopics._term_head(v_ids, v_scores, v_nfiles, v_total, v_total_sq, v_cut, n, NULL, v_files, v_words,
+                                  v_script) WITH ORDINALITY AS h(i, lexeme, score, r);
     EXIT WHEN v_cut IS NULL OR coalesce(cardinality(v_lexemes), 0) >= n;
     v_m := v_m * 8;
   END LOOP;
-  RETURN QUERY SELECT * FROM unnest(v_lexemes, v_scores, v_nfiles, v_p, v_q);
+  RETURN QUERY SELECT * FROM unnest(v_lexemes, v_out_scores, v_out_files, v_out_p, v_out_q);
 END $$;
 
 -- The cl100k tokens of a piece of a summary that follows a space: the sum over its space-separated chunks (each
@@ -107213,4 +107215,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1268252386') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1509341741') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
