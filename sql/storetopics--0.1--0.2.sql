@@ -104368,8 +104368,8 @@ BEGIN
       JOIN pg_temp.storetopics_mine_lex l2 ON l2.word = lower(g.words[cardinality(g.words)]) AND l2.lexeme IS NOT NULL
   ), scored AS (
     -- shown in its most common spelling (mode(): ties go to the first in order)
-    SELECT p.grp, p.key, count(DISTINCT p.file_key) AS files, mode() WITHIN GROUP (ORDER BY p.surface) AS phrase,
-           min(p.words) AS words
+    SELECT p.grp, p.key, count(DISTINCT p.file_key) AS files, count(*) AS occurrences,
+           mode() WITHIN GROUP (ORDER BY p.surface) AS phrase, min(p.words) AS words
       FROM per p GROUP BY 1, 2
   ), weighted AS (
     SELECT u.grp, u.key, sum(mw.weight) AS weight, count(*) FILTER (WHERE mw.weight >= 0.5) AS hits
@@ -104383,14 +104383,19 @@ BEGIN
     SELECT f.grp, count(*) AS files FROM pg_temp.storetopics_mine_files f GROUP BY 1
   )
   -- the tests of a phrase's words (noise, a piece of a sentence) on the weighted phrases only (OFFSET 0 keeps them
-  -- above the joins): a key they drop is dropped whole, so the spread of the others is the same
+  -- above the joins): a key they drop is dropped whole, so the spread of the others is the same.  A phrase of long
+  -- documents that nearly every file of its group says about once is their page chrome ("Mailing Lists" in a
+  -- site's header), as storetopics._noise's boilerplate is for a word, though its words are the store's own
   SELECT y.grp, y.phrase, y.one_file, y.hits, round(y.score::numeric, 9),
          row_number() OVER (PARTITION BY y.grp ORDER BY cardinality(y.words) = 1, y.one_file, y.score DESC, y.phrase)
     FROM (SELECT s.grp, s.key, s.phrase, s.words, s.files < least(2, z.files) AS one_file, w.hits,
-                 s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups) AS score
+                 s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups) AS score,
+                 z.files >= 8 AND v_words >= 300 * v_files AND s.files >= 0.9 * z.files
+                 AND s.occurrences <= 1.5 * s.files AS chrome
             FROM scored s JOIN weighted w USING (grp, key) JOIN spread sp USING (key) JOIN sizes z USING (grp)
            WHERE w.weight > 0 OFFSET 0) y
-   WHERE NOT string_to_array(y.key, ' ') && v_noise AND storetopics._clause_fragment(y.words) IS NULL;
+   WHERE NOT string_to_array(y.key, ' ') && v_noise AND storetopics._clause_fragment(y.words) IS NULL
+     AND NOT y.chrome;
   DROP TABLE pg_temp.storetopics_mine_files, pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_texts,
              pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex;
 END $$;
@@ -104962,7 +104967,7 @@ RETURN CASE WHEN w COLLATE "C" ~ '^[\x01-\x7f\u00c0-\u024f]*$' THEN 'latin'
 -- holding it, its total and sum of squared counts per file) and the store's files:
 --   boilerplate  in a store of long documents (300 counted words a file or more), in many of its files the same
 --                number of times (navigation, headers and footers a page converter leaves in: "sitemap",
---                "copyright", glued links such as "contentsnext"): at least 8 files of 20 or more, in 30% of them
+--                "copyright", glued links such as "contentsnext"): at least 8 files of 10 or more, in 30% of them
 --                with a count that hardly varies (variance at most a tenth of its square, mean at most 3), or in
 --                90% of them about once each.  In long documents a word that says what they are about comes back;
 --                in short ones (package descriptions, notes, records) a word said once in each may be the theme;
@@ -104975,7 +104980,7 @@ CREATE OR REPLACE FUNCTION storetopics._noise(lexeme text, files bigint, total b
                                               store_files bigint, store_words bigint, script text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN CASE
-  WHEN store_files >= 20 AND files >= 8 AND store_words >= 300 * store_files
+  WHEN store_files >= 10 AND files >= 8 AND store_words >= 300 * store_files
        AND ((files >= 0.3 * store_files AND total::float8 / files <= 3
              AND total_sq::float8 / files - (total::float8 / files) ^ 2 <= 0.1 * (total::float8 / files) ^ 2)
             OR (files >= 0.9 * store_files AND total::float8 / files <= 1.5)) THEN 'boilerplate'
@@ -107215,4 +107220,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1509341741') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1496926841') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

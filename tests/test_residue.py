@@ -2,7 +2,8 @@
 
 Each store below is 20 files of real extracted text with one class of residue (tests/data/doc_residue/README.md):
 navigation glued by HTML-to-text, words hyphenated at line breaks, words in another script, changelog dates,
-sentence pieces that the offline phrase miner would take for topics.  Keyword-only stores, rendered by SQL alone
+sentence pieces that the offline phrase miner would take for topics; and 12 files whose every page carries a web
+site's header and footer (a small store of long documents).  Keyword-only stores, rendered by SQL alone
 (what `SELECT storetopics.backfill()` shows where no worker runs).
 """
 from __future__ import annotations
@@ -16,18 +17,18 @@ import pytest
 DATA = Path(__file__).parent / "data" / "doc_residue"
 
 
-def _render(conn, name: str) -> tuple[str, dict]:
+def _render(conn, name: str, files: int = 20) -> tuple[str, dict]:
     conn.execute("CREATE TABLE docs (id serial PRIMARY KEY, store text, file text, content text)")
     conn.execute("CREATE INDEX ON docs (file)")
     rows = [json.loads(line) for line in (DATA / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()]
-    assert len(rows) == 20
+    assert len(rows) == files
     with conn.cursor() as cur:
         cur.executemany("INSERT INTO docs (store, file, content) VALUES (%s, %s, %s)",
                         [(name, f"{i}-{r['file']}", r["text"]) for i, r in enumerate(rows)])
     conn.execute("SELECT storetopics.attach('docs', 'store', 'file', 'content', embedding => NULL)")
     conn.execute("SELECT * FROM storetopics.backfill()")
     text, topics = conn.execute("SELECT store_topics, topics FROM storetopics.stores").fetchone()
-    assert text and "20 files" in text
+    assert text and f"{files} files" in text
     return text, topics
 
 
@@ -41,6 +42,15 @@ def test_navigation_glued_by_html_to_text_is_not_shown(conn):
     assert not {w for w in shown if re.search(r"prev|next", w)}, text
     assert not {"ebookprevthe", "handbooknextchapter", "prevchapter", "nextchapter"} & shown, text
     assert "debian" in shown or "package" in shown or "packages" in shown, text
+
+
+def test_a_sites_header_and_footer_are_not_shown_in_a_small_store(conn):
+    # every page of the Exim specification says "Home Download Documentation Mailing Lists Wiki Bugs Security
+    # Credits" at the top and "Website design by Mike Cardwell." at the bottom: once a page, in every page
+    text, _ = _render(conn, "exim", files=12)
+    shown = _words(text)
+    assert not {"cardwell", "mike", "website", "design", "wiki", "credits", "mailing"} & shown, text
+    assert {"exim", "smtp", "router", "transport", "routers", "transports"} & shown, text
 
 
 def test_halves_of_words_hyphenated_at_line_breaks_are_not_shown(conn):

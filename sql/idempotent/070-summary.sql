@@ -18,7 +18,7 @@ RETURN CASE WHEN w COLLATE "C" ~ '^[\x01-\x7f\u00c0-\u024f]*$' THEN 'latin'
 -- holding it, its total and sum of squared counts per file) and the store's files:
 --   boilerplate  in a store of long documents (300 counted words a file or more), in many of its files the same
 --                number of times (navigation, headers and footers a page converter leaves in: "sitemap",
---                "copyright", glued links such as "contentsnext"): at least 8 files of 20 or more, in 30% of them
+--                "copyright", glued links such as "contentsnext"): at least 8 files of 10 or more, in 30% of them
 --                with a count that hardly varies (variance at most a tenth of its square, mean at most 3), or in
 --                90% of them about once each.  In long documents a word that says what they are about comes back;
 --                in short ones (package descriptions, notes, records) a word said once in each may be the theme;
@@ -31,7 +31,7 @@ CREATE OR REPLACE FUNCTION storetopics._noise(lexeme text, files bigint, total b
                                               store_files bigint, store_words bigint, script text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN CASE
-  WHEN store_files >= 20 AND files >= 8 AND store_words >= 300 * store_files
+  WHEN store_files >= 10 AND files >= 8 AND store_words >= 300 * store_files
        AND ((files >= 0.3 * store_files AND total::float8 / files <= 3
              AND total_sq::float8 / files - (total::float8 / files) ^ 2 <= 0.1 * (total::float8 / files) ^ 2)
             OR (files >= 0.9 * store_files AND total::float8 / files <= 1.5)) THEN 'boilerplate'
