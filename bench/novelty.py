@@ -12,7 +12,9 @@ that alternates between rounds: `incremental` (_outlier_files from the state the
 incremental and scratch results must be equal.  --pile K then uploads K more files one at a time without
 computing the state again in between, and times the incremental call after each: how the cost grows with the
 changes since the state was kept (it is computed again when a tenth of the files would have to be computed
-exactly).
+exactly).  --stale also times, each round, the incremental call with the planner's estimates of the kept tables
+stale (pg_class says they hold one row, as between a keep and autovacuum's next ANALYZE; in a transaction rolled
+back, a superuser's, in a new session): its plan must not become a loop over the files.
 """
 from __future__ import annotations
 
@@ -66,10 +68,23 @@ def timed(conn, sql: str, params=None) -> tuple[float, list]:
     return time.perf_counter() - t0, rows
 
 
-def run(dsn: str, source: int, store: str, rounds: int, pile: int) -> dict:
+STALE = ("UPDATE pg_class SET reltuples = 1 "
+         "WHERE oid IN ('storetopics.file_novelty'::regclass, 'storetopics.novelty_postings'::regclass)")
+
+
+def timed_stale(dsn: str, sql: str, params) -> tuple[float, list]:
+    """timed() in a new session (its functions' plans made afresh) told that the kept tables hold one row, in a
+    transaction rolled back: the kept state stays as it was."""
+    with connect(dsn) as fresh, fresh.transaction(force_rollback=True):
+        fresh.execute("SET jit = off")
+        fresh.execute(STALE)
+        return timed(fresh, sql, params)
+
+
+def run(dsn: str, source: int, store: str, rounds: int, pile: int, stale: bool = False) -> dict:
     texts = DocTexts(seed=33)
     synth = bc.Synth(seed=33, per_file=PER_FILE, store_of=lambda ids: [store] * len(ids), text_of=texts)
-    out: dict = {"incremental": [], "scratch": [], "old": [], "pile": []}
+    out: dict = {"incremental": [], "scratch": [], "old": [], "pile": [], "stale": []}
     outliers = "SELECT rank, file_key, novelty FROM storetopics._outlier_files(%s, %s)"
     with connect(dsn) as conn:
         conn.execute("SET jit = off")
@@ -83,7 +98,11 @@ def run(dsn: str, source: int, store: str, rounds: int, pile: int) -> dict:
             times = {}
             if r % 2:
                 times["old"], _ = timed(conn, OLD_SQL, {"src": source, "store": store})
+            if stale:
+                times["stale"], inc_stale = timed_stale(dsn, outliers, (source, store))
             times["incremental"], inc = timed(conn, outliers, (source, store))
+            if stale:
+                assert inc_stale == inc, (inc_stale, inc)
             conn.execute("SELECT storetopics._forget_novelty(%s, %s)", (source, store))
             times["scratch"], scratch = timed(conn, outliers, (source, store))
             if not r % 2:
@@ -93,16 +112,24 @@ def run(dsn: str, source: int, store: str, rounds: int, pile: int) -> dict:
                 out[k].append(v)
             print(f"round {r}: incremental {times['incremental']:.3f}s  scratch {times['scratch']:.3f}s  "
                   f"old {times['old']:.3f}s  incremental/scratch {times['incremental'] / times['scratch']:.1%}  "
-                  f"scratch/old {times['scratch'] / times['old']:.2f}", flush=True)
+                  f"scratch/old {times['scratch'] / times['old']:.2f}"
+                  + (f"  stale estimates {times['stale']:.3f}s" if stale else ""), flush=True)
         for k in range(pile):
             next_id = upload(conn, synth, source, store, next_id, 2000 + k)
-            t, _ = timed(conn, outliers, (source, store))
+            if stale:
+                t_stale, rows_stale = timed_stale(dsn, outliers, (source, store))
+                out["stale"].append(t_stale)
+            t, rows = timed(conn, outliers, (source, store))
             out["pile"].append(t)
-            print(f"{k + 1} uploads since kept: incremental {t:.3f}s", flush=True)
+            if stale:
+                assert rows_stale == rows, (rows_stale, rows)
+            print(f"{k + 1} uploads since kept: incremental {t:.3f}s"
+                  + (f", with stale estimates {t_stale:.3f}s" if stale else ""), flush=True)
     med = {k: statistics.median(v) for k, v in out.items() if v and k != "pile"}
     print(f"median: incremental {med['incremental']:.3f}s, scratch {med['scratch']:.3f}s, old {med['old']:.3f}s; "
           f"incremental/scratch {med['incremental'] / med['scratch']:.1%}, scratch/old "
-          f"{med['scratch'] / med['old']:.2f}", flush=True)
+          f"{med['scratch'] / med['old']:.2f}" + (f"; incremental with stale estimates {med['stale']:.3f}s" if stale else ""),
+          flush=True)
     return out
 
 
@@ -114,6 +141,7 @@ def main(argv=None) -> int:
     ap.add_argument("--store", default="big")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--pile", type=int, default=0)
+    ap.add_argument("--stale", action="store_true", help="also time the incremental call with stale estimates")
     args = ap.parse_args(argv)
     if args.dir:
         server(args.dir)
@@ -123,7 +151,7 @@ def main(argv=None) -> int:
         dsn, source = args.dsn, args.source
     else:
         ap.error("--dir or --dsn")
-    run(dsn, source, args.store, args.rounds, args.pile)
+    run(dsn, source, args.store, args.rounds, args.pile, args.stale)
     return 0
 
 

@@ -204,7 +204,7 @@ END $$;
 -- The outlier files of a store whose terms keywords() shows, best first: rank, file, novelty.  Keeps the store's
 -- novelty (storetopics._keep_novelty) when what was kept cannot serve.  Exact: the same state gives the same files
 -- whether they were found from the kept state or from scratch.
--- (About 130 lines: what moved since the state was kept, the bounds, then three decisions on them, each making
+-- (About 150 lines: what moved since the state was kept, the bounds, then three decisions on them, each making
 -- exact only the files it cannot decide; the files' bounds live in one temp table, which only this function reads.)
 CREATE OR REPLACE FUNCTION storetopics._outlier_files(p_source int, p_store text)
 RETURNS TABLE (rank int, file_key text, novelty float8)
@@ -218,6 +218,9 @@ DECLARE
   v_moves bigint[];      -- by term id: how far its ln(files) moved since, in units of 1e-9
   v_rare int[];          -- the rare terms among them
   v_rare_moves bigint[];
+  v_file_moves bigint[]; -- by file number: how far the rare terms moved a kept file's sum
+  v_last bigint;         -- the highest number of a kept file
+  r record;
   v_most bigint := 0;    -- the most any other term's ln moved: per counted word, a bound on a kept file's move
   v_ratio float8 := 0;   -- the most (files gained or lost) x files then / the smaller of files then and now ...
                          -- ... of any other term: times a file's sensitivity, another bound on its move
@@ -240,9 +243,10 @@ BEGIN
   v_ln := ln(greatest(st.files, 1)::float8);
   FOR attempt IN 1..2 LOOP
     v_rows := NULL; v_new := NULL; v_moves := NULL; v_rare := NULL; v_rare_moves := NULL; v_most := 0; v_ratio := 0;
+    v_file_moves := NULL;
     SELECT * INTO k FROM storetopics.novelty_state s WHERE s.source_id = p_source AND s.store_key = p_store;
     IF FOUND AND attempt = 1 THEN
-      SELECT count(*), array_agg(f.file_key) FILTER (WHERE f.n IS NULL) INTO v_rows, v_new
+      SELECT count(*), array_agg(f.file_key) FILTER (WHERE f.n IS NULL), max(f.n) INTO v_rows, v_new, v_last
         FROM storetopics.file_novelty f WHERE f.source_id = p_source AND f.store_key = p_store;
       SELECT * INTO v_moves, v_rare, v_rare_moves, v_most, v_ratio
         FROM storetopics._novelty_moves(p_source, p_store, k.dfs, k.rare);
@@ -255,6 +259,20 @@ BEGIN
       PERFORM storetopics._keep_novelty(p_source, p_store);
       v_new := NULL; v_moves := NULL; v_rare := NULL; v_rare_moves := NULL; v_most := 0; v_ratio := 0;
     END IF;
+    -- what the rare terms moved, by file number (the postings of those terms only, each probed by its key; an
+    -- array, not a join, so that no estimate of the files, stale after a keep, can make it a loop over them)
+    IF v_rare IS NOT NULL AND v_last IS NOT NULL THEN
+      v_file_moves := array_fill(0::bigint, ARRAY[v_last::int]);   -- (a number beyond it extends it)
+      FOR r IN SELECT u.n, sum(u.c::bigint * m.move)::bigint AS move
+                 FROM storetopics.novelty_postings p
+                 JOIN unnest(v_rare, v_rare_moves) AS m(term_id, move) ON m.term_id = p.term_id,
+                      unnest(p.file_ns, p.counts) AS u(n, c)
+                WHERE p.source_id = p_source AND p.store_key = p_store AND p.term_id = ANY (v_rare)
+                GROUP BY u.n
+      LOOP
+        v_file_moves[r.n] := r.move;
+      END LOOP;
+    END IF;
     IF to_regclass('pg_temp.storetopics_nov') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_nov; END IF;
     -- Kept files: their sums moved exactly by their rare terms (the postings), and through the others by at most
     -- v_most per word, and by at most v_ratio x their sensitivity (each term's ln moved by at most v_ratio / its
@@ -262,18 +280,13 @@ BEGIN
     -- rounding to 1e-9, widened by 1e-9 (rounding moves it by less); exact (lo = hi) where nothing moved the sum.
     CREATE TEMP TABLE storetopics_nov ON COMMIT DROP AS
     SELECT f.file_key,
-           CASE WHEN b.slack = 0 THEN storetopics._novelty(v_ln, f.total + coalesce(d.move, 0), f.words)
-                ELSE v_ln - (f.total + coalesce(d.move, 0) + b.slack)::float8 / 1e9 / f.words - 1e-9 END AS lo,
-           CASE WHEN b.slack = 0 THEN storetopics._novelty(v_ln, f.total + coalesce(d.move, 0), f.words)
-                ELSE v_ln - (f.total + coalesce(d.move, 0) - b.slack)::float8 / 1e9 / f.words + 1e-9 END AS hi,
+           CASE WHEN b.slack = 0 THEN storetopics._novelty(v_ln, f.total + d.move, f.words)
+                ELSE v_ln - (f.total + d.move + b.slack)::float8 / 1e9 / f.words - 1e-9 END AS lo,
+           CASE WHEN b.slack = 0 THEN storetopics._novelty(v_ln, f.total + d.move, f.words)
+                ELSE v_ln - (f.total + d.move - b.slack)::float8 / 1e9 / f.words + 1e-9 END AS hi,
            f.apart, f.total, f.words
-      FROM storetopics.file_novelty f
-      LEFT JOIN (SELECT u.n, sum(u.c::bigint * m.move)::bigint AS move
-                   FROM unnest(v_rare, v_rare_moves) AS m(term_id, move)
-                   JOIN storetopics.novelty_postings p
-                     ON p.source_id = p_source AND p.store_key = p_store AND p.term_id = m.term_id,
-                        unnest(p.file_ns, p.counts) AS u(n, c)
-                  GROUP BY u.n) d ON d.n = f.n,
+      FROM storetopics.file_novelty f,
+           LATERAL (SELECT coalesce(v_file_moves[f.n], 0) AS move) d,
            LATERAL (SELECT CASE WHEN v_most = 0 THEN 0
                            ELSE least(f.words * v_most,
                                       ceil(f.sensitivity * v_ratio * 1e9 * (1 + 1e-9))::bigint + f.words) END
