@@ -104620,15 +104620,13 @@ BEGIN
     SELECT f.grp, count(*) AS files FROM pg_temp.storetopics_mine_files f GROUP BY 1
   )
   -- the tests of a phrase's words (noise, a piece of a sentence) on the weighted phrases only (OFFSET 0 keeps them
-  -- above the joins): a key they drop is dropped whole, so the spread of the others is the same.  A phrase of long
-  -- documents that nearly every file of its group says about once is their page chrome ("Mailing Lists" in a
-  -- site's header), as storetopics._noise's boilerplate is for a word, though its words are the store's own
+  -- above the joins): a key they drop is dropped whole, so the spread of the others is the same.  Nor is page chrome
+  -- a topic (storetopics._page_chrome: "Mailing Lists" in a site's header), though its words are the store's own
   SELECT y.grp, y.phrase, y.one_file, y.hits, round(y.score::numeric, 9),
          row_number() OVER (PARTITION BY y.grp ORDER BY cardinality(y.words) = 1, y.one_file, y.score DESC, y.phrase)
     FROM (SELECT s.grp, s.key, s.phrase, s.words, s.files < least(2, z.files) AS one_file, w.hits,
                  s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups) AS score,
-                 z.files >= 8 AND v_words >= 300 * v_files AND s.files >= 0.9 * z.files
-                 AND s.occurrences <= 1.5 * s.files AS chrome
+                 storetopics._page_chrome(s.files, s.occurrences, z.files, v_files, v_words) AS chrome
             FROM scored s JOIN weighted w USING (grp, key) JOIN spread sp USING (key) JOIN sizes z USING (grp)
            WHERE w.weight > 0 OFFSET 0) y
    WHERE NOT string_to_array(y.key, ' ') && v_noise AND storetopics._clause_fragment(y.words) IS NULL
@@ -105213,14 +105211,22 @@ RETURN CASE WHEN w COLLATE "C" ~ '^[\x01-\x7f\u00c0-\u024f]*$' THEN 'latin'
             WHEN w COLLATE "C" ~ '[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]' THEN 'cjk'
             ELSE 'other' END;
 
+-- Page chrome: a word or phrase said about once in nearly every one (90%) of at least 8 files (of_files: those it
+-- was counted in) of a store of long documents (300 counted words a file or more): a site's header or footer.  In
+-- long documents what they are about comes back; in short ones (package descriptions, notes, records) a word said
+-- once in each may be the theme.  (No SET: the planner inlines it into its callers.)
+CREATE OR REPLACE FUNCTION storetopics._page_chrome(files bigint, total bigint, of_files bigint, store_files bigint,
+                                                    store_words bigint) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN of_files >= 8 AND files >= 0.9 * of_files AND total <= 1.5 * files AND store_words >= 300 * store_files;
+
 -- Why a term of a store is noise, not news of what the store holds (NULL: it is not), from its counts there (files
 -- holding it, its total and sum of squared counts per file) and the store's files:
 --   boilerplate  in a store of long documents (300 counted words a file or more), in many of its files the same
 --                number of times (navigation, headers and footers a page converter leaves in: "sitemap",
 --                "copyright", glued links such as "contentsnext"): at least 8 files of 10 or more, in 30% of them
---                with a count that hardly varies (variance at most a tenth of its square, mean at most 3), or in
---                90% of them about once each.  In long documents a word that says what they are about comes back;
---                in short ones (package descriptions, notes, records) a word said once in each may be the theme;
+--                with a count that hardly varies (variance at most a tenth of its square, mean at most 3), or page
+--                chrome (storetopics._page_chrome: in 90% of them about once each);
 --   navigation   previous/next and the words of page chrome, alone or glued to a word ("nextchapter", "menuprev");
 --   date         month and weekday names and their abbreviations (changelogs, release notes: "Fri, 03 Mar"; a
 --                store about the sun or SAT solvers loses those words from its lists, its other words stay);
@@ -105230,10 +105236,11 @@ CREATE OR REPLACE FUNCTION storetopics._noise(lexeme text, files bigint, total b
                                               store_files bigint, store_words bigint, script text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN CASE
-  WHEN store_files >= 10 AND files >= 8 AND store_words >= 300 * store_files
-       AND ((files >= 0.3 * store_files AND total::float8 / files <= 3
-             AND total_sq::float8 / files - (total::float8 / files) ^ 2 <= 0.1 * (total::float8 / files) ^ 2)
-            OR (files >= 0.9 * store_files AND total::float8 / files <= 1.5)) THEN 'boilerplate'
+  WHEN store_files >= 10
+       AND (files >= 8 AND store_words >= 300 * store_files AND files >= 0.3 * store_files
+            AND total::float8 / files <= 3
+            AND total_sq::float8 / files - (total::float8 / files) ^ 2 <= 0.1 * (total::float8 / files) ^ 2
+            OR storetopics._page_chrome(files, total, store_files, store_files, store_words)) THEN 'boilerplate'
   WHEN lexeme COLLATE "C" ~ '^(prev|previous|next|toc|sitemap|breadcrumb|navbar|permalink)$'
        OR lexeme COLLATE "C" ~ '^(prev|previous|next)[a-z]{3,}$|^[a-z]{3,}(prev|previous|next)[a-z]*$'
           AND lexeme COLLATE "C" !~ '^(prevent|preview|prevail|prevalen)' THEN 'navigation'
@@ -107470,4 +107477,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1019841059') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1113535307') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

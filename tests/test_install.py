@@ -24,7 +24,8 @@ SEARCH_PATH = "search_path=pg_catalog, pg_temp"
 BOUND_AT_CREATION: set[str] = {"_dehyphenated(text)", "_ln9(bigint)", "_novelty(double precision,bigint,bigint)",
                                "_novelty_bound(double precision,double precision,double precision,boolean)",
                                "_novel(double precision,boolean,double precision,double precision)",
-                               "_file_apart(integer[],integer[])"}
+                               "_file_apart(integer[],integer[])",
+                               "_page_chrome(bigint,bigint,bigint,bigint,bigint)"}
 PUBLIC_EXECUTE = {"_usable_text(text)", "_dehyphenated(text)", "_showable_term(text)", "_human_count(bigint)",
                   "_tsvector_or_null(regconfig,text)", "_max_store_key()", "_tool_name(text,text)",
                   # checks every caller itself: contents go only to roles that may SELECT the chunk table

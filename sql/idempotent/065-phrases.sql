@@ -156,15 +156,13 @@ BEGIN
     SELECT f.grp, count(*) AS files FROM pg_temp.storetopics_mine_files f GROUP BY 1
   )
   -- the tests of a phrase's words (noise, a piece of a sentence) on the weighted phrases only (OFFSET 0 keeps them
-  -- above the joins): a key they drop is dropped whole, so the spread of the others is the same.  A phrase of long
-  -- documents that nearly every file of its group says about once is their page chrome ("Mailing Lists" in a
-  -- site's header), as storetopics._noise's boilerplate is for a word, though its words are the store's own
+  -- above the joins): a key they drop is dropped whole, so the spread of the others is the same.  Nor is page chrome
+  -- a topic (storetopics._page_chrome: "Mailing Lists" in a site's header), though its words are the store's own
   SELECT y.grp, y.phrase, y.one_file, y.hits, round(y.score::numeric, 9),
          row_number() OVER (PARTITION BY y.grp ORDER BY cardinality(y.words) = 1, y.one_file, y.score DESC, y.phrase)
     FROM (SELECT s.grp, s.key, s.phrase, s.words, s.files < least(2, z.files) AS one_file, w.hits,
                  s.files * (1 + w.weight) * ln(1 + v_groups::float8 / sp.groups) AS score,
-                 z.files >= 8 AND v_words >= 300 * v_files AND s.files >= 0.9 * z.files
-                 AND s.occurrences <= 1.5 * s.files AS chrome
+                 storetopics._page_chrome(s.files, s.occurrences, z.files, v_files, v_words) AS chrome
             FROM scored s JOIN weighted w USING (grp, key) JOIN spread sp USING (key) JOIN sizes z USING (grp)
            WHERE w.weight > 0 OFFSET 0) y
    WHERE NOT string_to_array(y.key, ' ') && v_noise AND storetopics._clause_fragment(y.words) IS NULL

@@ -14,14 +14,22 @@ RETURN CASE WHEN w COLLATE "C" ~ '^[\x01-\x7f\u00c0-\u024f]*$' THEN 'latin'
             WHEN w COLLATE "C" ~ '[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]' THEN 'cjk'
             ELSE 'other' END;
 
+-- Page chrome: a word or phrase said about once in nearly every one (90%) of at least 8 files (of_files: those it
+-- was counted in) of a store of long documents (300 counted words a file or more): a site's header or footer.  In
+-- long documents what they are about comes back; in short ones (package descriptions, notes, records) a word said
+-- once in each may be the theme.  (No SET: the planner inlines it into its callers.)
+CREATE OR REPLACE FUNCTION storetopics._page_chrome(files bigint, total bigint, of_files bigint, store_files bigint,
+                                                    store_words bigint) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN of_files >= 8 AND files >= 0.9 * of_files AND total <= 1.5 * files AND store_words >= 300 * store_files;
+
 -- Why a term of a store is noise, not news of what the store holds (NULL: it is not), from its counts there (files
 -- holding it, its total and sum of squared counts per file) and the store's files:
 --   boilerplate  in a store of long documents (300 counted words a file or more), in many of its files the same
 --                number of times (navigation, headers and footers a page converter leaves in: "sitemap",
 --                "copyright", glued links such as "contentsnext"): at least 8 files of 10 or more, in 30% of them
---                with a count that hardly varies (variance at most a tenth of its square, mean at most 3), or in
---                90% of them about once each.  In long documents a word that says what they are about comes back;
---                in short ones (package descriptions, notes, records) a word said once in each may be the theme;
+--                with a count that hardly varies (variance at most a tenth of its square, mean at most 3), or page
+--                chrome (storetopics._page_chrome: in 90% of them about once each);
 --   navigation   previous/next and the words of page chrome, alone or glued to a word ("nextchapter", "menuprev");
 --   date         month and weekday names and their abbreviations (changelogs, release notes: "Fri, 03 Mar"; a
 --                store about the sun or SAT solvers loses those words from its lists, its other words stay);
@@ -31,10 +39,11 @@ CREATE OR REPLACE FUNCTION storetopics._noise(lexeme text, files bigint, total b
                                               store_files bigint, store_words bigint, script text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN CASE
-  WHEN store_files >= 10 AND files >= 8 AND store_words >= 300 * store_files
-       AND ((files >= 0.3 * store_files AND total::float8 / files <= 3
-             AND total_sq::float8 / files - (total::float8 / files) ^ 2 <= 0.1 * (total::float8 / files) ^ 2)
-            OR (files >= 0.9 * store_files AND total::float8 / files <= 1.5)) THEN 'boilerplate'
+  WHEN store_files >= 10
+       AND (files >= 8 AND store_words >= 300 * store_files AND files >= 0.3 * store_files
+            AND total::float8 / files <= 3
+            AND total_sq::float8 / files - (total::float8 / files) ^ 2 <= 0.1 * (total::float8 / files) ^ 2
+            OR storetopics._page_chrome(files, total, store_files, store_files, store_words)) THEN 'boilerplate'
   WHEN lexeme COLLATE "C" ~ '^(prev|previous|next|toc|sitemap|breadcrumb|navbar|permalink)$'
        OR lexeme COLLATE "C" ~ '^(prev|previous|next)[a-z]{3,}$|^[a-z]{3,}(prev|previous|next)[a-z]*$'
           AND lexeme COLLATE "C" !~ '^(prevent|preview|prevail|prevalen)' THEN 'navigation'
