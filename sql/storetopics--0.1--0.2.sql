@@ -100584,6 +100584,10 @@ CREATE UNLOGGED TABLE storetopics.novelty_state (
   store_key text NOT NULL,
   rare      int NOT NULL,           -- terms in at most this many files then have their postings kept
   dfs       int[] NOT NULL,         -- the files holding each term then, by term id (0, or past the end: none)
+  numbered  int NOT NULL,           -- the files numbered then (1 .. numbered) ...
+  ranked    int NOT NULL,           -- ... of which 1 .. ranked have counted words, numbered by novelty then, lowest first
+  per_word  float8 NOT NULL,        -- the largest sensitivity per counted word of those
+  gone      int[] NOT NULL DEFAULT '{}',   -- the numbers of the files folded since (changed, moved or deleted)
   PRIMARY KEY (source_id, store_key)
 );
 -- One row per file of a store that has a novelty_state: its sums as they were then (n NULL: the file was folded
@@ -100592,7 +100596,7 @@ CREATE UNLOGGED TABLE storetopics.file_novelty (
   source_id int NOT NULL,
   store_key text NOT NULL,
   file_key  text NOT NULL,
-  n         int,                    -- the file's number in the postings
+  n         int,                    -- the file's number (in the postings, and its rank by novelty then)
   total     bigint,                 -- sum over its counted terms of count x ln(files holding it), in units of 1e-9
   words     bigint,                 -- its counted terms
   apart     boolean,                -- every chunk of it lies beyond its nearest cluster's radius
@@ -103208,9 +103212,15 @@ BEGIN
          nf.cluster_ids, nf.cluster_chunks, nf.cluster_outliers, nf.other_dim
     FROM pg_temp.storetopics_new_files nf;
   GET DIAGNOSTICS v_n = ROW_COUNT;
-  -- what render keeps of its stores' novelty (storetopics._outlier_files): these files are computed again there
-  DELETE FROM storetopics.file_novelty f
-   WHERE f.source_id = src.id AND md5(f.file_key)::uuid = ANY (v_digests) AND f.file_key = ANY (p_files);
+  -- what render keeps of its stores' novelty (storetopics._outlier_files): these files are computed again there,
+  -- and the numbers they had are gone from the kept ranking
+  WITH gone AS (
+    DELETE FROM storetopics.file_novelty f
+     WHERE f.source_id = src.id AND md5(f.file_key)::uuid = ANY (v_digests) AND f.file_key = ANY (p_files)
+    RETURNING f.store_key, f.n)
+  UPDATE storetopics.novelty_state k SET gone = k.gone || g.ns
+    FROM (SELECT g.store_key, array_agg(g.n) AS ns FROM gone g WHERE g.n IS NOT NULL GROUP BY 1) g
+   WHERE k.source_id = src.id AND k.store_key = g.store_key;
   INSERT INTO storetopics.file_novelty (source_id, store_key, file_key)
   SELECT src.id, nf.store_key, nf.file_key FROM pg_temp.storetopics_new_files nf
    WHERE nf.store_key IN (SELECT k.store_key FROM storetopics.novelty_state k WHERE k.source_id = src.id);
@@ -104604,10 +104614,11 @@ END;
 -- of count / df over them, kept) times the largest (df gained or lost) x df then / the smaller df of any of them.  So
 -- each file's novelty is known within bounds; the median, the MAD and each file's test are decided from the bounds
 -- where they suffice, and from the files computed again exactly where they do not (order statistics: only the files
--- whose bounds straddle them).  Files folded since are computed again.  The result is what a computation from
--- scratch gives, bit for bit: sums are integers (each ln df rounded to 1e-9 first), so they do not depend on which
--- files are summed together or in what order, and every step the bounds decide is one whose outcome they prove
--- (tests/test_novelty.py).  The kept state is computed again when many files changed or the bounds leave a tenth of
+-- whose bounds straddle them).  The kept files are numbered by their novelty then, so that the files near each
+-- order statistic are found by their numbers and the others counted, not read.  Files folded since are computed
+-- again.  The result is what a computation from scratch gives, bit for bit: sums are integers (each ln df rounded
+-- to 1e-9 first), so they do not depend on which files are summed together or in what order, and every step the
+-- bounds decide is one whose outcome they prove (tests/test_novelty.py).  The kept state is computed again when many files changed or the bounds leave a tenth of
 -- the files to compute exactly, and forgotten when the clusters' assignment changes (what is apart), when the source
 -- is recounted, or when anything about it does not add up.
 
@@ -104737,8 +104748,11 @@ BEGIN
     FROM unnest(v_dfs) WITH ORDINALITY AS x(d, i);
   PERFORM storetopics._forget_novelty(p_source, p_store);
   IF to_regclass('pg_temp.storetopics_keep') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_keep; END IF;
+  -- (numbered by novelty, lowest first, as _kept_mid() computes it: the files with counted words first)
   CREATE TEMP TABLE storetopics_keep ON COMMIT DROP AS
-  SELECT (row_number() OVER ())::int AS n, f.file_key, coalesce(s.total, 0)::bigint AS total, f.words,
+  SELECT (row_number() OVER (ORDER BY CASE WHEN f.words > 0 THEN coalesce(s.total, 0)::bigint::float8 / 1e9 / f.words END
+                                      DESC NULLS LAST, f.file_key))::int AS n,
+         f.file_key, coalesce(s.total, 0)::bigint AS total, f.words,
          storetopics._file_apart(f.cluster_chunks, f.cluster_outliers) AS apart,
          coalesce(s.sensitivity, 0) AS sensitivity, s.rare
     FROM storetopics.file_terms f,
@@ -104754,7 +104768,10 @@ BEGIN
   SELECT p_source, p_store, (u.x >> 32)::int, array_agg(u.n), array_agg((u.x & 4294967295)::int)
     FROM (SELECT k.n, unnest(k.rare) AS x FROM pg_temp.storetopics_keep k) u
    GROUP BY u.x >> 32;
-  INSERT INTO storetopics.novelty_state (source_id, store_key, rare, dfs) VALUES (p_source, p_store, v_rare, v_dfs);
+  INSERT INTO storetopics.novelty_state (source_id, store_key, rare, dfs, numbered, ranked, per_word)
+  SELECT p_source, p_store, v_rare, v_dfs, count(*), count(*) FILTER (WHERE k.words > 0),
+         coalesce(max(k.sensitivity / k.words) FILTER (WHERE k.words > 0), 0)
+    FROM pg_temp.storetopics_keep k;
   DROP TABLE pg_temp.storetopics_keep;
 END $$;
 
@@ -104792,11 +104809,136 @@ BEGIN
   END LOOP;
 END $$;
 
+-- The kept ranking (storetopics._keep_novelty numbers a store's files by their novelty then, lowest first): a kept
+-- file whose rare terms did not move it and that was not folded since has a sum that moved only through its other
+-- terms, so its novelty now is its "mid" (ln of the store's files now less its kept sum per word) within a bound w
+-- that holds for every such file.  The mids are in the order of the numbers: the k-th of those files (its rank k
+-- among them; x: the numbers that are not, sorted) is found by its number, and order statistics of the store by a
+-- few index probes, instead of sorting every file.
+
+-- How many values of a sorted array are at most v.
+CREATE OR REPLACE FUNCTION storetopics._count_le(a int[], v bigint) RETURNS int
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  lo int := 0;
+  hi int := coalesce(cardinality(a), 0);
+  m int;
+BEGIN
+  WHILE lo < hi LOOP
+    m := (lo + hi + 1) / 2;
+    IF a[m] <= v THEN lo := m; ELSE hi := m - 1; END IF;
+  END LOOP;
+  RETURN lo;
+END $$;
+
+-- The number of the k-th ranked file (x: the numbers left out, sorted): the least n with n - (those of x up to n) = k.
+CREATE OR REPLACE FUNCTION storetopics._kept_number(x int[], k bigint) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  n bigint := k;
+  n2 bigint;
+BEGIN
+  LOOP
+    n2 := k + storetopics._count_le(x, n);
+    EXIT WHEN n2 = n;
+    n := n2;
+  END LOOP;
+  RETURN n;
+END $$;
+
+-- The mid of the k-th ranked file (1 <= k <= the ranked files): ln_n less its kept sum per word.
+CREATE OR REPLACE FUNCTION storetopics._kept_mid(p_source int, p_store text, x int[], k bigint, ln_n float8)
+RETURNS float8
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  SELECT ln_n - f.total::float8 / 1e9 / f.words FROM storetopics.file_novelty f
+   WHERE f.source_id = p_source AND f.store_key = p_store AND f.n = storetopics._kept_number(x, k);
+END;
+
+-- How many of the kn ranked files have a mid below y (or at most y: inclusive).
+CREATE OR REPLACE FUNCTION storetopics._kept_below(p_source int, p_store text, x int[], kn bigint, ln_n float8,
+                                                   y float8, inclusive boolean) RETURNS bigint
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  lo bigint := 0;
+  hi bigint := kn;
+  m bigint;
+  v float8;
+BEGIN
+  WHILE lo < hi LOOP
+    m := (lo + hi + 1) / 2;
+    v := storetopics._kept_mid(p_source, p_store, x, m, ln_n);
+    IF v < y OR (inclusive AND v = y) THEN lo := m; ELSE hi := m - 1; END IF;
+  END LOOP;
+  RETURN lo;
+END $$;
+
+-- The i-th smallest distance |mid - med| of the kn ranked files (1 <= i <= kn): the i-th of two sorted runs, the
+-- p files below med going down and the others going up, found by bisecting how many the first run gives.
+CREATE OR REPLACE FUNCTION storetopics._kept_distance(p_source int, p_store text, x int[], kn bigint, ln_n float8,
+                                                      med float8, i bigint) RETURNS float8
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  p bigint := storetopics._kept_below(p_source, p_store, x, kn, ln_n, med, false);
+  lo bigint := greatest(0, i - (kn - p));
+  hi bigint := least(i, p);
+  j bigint;
+BEGIN
+  -- the least j such that one more from the first run (its (j+1)-th) would not be below the second's (i-j)-th
+  WHILE lo < hi LOOP
+    j := (lo + hi) / 2;
+    IF med - storetopics._kept_mid(p_source, p_store, x, p - j, ln_n)
+       < storetopics._kept_mid(p_source, p_store, x, p + i - j, ln_n) - med THEN
+      lo := j + 1;
+    ELSE
+      hi := j;
+    END IF;
+  END LOOP;
+  RETURN greatest(CASE WHEN lo > 0 THEN med - storetopics._kept_mid(p_source, p_store, x, p - lo + 1, ln_n) END,
+                  CASE WHEN lo < i THEN storetopics._kept_mid(p_source, p_store, x, p + i - lo, ln_n) - med END);
+END $$;
+
+-- Bounds on the novelty of a kept file whose sum is now total (its kept sum and what its rare terms moved) give or
+-- take its slack: the other terms' moves, at most `most` per word and at most ratio x its sensitivity, plus the
+-- roundings of each ln to 1e-9, one unit per word.  Bounds on the novelty without its rounding to 1e-9, widened by
+-- 1e-9 (rounding moves it by less); exact where nothing moved (most = 0).
+CREATE OR REPLACE FUNCTION storetopics._kept_bound(ln_n float8, total bigint, words bigint, sensitivity float8,
+                                                   most bigint, ratio float8, upper boolean) RETURNS float8
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN most = 0 THEN storetopics._novelty(ln_n, total, words)
+            ELSE ln_n - (total + CASE WHEN upper THEN -1 ELSE 1 END
+                                 * least(words * most, ceil(sensitivity * ratio * 1e9 * (1 + 1e-9))::bigint + words))::float8
+                        / 1e9 / words + CASE WHEN upper THEN 1e-9 ELSE -1e-9 END END;
+
+-- The ranked files of ranks a .. b, with their rank and bounds.
+CREATE OR REPLACE FUNCTION storetopics._kept_ranked(p_source int, p_store text, x int[], a bigint, b bigint,
+                                                    ln_n float8, most bigint, ratio float8)
+RETURNS TABLE (rk bigint, file_key text, lo float8, hi float8, apart boolean, total bigint, words bigint)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  na bigint := storetopics._kept_number(x, a);
+  nb bigint := storetopics._kept_number(x, b);
+  v_out int[] := ARRAY(SELECT g FROM unnest(x) g WHERE g BETWEEN na AND nb);
+BEGIN
+  IF a > b THEN
+    RETURN;
+  END IF;
+  RETURN QUERY
+    SELECT a - 1 + row_number() OVER (ORDER BY f.n), f.file_key,
+           storetopics._kept_bound(ln_n, f.total, f.words, f.sensitivity, most, ratio, false),
+           storetopics._kept_bound(ln_n, f.total, f.words, f.sensitivity, most, ratio, true),
+           f.apart, f.total, f.words
+      FROM storetopics.file_novelty f
+     WHERE f.source_id = p_source AND f.store_key = p_store AND f.n BETWEEN na AND nb AND f.n <> ALL (v_out);
+END $$;
+
 -- The outlier files of a store whose terms keywords() shows, best first: rank, file, novelty.  Keeps the store's
 -- novelty (storetopics._keep_novelty) when what was kept cannot serve.  Exact: the same state gives the same files
 -- whether they were found from the kept state or from scratch.
--- (About 150 lines: what moved since the state was kept, the bounds, then three decisions on them, each making
--- exact only the files it cannot decide; the files' bounds live in one temp table, which only this function reads.)
+-- The files looked at (their bounds in one temp table, which only this function reads): those folded since and those
+-- their rare terms moved, and of the ranked files only those near what each decision needs (the median, the MAD, the
+-- files that may pass): each decision reads the others as a count.  Each decision makes exact only the files it
+-- cannot decide from their bounds.
 CREATE OR REPLACE FUNCTION storetopics._outlier_files(p_source int, p_store text)
 RETURNS TABLE (rank int, file_key text, novelty float8)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off SET jit = off AS $$
@@ -104810,16 +104952,23 @@ DECLARE
   v_rare int[];          -- the rare terms among them
   v_rare_moves bigint[];
   v_file_moves bigint[]; -- by file number: how far the rare terms moved a kept file's sum
-  v_last bigint;         -- the highest number of a kept file
   r record;
   v_most bigint := 0;    -- the most any other term's ln moved: per counted word, a bound on a kept file's move
   v_ratio float8 := 0;   -- the most (files gained or lost) x files then / the smaller of files then and now ...
                          -- ... of any other term: times a file's sensitivity, another bound on its move
+  v_x int[];             -- numbers out of the ranking: folded since, or moved by their rare terms
+  v_kn bigint;           -- the ranked files left: each one's novelty is within v_w of its mid
+  v_w float8;
+  v_e bigint;            -- the other files (looked at one by one)
   v_m bigint;
   r1 bigint;
   r2 bigint;
   v_l float8;
   v_h float8;
+  v_lo bigint;           -- the ranked files looked at for a decision: ranks v_lo .. v_hi except (v_in1, v_in2]
+  v_hi bigint;
+  v_in1 bigint;
+  v_in2 bigint;
   v_below bigint;
   v_about float8;        -- NULL for the median; the median, for the MAD
   v_med float8;
@@ -104837,8 +104986,9 @@ BEGIN
     v_file_moves := NULL;
     SELECT * INTO k FROM storetopics.novelty_state s WHERE s.source_id = p_source AND s.store_key = p_store;
     IF FOUND AND attempt = 1 THEN
-      SELECT count(*), array_agg(f.file_key) FILTER (WHERE f.n IS NULL), max(f.n) INTO v_rows, v_new, v_last
-        FROM storetopics.file_novelty f WHERE f.source_id = p_source AND f.store_key = p_store;
+      v_new := ARRAY(SELECT f.file_key FROM storetopics.file_novelty f
+                      WHERE f.source_id = p_source AND f.store_key = p_store AND f.n IS NULL);
+      v_rows := k.numbered - cardinality(k.gone) + cardinality(v_new);
       SELECT * INTO v_moves, v_rare, v_rare_moves, v_most, v_ratio
         FROM storetopics._novelty_moves(p_source, p_store, k.dfs, k.rare);
     END IF;
@@ -104848,12 +104998,13 @@ BEGIN
     IF k.source_id IS NULL OR attempt = 2 OR v_rows <> st.files OR cardinality(v_new) > greatest(100, st.files / 50)
     THEN
       PERFORM storetopics._keep_novelty(p_source, p_store);
+      SELECT * INTO k FROM storetopics.novelty_state s WHERE s.source_id = p_source AND s.store_key = p_store;
       v_new := NULL; v_moves := NULL; v_rare := NULL; v_rare_moves := NULL; v_most := 0; v_ratio := 0;
     END IF;
     -- what the rare terms moved, by file number (the postings of those terms only, each probed by its key; an
     -- array, not a join, so that no estimate of the files, stale after a keep, can make it a loop over them)
-    IF v_rare IS NOT NULL AND v_last IS NOT NULL THEN
-      v_file_moves := array_fill(0::bigint, ARRAY[v_last::int]);   -- (a number beyond it extends it)
+    IF v_rare IS NOT NULL THEN
+      v_file_moves := array_fill(0::bigint, ARRAY[greatest(k.numbered, 1)]);
       FOR r IN SELECT u.n, sum(u.c::bigint * m.move)::bigint AS move
                  FROM storetopics.novelty_postings p
                  JOIN unnest(v_rare, v_rare_moves) AS m(term_id, move) ON m.term_id = p.term_id,
@@ -104864,32 +105015,33 @@ BEGIN
         v_file_moves[r.n] := r.move;
       END LOOP;
     END IF;
+    -- out of the ranking: the files folded since (gone) and those the rare terms moved, which are looked at
+    v_x := ARRAY(SELECT DISTINCT g FROM unnest(k.gone) g WHERE g <= k.ranked
+                 UNION SELECT i FROM generate_subscripts(v_file_moves, 1) i WHERE i <= k.ranked AND v_file_moves[i] <> 0
+                 ORDER BY 1);
+    v_kn := k.ranked - cardinality(v_x);
+    v_w := CASE WHEN v_most = 0 THEN 0
+                ELSE least(v_most::float8, k.per_word * v_ratio * 1e9 * (1 + 1e-9) + 2) END / 1e9 + 2e-9;
     IF to_regclass('pg_temp.storetopics_nov') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_nov; END IF;
-    -- Kept files: their sums moved exactly by their rare terms (the postings), and through the others by at most
-    -- v_most per word, and by at most v_ratio x their sensitivity (each term's ln moved by at most v_ratio / its
-    -- files then), plus the roundings of each ln to 1e-9, one unit per word.  Bounds on the novelty without its
-    -- rounding to 1e-9, widened by 1e-9 (rounding moves it by less); exact (lo = hi) where nothing moved the sum.
-    CREATE TEMP TABLE storetopics_nov ON COMMIT DROP AS
-    SELECT f.file_key,
-           CASE WHEN b.slack = 0 THEN storetopics._novelty(v_ln, f.total + d.move, f.words)
-                ELSE v_ln - (f.total + d.move + b.slack)::float8 / 1e9 / f.words - 1e-9 END AS lo,
-           CASE WHEN b.slack = 0 THEN storetopics._novelty(v_ln, f.total + d.move, f.words)
-                ELSE v_ln - (f.total + d.move - b.slack)::float8 / 1e9 / f.words + 1e-9 END AS hi,
+    CREATE TEMP TABLE storetopics_nov (rk bigint UNIQUE, file_key text, lo float8, hi float8, apart boolean,
+                                       total bigint, words bigint) ON COMMIT DROP;
+    -- the kept files the rare terms moved (their bounds with that move), and the files folded since (exact)
+    INSERT INTO pg_temp.storetopics_nov
+    SELECT NULL, f.file_key,
+           storetopics._kept_bound(v_ln, f.total + v_file_moves[f.n], f.words, f.sensitivity, v_most, v_ratio, false),
+           storetopics._kept_bound(v_ln, f.total + v_file_moves[f.n], f.words, f.sensitivity, v_most, v_ratio, true),
            f.apart, f.total, f.words
-      FROM storetopics.file_novelty f,
-           LATERAL (SELECT coalesce(v_file_moves[f.n], 0) AS move) d,
-           LATERAL (SELECT CASE WHEN v_most = 0 THEN 0
-                           ELSE least(f.words * v_most,
-                                      ceil(f.sensitivity * v_ratio * 1e9 * (1 + 1e-9))::bigint + f.words) END
-                           AS slack) b
-     WHERE f.source_id = p_source AND f.store_key = p_store AND f.n IS NOT NULL AND f.words > 0;
-    IF v_new IS NOT NULL THEN   -- files folded since: exact
+      FROM storetopics.file_novelty f
+     WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0
+       AND f.n = ANY (ARRAY(SELECT i FROM unnest(v_x) i WHERE v_file_moves[i] <> 0 AND i <> ALL (k.gone)));
+    IF cardinality(v_new) > 0 THEN
       INSERT INTO pg_temp.storetopics_nov
-      SELECT s.file_key, storetopics._novelty(v_ln, s.total, s.words), storetopics._novelty(v_ln, s.total, s.words),
+      SELECT NULL, s.file_key, storetopics._novelty(v_ln, s.total, s.words), storetopics._novelty(v_ln, s.total, s.words),
              s.apart, s.total, s.words
         FROM storetopics._novelty_sums(p_source, p_store, v_new) s WHERE s.words > 0;
     END IF;
-    v_m := (SELECT count(*) FROM pg_temp.storetopics_nov);
+    v_e := (SELECT count(*) FROM pg_temp.storetopics_nov);
+    v_m := v_kn + v_e;
     IF v_m = 0 THEN
       DROP TABLE pg_temp.storetopics_nov;
       RETURN;
@@ -104898,21 +105050,60 @@ BEGIN
     -- r2-th smallest values, interpolated.  The r1-th smallest value is at least the r1-th smallest lower bound
     -- (v_l), the r2-th at most the r2-th smallest upper bound (v_h): the files whose bounds reach into [v_l, v_h]
     -- are made exact, those wholly below are counted, and the two values are read off the exact ones between.
+    -- Of the ranked files, only those whose mid is within 2 w of [the (r1 - e)-th mid - w, the r2-th mid + w] can
+    -- reach into it (adding e files moves an order statistic by at most e ranks); those below are counted.
     r1 := floor(0.5 * (v_m - 1))::bigint + 1;
     r2 := ceil(0.5 * (v_m - 1))::bigint + 1;
-    SELECT (SELECT v.lo FROM pg_temp.storetopics_nov v ORDER BY 1 OFFSET r1 - 1 LIMIT 1),
-           (SELECT v.hi FROM pg_temp.storetopics_nov v ORDER BY 1 OFFSET r2 - 1 LIMIT 1)
+    v_lo := CASE WHEN r1 - v_e >= 1
+                 THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln,
+                        storetopics._kept_mid(p_source, p_store, v_x, r1 - v_e, v_ln) - 2 * v_w, false) + 1
+                 ELSE 1 END;
+    v_hi := CASE WHEN r2 <= v_kn
+                 THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln,
+                        storetopics._kept_mid(p_source, p_store, v_x, r2, v_ln) + 2 * v_w, true)
+                 ELSE v_kn END;
+    INSERT INTO pg_temp.storetopics_nov
+    SELECT * FROM storetopics._kept_ranked(p_source, p_store, v_x, v_lo, v_hi, v_ln, v_most, v_ratio);
+    v_in1 := v_lo - 1; v_in2 := v_lo - 1;
+    SELECT (SELECT v.lo FROM pg_temp.storetopics_nov v ORDER BY 1 OFFSET r1 - v_lo LIMIT 1),
+           (SELECT v.hi FROM pg_temp.storetopics_nov v ORDER BY 1 OFFSET r2 - v_lo LIMIT 1)
       INTO v_l, v_h;
     EXIT WHEN (SELECT count(*) FROM pg_temp.storetopics_nov v WHERE v.lo < v.hi AND v.hi >= v_l AND v.lo <= v_h)
               <= greatest(100, v_m / 10);
   END LOOP;
+  v_below := 0;
   FOR stage IN 1..2 LOOP
     IF stage = 2 THEN
+      -- Of the ranked files, only those whose distance to the median is within 2 w of [the (r1 - e)-th distance
+      -- of the mids - w, the r2-th + w]: those nearer the median (ranks v_in1 + 1 .. v_in2) are counted below.
+      v_l := CASE WHEN r1 - v_e >= 1
+                  THEN storetopics._kept_distance(p_source, p_store, v_x, v_kn, v_ln, v_med, r1 - v_e) - 2 * v_w END;
+      v_h := CASE WHEN r2 <= v_kn
+                  THEN storetopics._kept_distance(p_source, p_store, v_x, v_kn, v_ln, v_med, r2) + 2 * v_w END;
+      v_in1 := CASE WHEN v_l > 0 THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_med - v_l, true)
+                    ELSE 0 END;
+      v_in2 := CASE WHEN v_l > 0 THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_med + v_l, false)
+                    ELSE 0 END;
+      v_lo := CASE WHEN v_h IS NULL THEN 1
+                   ELSE storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_med - v_h, false) + 1 END;
+      v_hi := CASE WHEN v_h IS NULL THEN v_kn
+                   ELSE storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_med + v_h, true) END;
+      INSERT INTO pg_temp.storetopics_nov
+      SELECT * FROM storetopics._kept_ranked(p_source, p_store, v_x, v_lo, v_in1, v_ln, v_most, v_ratio)
+      UNION ALL
+      SELECT * FROM storetopics._kept_ranked(p_source, p_store, v_x, greatest(v_in2 + 1, v_lo), v_hi, v_ln, v_most,
+                                             v_ratio)
+      ON CONFLICT (rk) DO NOTHING;
+      v_below := greatest(v_in2 - v_in1, 0);
       SELECT (SELECT storetopics._novelty_bound(v.lo, v.hi, v_about, false) FROM pg_temp.storetopics_nov v
-               ORDER BY 1 OFFSET r1 - 1 LIMIT 1),
+               WHERE v.rk IS NULL OR (v.rk BETWEEN v_lo AND v_hi AND v.rk NOT BETWEEN v_in1 + 1 AND v_in2)
+               ORDER BY 1 OFFSET r1 - v_below - 1 LIMIT 1),
              (SELECT storetopics._novelty_bound(v.lo, v.hi, v_about, true) FROM pg_temp.storetopics_nov v
-               ORDER BY 1 OFFSET r2 - 1 LIMIT 1)
+               WHERE v.rk IS NULL OR (v.rk BETWEEN v_lo AND v_hi AND v.rk NOT BETWEEN v_in1 + 1 AND v_in2)
+               ORDER BY 1 OFFSET r2 - v_below - 1 LIMIT 1)
         INTO v_l, v_h;
+    ELSE
+      v_below := v_lo - 1;
     END IF;
     UPDATE pg_temp.storetopics_nov v SET lo = storetopics._novelty(v_ln, v.total + x.moved, v.words),
                                          hi = storetopics._novelty(v_ln, v.total + x.moved, v.words)
@@ -104921,8 +105112,9 @@ BEGIN
               WHERE w.lo < w.hi AND storetopics._novelty_bound(w.lo, w.hi, v_about, true) >= v_l
                 AND storetopics._novelty_bound(w.lo, w.hi, v_about, false) <= v_h), v_moves) x
      WHERE v.file_key = x.file_key;
-    SELECT count(*) INTO v_below FROM pg_temp.storetopics_nov v
-     WHERE storetopics._novelty_bound(v.lo, v.hi, v_about, true) < v_l;
+    v_below := v_below + (SELECT count(*) FROM pg_temp.storetopics_nov v
+                           WHERE (v.rk IS NULL OR (v.rk BETWEEN v_lo AND v_hi AND v.rk NOT BETWEEN v_in1 + 1 AND v_in2))
+                             AND storetopics._novelty_bound(v.lo, v.hi, v_about, true) < v_l);
     SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY b.x) INTO v_about
       FROM (SELECT storetopics._novelty_bound(v.lo, v.hi, v_about, false) AS x FROM pg_temp.storetopics_nov v
              WHERE storetopics._novelty_bound(v.lo, v.hi, v_about, true) >= v_l
@@ -104934,6 +105126,13 @@ BEGIN
       v_mad := v_about;
     END IF;
   END LOOP;
+  -- The ranked files that may pass: a mid within w of the lowest novelty that passes (the test is monotone).
+  INSERT INTO pg_temp.storetopics_nov
+  SELECT * FROM storetopics._kept_ranked(p_source, p_store, v_x,
+                  storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln,
+                                          v_med + 2.5 * (1.4826 * v_mad + 1e-9) * (1 - 1e-12) - 2 * v_w, false) + 1,
+                  v_kn, v_ln, v_most, v_ratio)
+  ON CONFLICT (rk) DO NOTHING;
   -- The files that pass for sure (lower bound) rank below the third best of them for sure, unless better: of the
   -- others, only those that may pass and may rank among the first three are made exact, then tested.
   SELECT v.apart, v.lo INTO v_s_apart, v_s_lo FROM pg_temp.storetopics_nov v
@@ -104948,6 +105147,8 @@ BEGIN
                    OR NOT ((v_s_apart AND NOT w.apart) OR (v_s_apart = w.apart AND w.hi < v_s_lo)))),
            v_moves) x
    WHERE v.file_key = x.file_key;
+  RAISE DEBUG 'storetopics: the outlier files of store % looked at % of its % files', p_store,
+    (SELECT count(*) FROM pg_temp.storetopics_nov), v_m;
   -- (the others rank below those three, exact, whatever their bounds)
   RETURN QUERY
     SELECT (row_number() OVER (ORDER BY o.apart DESC, o.lo DESC, o.file_key))::int, o.file_key, o.lo
@@ -107240,4 +107441,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1113535307') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2532839166') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

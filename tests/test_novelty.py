@@ -214,3 +214,60 @@ def test_novelty_matches_keywords_formula_to_1e9(conn):
                                    "AND file_key = %s", (src, key)).fetchone()
         old = sum(c * math.log(n_files / terms[t]) for t, c in zip(ids, counts)) / sum(counts)
         assert abs(nov - old) <= 2e-9, (key, nov, old)
+
+
+COMMON = ["zq" + chr(ord("a") + i // 26) + chr(ord("a") + i % 26) + "x" for i in range(150)]
+
+
+def common_words(rng: random.Random, n: int) -> str:
+    """n words of a small vocabulary, skewed: every word in many files (document frequencies above the rare ones)."""
+    return " ".join(COMMON[int(len(COMMON) * rng.random() ** 2)] for _ in range(n))
+
+
+def test_outlier_files_read_from_the_kept_ranking_near_the_median_mad_and_tail_are_exact(conn):
+    """A store of common words: after small changes, only the files near the median, the MAD and the files that may
+    pass are looked at (render's DEBUG line says how many), and the outlier files are still those of the formula and
+    of a computation from scratch."""
+    rng = random.Random(3)
+    conn.execute("CREATE TABLE chunks (id serial PRIMARY KEY, store_id text, file_id int, content text, "
+                 "embedding vector(8))")
+    insert(conn, [("s", f, common_words(rng, 40), None) for f in range(1500)]
+           + [("s", 2000 + f, common_words(rng, 8) + " " + FOOTBALL, None) for f in range(3)])
+    src = conn.execute("SELECT storetopics.attach('chunks', 'store_id', 'file_id', 'content', NULL)").fetchone()[0]
+    conn.execute("SELECT * FROM storetopics.backfill()")
+    looked: list[tuple[int, int]] = []
+
+    def note(d):
+        words = d.message_primary.split()
+        if d.message_primary.startswith("storetopics: the outlier files of store"):
+            looked.append((int(words[-5]), int(words[-2])))
+    conn.add_notice_handler(note)
+    assert [o[1] for o in outliers(conn, src, "s")][:3] and kept(conn, src, "s")
+    next_file, incremental = 3000, 0
+    for step in range(12):
+        for _ in range(rng.randint(1, 3)):
+            op = rng.choice(["upload", "upload", "edit", "delete"])
+            if op == "upload":
+                insert(conn, [("s", next_file, common_words(rng, rng.choice([5, 40, 120])), None)])
+                next_file += 1
+            else:
+                (f,) = conn.execute("SELECT file_id FROM chunks ORDER BY file_id OFFSET %s LIMIT 1",
+                                    (rng.randrange(1400),)).fetchone()
+                if op == "edit":
+                    conn.execute("UPDATE chunks SET content = %s WHERE file_id = %s", (common_words(rng, 40), f))
+                else:
+                    conn.execute("DELETE FROM chunks WHERE file_id = %s", (f,))
+        while conn.execute("SELECT storetopics._fold(%s)", (src,)).fetchone()[0]:
+            pass
+        before = kept(conn, src, "s")
+        conn.execute("SET client_min_messages = debug1")
+        del looked[:]
+        inc = outliers(conn, src, "s")
+        conn.execute("SET client_min_messages = warning")
+        if before is not None and kept(conn, src, "s") == before:
+            incremental += 1
+            assert looked and looked[-1][0] < looked[-1][1] / 2, looked
+        assert inc == from_scratch(conn, src, "s")[0], step
+        assert inc == oracle(conn, src, "s"), step
+    # (the others kept the novelty afresh: their bounds left more than a tenth of the files around the median)
+    assert incremental >= 6

@@ -447,9 +447,15 @@ BEGIN
          nf.cluster_ids, nf.cluster_chunks, nf.cluster_outliers, nf.other_dim
     FROM pg_temp.storetopics_new_files nf;
   GET DIAGNOSTICS v_n = ROW_COUNT;
-  -- what render keeps of its stores' novelty (storetopics._outlier_files): these files are computed again there
-  DELETE FROM storetopics.file_novelty f
-   WHERE f.source_id = src.id AND md5(f.file_key)::uuid = ANY (v_digests) AND f.file_key = ANY (p_files);
+  -- what render keeps of its stores' novelty (storetopics._outlier_files): these files are computed again there,
+  -- and the numbers they had are gone from the kept ranking
+  WITH gone AS (
+    DELETE FROM storetopics.file_novelty f
+     WHERE f.source_id = src.id AND md5(f.file_key)::uuid = ANY (v_digests) AND f.file_key = ANY (p_files)
+    RETURNING f.store_key, f.n)
+  UPDATE storetopics.novelty_state k SET gone = k.gone || g.ns
+    FROM (SELECT g.store_key, array_agg(g.n) AS ns FROM gone g WHERE g.n IS NOT NULL GROUP BY 1) g
+   WHERE k.source_id = src.id AND k.store_key = g.store_key;
   INSERT INTO storetopics.file_novelty (source_id, store_key, file_key)
   SELECT src.id, nf.store_key, nf.file_key FROM pg_temp.storetopics_new_files nf
    WHERE nf.store_key IN (SELECT k.store_key FROM storetopics.novelty_state k WHERE k.source_id = src.id);

@@ -7,6 +7,10 @@ CREATE UNLOGGED TABLE storetopics.novelty_state (
   store_key text NOT NULL,
   rare      int NOT NULL,           -- terms in at most this many files then have their postings kept
   dfs       int[] NOT NULL,         -- the files holding each term then, by term id (0, or past the end: none)
+  numbered  int NOT NULL,           -- the files numbered then (1 .. numbered) ...
+  ranked    int NOT NULL,           -- ... of which 1 .. ranked have counted words, numbered by novelty then, lowest first
+  per_word  float8 NOT NULL,        -- the largest sensitivity per counted word of those
+  gone      int[] NOT NULL DEFAULT '{}',   -- the numbers of the files folded since (changed, moved or deleted)
   PRIMARY KEY (source_id, store_key)
 );
 -- One row per file of a store that has a novelty_state: its sums as they were then (n NULL: the file was folded
@@ -15,7 +19,7 @@ CREATE UNLOGGED TABLE storetopics.file_novelty (
   source_id int NOT NULL,
   store_key text NOT NULL,
   file_key  text NOT NULL,
-  n         int,                    -- the file's number in the postings
+  n         int,                    -- the file's number (in the postings, and its rank by novelty then)
   total     bigint,                 -- sum over its counted terms of count x ln(files holding it), in units of 1e-9
   words     bigint,                 -- its counted terms
   apart     boolean,                -- every chunk of it lies beyond its nearest cluster's radius
