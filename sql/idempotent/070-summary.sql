@@ -105,7 +105,7 @@ END;
 -- (About 120 lines: a bounded sort and its head per list, the outlier files' terms between them.)
 CREATE OR REPLACE FUNCTION storetopics._keywords(p_source int, p_store text, outlier_files text[],
                                                  outlier_novelty float8[], n_dominant int DEFAULT 10,
-                                                 n_distinctive int DEFAULT 8)
+                                                 n_distinctive int DEFAULT 8, p_script text DEFAULT NULL)
 RETURNS TABLE (kind text, rank int, lexeme text, score float8, files int, total bigint, file_key text)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off AS $$
 #variable_conflict use_column
@@ -140,7 +140,7 @@ BEGIN
   IF NOT FOUND THEN
     RETURN;
   END IF;
-  v_script := storetopics._store_script(p_source, p_store);
+  v_script := coalesce(p_script, storetopics._store_script(p_source, p_store));
   -- A store has tens of thousands of terms and a list shows ten: the m best by score alone are taken (a bounded
   -- sort, no lexeme read), and only they are named, ranked by (score, term) and tested (storetopics._term_head).
   -- Every term that scores more than the m-th is among them, so those are the exact head of the full ranking; when
@@ -361,7 +361,8 @@ RETURN CASE WHEN NOT offline AND label IS NOT NULL AND storetopics._screen(label
 -- the catalog's size from its sources' store_count and file_count), one index probe per term of the store and no
 -- other store's row read, whatever the catalog's size (bench/catalog.py measures it).  A store alone
 -- in its catalog has nothing to be told apart from: its terms rank by p.
-CREATE OR REPLACE FUNCTION storetopics._contrast_terms(p_source int, p_store text, n int DEFAULT 60)
+CREATE OR REPLACE FUNCTION storetopics._contrast_terms(p_source int, p_store text, n int DEFAULT 60,
+                                                       p_script text DEFAULT NULL)
 RETURNS TABLE (lexeme text, score float8, files int, share float8, rest_share float8)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -397,7 +398,7 @@ BEGIN
   END IF;
   SELECT coalesce(sum(s.store_count), 0), coalesce(sum(s.file_count), 0)::float8 INTO v_stores, v_all
     FROM storetopics.sources s WHERE storetopics._catalog(s.id) = v_cat;
-  v_script := storetopics._store_script(p_source, p_store);
+  v_script := coalesce(p_script, storetopics._store_script(p_source, p_store));
   -- A store has tens of thousands of terms and shows a few dozen: the m best by their score before rounding are
   -- taken (a bounded sort, no lexeme read), and only they are named, ranked and tested (storetopics._term_head).
   -- Rounding is monotone, so every term whose rounded score beats the m-th's is among them, and those terms are the
@@ -700,6 +701,7 @@ DECLARE
   v_file text[];
   v_outliers text[];
   v_novelty float8[];
+  v_script text := storetopics._store_script(src.id, p_store);   -- (of both lists: computed once)
 BEGIN
   SELECT array_agg(o.file_key ORDER BY o.rank), array_agg(o.novelty ORDER BY o.rank) INTO v_outliers, v_novelty
     FROM storetopics._outlier_files(src.id, p_store) o;
@@ -707,11 +709,11 @@ BEGIN
          array_agg(k.total), array_agg(k.file_key)
     INTO v_kind, v_rank, v_lexeme, v_score, v_files, v_total, v_file
     FROM (SELECT k.kind, k.rank, k.lexeme, k.score, k.files, k.total, k.file_key
-            FROM storetopics._keywords(src.id, p_store, v_outliers, v_novelty) k
+            FROM storetopics._keywords(src.id, p_store, v_outliers, v_novelty, p_script => v_script) k
           UNION ALL
           SELECT 'contrast', (row_number() OVER (ORDER BY c.score DESC, c.lexeme))::int, c.lexeme, c.score, c.files,
                  NULL, NULL
-            FROM storetopics._contrast_terms(src.id, p_store, 80) c) k;
+            FROM storetopics._contrast_terms(src.id, p_store, 80, v_script) c) k;
   PERFORM storetopics._learn_words(src.id, p_store, ARRAY(SELECT DISTINCT l FROM unnest(v_lexeme) l));
   SELECT array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'contrast'),
          array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'),
@@ -767,9 +769,9 @@ BEGIN
 END $$;
 
 -- What \df+ shows a DBA.
-COMMENT ON FUNCTION storetopics._keywords(int, text, text[], float8[], int, int) IS
+COMMENT ON FUNCTION storetopics._keywords(int, text, text[], float8[], int, int, text) IS
   'A store''s dominant (by count) and distinctive (outlier files, dense terms) terms, exact, deterministic.';
-COMMENT ON FUNCTION storetopics._contrast_terms(int, text, int) IS
+COMMENT ON FUNCTION storetopics._contrast_terms(int, text, int, text) IS
   'The terms that tell a store apart from the other stores of its catalog, best first (p ln(p/q) over file shares), exact.';
 COMMENT ON FUNCTION storetopics._record_token_counts(text[], int[]) IS
   'Record cl100k token counts of summary chunks, counted by the worker or the CLI with tiktoken.';
