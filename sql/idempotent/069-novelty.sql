@@ -355,6 +355,7 @@ DECLARE
   v_most bigint := 0;    -- the most any other term's ln moved: per counted word, a bound on a kept file's move
   v_ratio float8 := 0;   -- the most (files gained or lost) x files then / the smaller of files then and now ...
                          -- ... of any other term: times a file's sensitivity, another bound on its move
+  v_moved int[];         -- the kept files the rare terms moved, by number
   v_x int[];             -- numbers out of the ranking: folded since, or moved by their rare terms
   v_kn bigint;           -- the ranked files left: each one's novelty is within v_w of its mid
   v_w float8;
@@ -382,7 +383,7 @@ BEGIN
   v_ln := ln(greatest(st.files, 1)::float8);
   FOR attempt IN 1..2 LOOP
     v_rows := NULL; v_new := NULL; v_moves := NULL; v_rare := NULL; v_rare_moves := NULL; v_most := 0; v_ratio := 0;
-    v_file_moves := NULL;
+    v_file_moves := NULL; v_moved := '{}';
     SELECT * INTO k FROM storetopics.novelty_state s WHERE s.source_id = p_source AND s.store_key = p_store;
     IF FOUND AND attempt = 1 THEN
       v_new := ARRAY(SELECT f.file_key FROM storetopics.file_novelty f
@@ -412,12 +413,13 @@ BEGIN
                 GROUP BY u.n
       LOOP
         v_file_moves[r.n] := r.move;
+        IF r.move <> 0 AND r.n <= k.ranked THEN
+          v_moved := v_moved || r.n;
+        END IF;
       END LOOP;
     END IF;
     -- out of the ranking: the files folded since (gone) and those the rare terms moved, which are looked at
-    v_x := ARRAY(SELECT DISTINCT g FROM unnest(k.gone) g WHERE g <= k.ranked
-                 UNION SELECT i FROM generate_subscripts(v_file_moves, 1) i WHERE i <= k.ranked AND v_file_moves[i] <> 0
-                 ORDER BY 1);
+    v_x := ARRAY(SELECT g FROM unnest(k.gone) g WHERE g <= k.ranked UNION SELECT i FROM unnest(v_moved) i ORDER BY 1);
     v_kn := k.ranked - cardinality(v_x);
     v_w := CASE WHEN v_most = 0 THEN 0
                 ELSE least(v_most::float8, k.per_word * v_ratio * 1e9 * (1 + 1e-9) + 2) END / 1e9 + 2e-9;
@@ -432,7 +434,7 @@ BEGIN
            f.apart, f.total, f.words
       FROM storetopics.file_novelty f
      WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0
-       AND f.n = ANY (ARRAY(SELECT i FROM unnest(v_x) i WHERE v_file_moves[i] <> 0 AND i <> ALL (k.gone)));
+       AND f.n = ANY (ARRAY(SELECT i FROM unnest(v_moved) i EXCEPT SELECT g FROM unnest(k.gone) g));
     IF cardinality(v_new) > 0 THEN
       INSERT INTO pg_temp.storetopics_nov
       SELECT NULL, s.file_key, storetopics._novelty(v_ln, s.total, s.words), storetopics._novelty(v_ln, s.total, s.words),
