@@ -104855,9 +104855,9 @@ END;
 -- order statistic are found by their numbers and the others counted, not read.  Files folded since are computed
 -- again.  The result is what a computation from scratch gives, bit for bit: sums are integers (each ln df rounded
 -- to 1e-9 first), so they do not depend on which files are summed together or in what order, and every step the
--- bounds decide is one whose outcome they prove (tests/test_novelty.py).  The kept state is computed again when many files changed or the bounds leave a tenth of
--- the files to compute exactly, and forgotten when the clusters' assignment changes (what is apart), when the source
--- is recounted, or when anything about it does not add up.
+-- bounds decide is one whose outcome they prove (tests/test_novelty.py).  The kept state is computed again when many
+-- files changed or the bounds leave a tenth of the files to compute exactly, and forgotten when the clusters'
+-- assignment changes (what is apart), when the source is recounted, or when anything about it does not add up.
 
 -- ln(df) in units of 1e-9, rounded: integer sums are exact in any order.  (SQL-standard bodies without SET or
 -- STRICT: the planner inlines them, they run per row.)
@@ -104987,7 +104987,8 @@ BEGIN
   IF to_regclass('pg_temp.storetopics_keep') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_keep; END IF;
   -- (numbered by novelty, lowest first, as _kept_mid() computes it: the files with counted words first)
   CREATE TEMP TABLE storetopics_keep ON COMMIT DROP AS
-  SELECT (row_number() OVER (ORDER BY CASE WHEN f.words > 0 THEN coalesce(s.total, 0)::bigint::float8 / 1e9 / f.words END
+  SELECT (row_number() OVER (ORDER BY CASE WHEN f.words > 0
+                                           THEN coalesce(s.total, 0)::bigint::float8 / 1e9 / f.words END
                                       DESC NULLS LAST, f.file_key))::int AS n,
          f.file_key, coalesce(s.total, 0)::bigint AS total, f.words,
          storetopics._file_apart(f.cluster_chunks, f.cluster_outliers) AS apart,
@@ -105144,8 +105145,8 @@ CREATE OR REPLACE FUNCTION storetopics._kept_bound(ln_n float8, total bigint, wo
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN most = 0 THEN storetopics._novelty(ln_n, total, words)
             ELSE ln_n - (total + CASE WHEN upper THEN -1 ELSE 1 END
-                                 * least(words * most, ceil(sensitivity * ratio * 1e9 * (1 + 1e-9))::bigint + words))::float8
-                        / 1e9 / words + CASE WHEN upper THEN 1e-9 ELSE -1e-9 END END;
+                                 * least(words * most, ceil(sensitivity * ratio * 1e9 * (1 + 1e-9))::bigint + words)
+                        )::float8 / 1e9 / words + CASE WHEN upper THEN 1e-9 ELSE -1e-9 END END;
 
 -- The ranked files of ranks a .. b, with their rank and bounds.
 CREATE OR REPLACE FUNCTION storetopics._kept_ranked(p_source int, p_store text, x int[], a bigint, b bigint,
@@ -105275,8 +105276,8 @@ BEGIN
        AND f.n = ANY (ARRAY(SELECT i FROM unnest(v_moved) i EXCEPT SELECT g FROM unnest(k.gone) g));
     IF cardinality(v_new) > 0 THEN
       INSERT INTO pg_temp.storetopics_nov
-      SELECT NULL, s.file_key, storetopics._novelty(v_ln, s.total, s.words), storetopics._novelty(v_ln, s.total, s.words),
-             s.apart, s.total, s.words
+      SELECT NULL, s.file_key, storetopics._novelty(v_ln, s.total, s.words),
+             storetopics._novelty(v_ln, s.total, s.words), s.apart, s.total, s.words
         FROM storetopics._novelty_sums(p_source, p_store, v_new) s WHERE s.words > 0;
     END IF;
     v_e := (SELECT count(*) FROM pg_temp.storetopics_nov);
@@ -107682,4 +107683,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '503765207') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2402558113') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
