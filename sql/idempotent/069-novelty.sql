@@ -339,6 +339,9 @@ END $$;
 -- their rare terms moved, and of the ranked files only those near what each decision needs (the median, the MAD, the
 -- files that may pass): each decision reads the others as a count.  Each decision makes exact only the files it
 -- cannot decide from their bounds.
+-- (About 220 lines: what moved since the state was kept, then three decisions (the median, the MAD, the files that
+-- pass), each choosing its files from the ranking and making exact only those it cannot decide; they share one temp
+-- table of bounds, which only this function reads.)
 CREATE OR REPLACE FUNCTION storetopics._outlier_files(p_source int, p_store text)
 RETURNS TABLE (rank int, file_key text, novelty float8)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off SET jit = off AS $$
