@@ -26,7 +26,8 @@ For each size, a fresh database in one throwaway cluster:
    memory: each step's backend VmHWM, and the largest VmHWM of any server process (parallel workers included)
    sampled every 0.2 s.  VmHWM counts the shared buffers a process touched (shared_buffers = 256 MB).
 3. State size: after a VACUUM ANALYZE (what autovacuum does to storetopics' tables), pg_total_relation_size of
-   file_terms, store_terms, store_state, clusters, pending and catalog_terms (every storetopics table in the JSON) vs.
+   STATE_TABLES (the term counts, the catalog's, the vocabulary, the clusters and the kept novelty; every storetopics
+   table in the JSON) vs.
    the chunk table's (heap, TOAST, primary key and file index; no vector index).
 3b. One upload's pass by hand, UPLOADS_BY_HAND times, step by step (fold, refresh_words, render; when new words need
    counting, tiktoken and render again, in the same transaction as refresh.render does it).  The render of `big`
@@ -97,7 +98,15 @@ TARGET_GROWTH = 1.3
 TARGET_MB = 1024
 TARGET_RENDER_RATIO = 0.05             # render after a 1-file upload / render from scratch
 TARGET_RENDER_S = 2.0                  # render after a 1-file upload at 1M chunks
-STATE_TABLES = ("file_terms", "store_terms", "store_state", "clusters", "pending", "catalog_terms")
+# what storetopics keeps about the data (the kept novelty of issue 33 included); not the tokenizer's fixed ranks
+# (cl100k), the fit's scratch table (file_means) or the configuration and worker tables
+STATE_TABLES = ("file_terms", "store_terms", "store_state", "clusters", "pending", "catalog_terms", "lexemes",
+                "term_words", "token_counts", "novelty_state", "file_novelty", "novelty_postings")
+
+
+def state_bytes(state: dict) -> int:
+    """The state's bytes from a result's sizes by table (STATE_TABLES, also for results of an older list)."""
+    return sum(state["by_table_bytes"].get(t, 0) for t in STATE_TABLES)
 
 
 # -- the data ------------------------------------------------------------------------------------------------------
@@ -610,9 +619,9 @@ def markdown(res: dict) -> str:
              row("peak worker process (MB, VmHWM)", lambda r: f"{r['peak_worker_mb']}"),
              row("peak worker's backends (MB)", lambda r: f"{r['peak_worker_backends_mb']}"),
              row("chunk table (MB)", lambda r: f"{r['state']['table_bytes'] / 2**20:,.0f}"),
-             row("state (MB; % of table)", lambda r: f"{r['state']['state_bytes'] / 2**20:,.1f} "
-                                                    f"({r['state']['share']:.1%})"),
-             row("state per chunk (bytes)", lambda r: f"{r['state']['state_bytes_per_chunk']}"),
+             row("state (MB; % of table)", lambda r: f"{state_bytes(r['state']) / 2**20:,.1f} "
+                                                    f"({state_bytes(r['state']) / r['state']['table_bytes']:.1%})"),
+             row("state per chunk (bytes)", lambda r: f"{state_bytes(r['state']) / r['chunks']:.1f}"),
              row("file_terms rows (one per file) / store_terms rows",
                  lambda r: f"{r['state']['rows']['file_terms']:,} / {r['state']['rows']['store_terms']:,}"),
              row("event → summary p50 / p95 (s)", lambda r: f"{r['event_to_summary']['p50_s']} / "
