@@ -44,8 +44,8 @@ novelty AS (
 spread AS (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY nov) AS med FROM novelty),
 mad AS (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY abs(v.nov - s.med)) AS mad, s.med
           FROM novelty v, spread s GROUP BY s.med),
-apart AS (SELECT f.file_key FROM storetopics.file_terms f
-           WHERE f.source_id = %(src)s AND f.store_key = %(store)s AND f.words > 0
+apart AS (SELECT f.file_key FROM storetopics.file_clusters f
+           WHERE f.source_id = %(src)s AND f.store_key = %(store)s
              AND cardinality(f.cluster_chunks) > 0
              AND (SELECT sum(o) FROM unnest(f.cluster_outliers) o) = (SELECT sum(c) FROM unnest(f.cluster_chunks) c))
 SELECT v.file_key, v.nov FROM novelty v CROSS JOIN mad m LEFT JOIN apart a ON a.file_key = v.file_key

@@ -45,7 +45,10 @@ SELECT (SELECT coalesce(jsonb_agg(jsonb_build_object('grp', w.grp, 'lexeme', w.l
                        row_number() OVER (PARTITION BY u.cluster_id
                                           ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC, hashtext(f.file_key),
                                                    f.file_key) AS r
-                  FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
+                  FROM storetopics.file_terms f
+                  JOIN storetopics.file_clusters c
+                    ON c.source_id = f.source_id AND c.store_key = f.store_key AND c.file_key = f.file_key,
+                       unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
                  WHERE f.source_id = s.id AND f.store_key = %(store)s) x
          WHERE x.r <= 20)
   FROM storetopics.sources s WHERE s.id = %(source)s"""

@@ -100631,6 +100631,32 @@ END $$;
 -- store elsewhere leaves the words as they are without computing them again.  NULL: compute them again.
 ALTER TABLE storetopics.store_state ADD COLUMN cluster_words_from text;
 
+-- incremental/0.2/013-file-clusters.sql
+-- storetopics 0.2: a file's chunks per cluster in a table of their own.  In file_terms they shared a row with the
+-- file's term arrays (~1.6 kB a file of 3 chunks of real text), so every fit, which assigns every file of the store
+-- again, wrote every one of those rows anew: file_terms doubled on disk after a store's first fit (bench/README.md
+-- has the figures).  A row here exists only for a file of a store that has clusters, with chunks assigned.
+CREATE TABLE storetopics.file_clusters (
+  source_id        int NOT NULL,
+  store_key        text NOT NULL,
+  file_key         text NOT NULL,
+  -- the file's chunks per cluster of its store's current fit (parallel arrays, sorted by cluster id): how many
+  -- joined each cluster, and how many of those lie beyond the cluster's radius (outliers)
+  cluster_ids      int[] NOT NULL,
+  cluster_chunks   int[] NOT NULL,
+  cluster_outliers int[] NOT NULL,
+  other_dim        int NOT NULL DEFAULT 0   -- chunks with a vector no cluster of the store can take (dimension)
+);
+CREATE INDEX file_clusters_file ON storetopics.file_clusters (source_id, (md5(file_key)::uuid));
+CREATE INDEX file_clusters_store ON storetopics.file_clusters (source_id, store_key);
+INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, cluster_ids, cluster_chunks, cluster_outliers,
+                                       other_dim)
+SELECT f.source_id, f.store_key, f.file_key, f.cluster_ids, f.cluster_chunks, f.cluster_outliers, f.other_dim
+  FROM storetopics.file_terms f
+ WHERE f.store_key IS NOT NULL AND (cardinality(f.cluster_ids) > 0 OR f.other_dim <> 0);
+ALTER TABLE storetopics.file_terms DROP COLUMN cluster_ids, DROP COLUMN cluster_chunks, DROP COLUMN cluster_outliers,
+  DROP COLUMN other_dim;
+
 -- idempotent/010-helpers.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Helpers
@@ -102217,6 +102243,7 @@ BEGIN
   PERFORM storetopics._catalog_move(p_source, storetopics._catalog(p_source), NULL);
   DELETE FROM storetopics.pending WHERE source_id = p_source;
   DELETE FROM storetopics.file_terms WHERE source_id = p_source;
+  DELETE FROM storetopics.file_clusters WHERE source_id = p_source;
   DELETE FROM storetopics.store_terms WHERE source_id = p_source;
   PERFORM storetopics._forget_novelty(p_source);
   DELETE FROM storetopics.store_state WHERE source_id = p_source;
@@ -102894,6 +102921,7 @@ BEGIN
   PERFORM storetopics._note_capture_error(src.id, r.error, r.logged_at);
   PERFORM storetopics._catalog_move(src.id, storetopics._catalog(src.id), NULL);
   DELETE FROM storetopics.file_terms WHERE source_id = src.id;
+  DELETE FROM storetopics.file_clusters WHERE source_id = src.id;
   DELETE FROM storetopics.store_terms WHERE source_id = src.id;
   PERFORM storetopics._forget_novelty(src.id);
   UPDATE storetopics.store_state SET files = 0, chunks = 0, words = 0, skipped = 0, other_dim = 0, folded_at = now(),
@@ -103108,8 +103136,14 @@ BEGIN
   CREATE TEMP TABLE storetopics_new_files AS SELECT * FROM storetopics._fold_recount(src, p_files) WITH NO DATA;
   ALTER TABLE pg_temp.storetopics_new_files ALTER term_ids SET STORAGE EXTERNAL, ALTER counts SET STORAGE EXTERNAL;
   INSERT INTO pg_temp.storetopics_new_files SELECT * FROM storetopics._fold_recount(src, p_files);
+  -- (with the chunks per cluster of each: a row in file_clusters, or none)
   CREATE TEMP TABLE storetopics_old_files ON COMMIT DROP AS
-  SELECT f.* FROM storetopics.file_terms f
+  SELECT f.*, coalesce(c.cluster_ids, '{}') AS cluster_ids, coalesce(c.cluster_chunks, '{}') AS cluster_chunks,
+         coalesce(c.cluster_outliers, '{}') AS cluster_outliers, coalesce(c.other_dim, 0) AS other_dim
+    FROM storetopics.file_terms f
+    LEFT JOIN storetopics.file_clusters c
+           ON c.source_id = src.id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid AND c.file_key = f.file_key
+          AND c.store_key = f.store_key
    WHERE f.source_id = src.id AND md5(f.file_key)::uuid = ANY (v_digests) AND f.file_key = ANY (p_files);
 
   -- (the arrays unnested in the select list, in step: a set-returning function in FROM is materialised first)
@@ -103206,12 +103240,17 @@ BEGIN
 
   DELETE FROM storetopics.file_terms f
    WHERE f.source_id = src.id AND md5(f.file_key)::uuid = ANY (v_digests) AND f.file_key = ANY (p_files);
-  INSERT INTO storetopics.file_terms (source_id, file_key, store_key, chunks, skipped, words, term_ids, counts,
-                                      cluster_ids, cluster_chunks, cluster_outliers, other_dim)
-  SELECT src.id, nf.file_key, nf.store_key, nf.chunks, nf.skipped, nf.words, nf.term_ids, nf.counts,
-         nf.cluster_ids, nf.cluster_chunks, nf.cluster_outliers, nf.other_dim
+  INSERT INTO storetopics.file_terms (source_id, file_key, store_key, chunks, skipped, words, term_ids, counts)
+  SELECT src.id, nf.file_key, nf.store_key, nf.chunks, nf.skipped, nf.words, nf.term_ids, nf.counts
     FROM pg_temp.storetopics_new_files nf;
   GET DIAGNOSTICS v_n = ROW_COUNT;
+  DELETE FROM storetopics.file_clusters c
+   WHERE c.source_id = src.id AND md5(c.file_key)::uuid = ANY (v_digests) AND c.file_key = ANY (p_files);
+  INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, cluster_ids, cluster_chunks,
+                                         cluster_outliers, other_dim)
+  SELECT src.id, nf.store_key, nf.file_key, nf.cluster_ids, nf.cluster_chunks, nf.cluster_outliers, nf.other_dim
+    FROM pg_temp.storetopics_new_files nf
+   WHERE nf.store_key IS NOT NULL AND (cardinality(nf.cluster_ids) > 0 OR nf.other_dim <> 0);
   -- what render keeps of its stores' novelty (storetopics._outlier_files): these files are computed again there,
   -- and the numbers they had are gone from the kept ranking
   WITH gone AS (
@@ -103759,20 +103798,20 @@ BEGIN
   -- (a temp table made and dropped here: two statements read it, planned on its statistics)
   CREATE TEMP TABLE storetopics_assign ON COMMIT DROP AS SELECT * FROM storetopics._assign(src, NULL, p_store);
   ANALYZE pg_temp.storetopics_assign;
-  UPDATE storetopics.file_terms f
-     SET cluster_ids = a.cluster_ids, cluster_chunks = a.cluster_chunks, cluster_outliers = a.cluster_outliers,
-         other_dim = a.other_dim
+  -- the store's files as folded get the pass's assignment (files of the store the pass did not see, their rows
+  -- changed since, get none: a pending event will recount them)
+  DELETE FROM storetopics.file_clusters c WHERE c.source_id = src.id AND c.store_key = p_store;
+  INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, cluster_ids, cluster_chunks,
+                                         cluster_outliers, other_dim)
+  SELECT src.id, p_store, a.file_key, a.cluster_ids, a.cluster_chunks, a.cluster_outliers, a.other_dim
     FROM pg_temp.storetopics_assign a
-   WHERE f.source_id = src.id AND f.store_key = p_store AND a.store_key = p_store AND f.file_key = a.file_key;
+   WHERE a.store_key = p_store AND (cardinality(a.cluster_ids) > 0 OR a.other_dim <> 0)
+     AND EXISTS (SELECT 1 FROM storetopics.file_terms f
+                  WHERE f.source_id = src.id AND f.store_key = p_store AND f.file_key = a.file_key);
   GET DIAGNOSTICS v_updated = ROW_COUNT;
   -- (a store backfilled in two batches kept the statistics of the first, and render's keywords() crawled until
   -- autovacuum came by)
   PERFORM storetopics._analyze_if_stale(v_updated);
-  -- files of the store the pass did not see (their rows changed since; a pending event will recount them)
-  UPDATE storetopics.file_terms f
-     SET cluster_ids = '{}', cluster_chunks = '{}', cluster_outliers = '{}', other_dim = 0
-   WHERE f.source_id = src.id AND f.store_key = p_store
-     AND NOT EXISTS (SELECT 1 FROM pg_temp.storetopics_assign a WHERE a.file_key = f.file_key);
   DROP TABLE pg_temp.storetopics_assign;
   UPDATE storetopics.clusters k SET chunks = 0, files = 0, outliers = 0, outliers_at_fit = 0, outliers_seen = 0
    WHERE k.source_id = src.id AND k.store_key = p_store;
@@ -103780,7 +103819,7 @@ BEGIN
      SET chunks = x.chunks, files = x.files, outliers = x.outliers, outliers_at_fit = x.outliers,
          outliers_seen = x.outliers
     FROM (SELECT u.cluster_id, sum(u.n) AS chunks, count(*) AS files, sum(u.o) AS outliers
-            FROM storetopics.file_terms f,
+            FROM storetopics.file_clusters f,
                  unnest(f.cluster_ids, f.cluster_chunks, f.cluster_outliers) AS u(cluster_id, n, o)
            WHERE f.source_id = src.id AND f.store_key = p_store
            GROUP BY 1) x
@@ -103877,7 +103916,7 @@ BEGIN
   v_assigned := storetopics._reassign_store(src, p_store);   -- every file of the store, to the clusters now in place
 
   UPDATE storetopics.store_state
-     SET other_dim = (SELECT coalesce(sum(f.other_dim), 0) FROM storetopics.file_terms f
+     SET other_dim = (SELECT coalesce(sum(f.other_dim), 0) FROM storetopics.file_clusters f
                        WHERE f.source_id = p_source AND f.store_key = p_store),
          fit_generation = fit_generation + 1, fit_at = now(), fit_k = (p_fit ->> 'k')::int,
          fit_silhouette = (p_fit ->> 'silhouette')::real, fit_single_theme = (p_fit ->> 'single_theme')::boolean,
@@ -103921,7 +103960,10 @@ BEGIN
                          row_number() OVER (PARTITION BY u.cluster_id
                                             ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC, hashtext(f.file_key),
                                                      f.file_key) AS r
-                    FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
+                    FROM storetopics.file_terms f
+                    JOIN storetopics.file_clusters c
+                      ON c.source_id = f.source_id AND c.store_key = f.store_key AND c.file_key = f.file_key,
+                         unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
                    WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0) x
            WHERE x.r <= 400) p,
          LATERAL (SELECT f.term_ids, f.counts FROM storetopics.file_terms f WHERE f.ctid = p.tid OFFSET 0) a;
@@ -104438,7 +104480,10 @@ BEGIN
             FROM (SELECT u.cluster_id AS grp, f.file_key, f.ctid AS tid,
                          row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC,
                                                                                hashtext(f.file_key), f.file_key) AS r
-                    FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
+                    FROM storetopics.file_terms f
+                    JOIN storetopics.file_clusters c
+                      ON c.source_id = f.source_id AND c.store_key = f.store_key AND c.file_key = f.file_key,
+                         unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
                    WHERE f.source_id = p_source AND f.store_key = p_store
                      AND u.cluster_id IN (SELECT (w ->> 'grp')::int FROM jsonb_array_elements(v_words) w)) k,
                  -- the counted words' digest of the kept files only (by ctid, in this statement's snapshot; OFFSET
@@ -104699,8 +104744,11 @@ BEGIN
   SELECT f.file_key,
          coalesce((SELECT sum(u.c::bigint * storetopics._ln9(v_dfs[u.t]))
                      FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u), 0)::bigint,
-         f.words, storetopics._file_apart(f.cluster_chunks, f.cluster_outliers)
+         f.words, coalesce(storetopics._file_apart(c.cluster_chunks, c.cluster_outliers), false)
     FROM storetopics.file_terms f
+    LEFT JOIN storetopics.file_clusters c
+           ON c.source_id = p_source AND md5(c.file_key)::uuid = md5(f.file_key)::uuid AND c.file_key = f.file_key
+          AND c.store_key = p_store
    WHERE f.source_id = p_source AND f.store_key = p_store
      AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x)) AND f.file_key = ANY (p_files);
 END $$;
@@ -104754,10 +104802,12 @@ BEGIN
                                            THEN coalesce(s.total, 0)::bigint::float8 / 1e9 / f.words END
                                       DESC NULLS LAST, f.file_key))::int AS n,
          f.file_key, coalesce(s.total, 0)::bigint AS total, f.words,
-         storetopics._file_apart(f.cluster_chunks, f.cluster_outliers) AS apart,
+         coalesce(storetopics._file_apart(c.cluster_chunks, c.cluster_outliers), false) AS apart,
          coalesce(s.sensitivity, 0) AS sensitivity, s.rare
-    FROM storetopics.file_terms f,
-         LATERAL (SELECT sum(u.c::bigint * v_ln9[u.t]) AS total, sum(u.c * v_inv[u.t]) AS sensitivity,
+    FROM storetopics.file_terms f
+    LEFT JOIN storetopics.file_clusters c
+           ON c.source_id = p_source AND c.store_key = p_store AND c.file_key = f.file_key
+   CROSS JOIN LATERAL (SELECT sum(u.c::bigint * v_ln9[u.t]) AS total, sum(u.c * v_inv[u.t]) AS sensitivity,
                          array_agg(u.t::bigint << 32 | u.c) FILTER (WHERE v_inv[u.t] = 0) AS rare
                     FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u) s
    WHERE f.source_id = p_source AND f.store_key = p_store;
@@ -107439,6 +107489,7 @@ $f$, v_dir, v_dir);
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.pending', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.lexemes', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.file_terms', '');
+    PERFORM pg_catalog.pg_extension_config_dump('storetopics.file_clusters', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.store_terms', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.store_state', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.term_words', '');
@@ -107449,4 +107500,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '3777153213') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2781262868') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -147,7 +147,7 @@ def test_a_chunk_is_assigned_in_its_files_context(make_db):
                   ("s1", "lone", "Licence: see the file COPYING.", noise_vec)])
         conn.execute("SELECT * FROM storetopics.backfill()")
         files = {r[0]: r[1:] for r in conn.execute(
-            """SELECT file_key, cluster_ids, cluster_chunks, cluster_outliers FROM storetopics.file_terms
+            """SELECT file_key, cluster_ids, cluster_chunks, cluster_outliers FROM storetopics.file_clusters
                 WHERE source_id = %s AND file_key IN ('ctx-garden-0', 'lone')""", (source,))}
         assert files["ctx-garden-0"][:2] == ([ids["garden"]], [4])      # all four chunks in garden
         assert files["lone"][1:] == ([1], [1])                          # alone: an outlier

@@ -90,8 +90,10 @@ def oracle(conn, src: int, store: str) -> list[tuple]:
                             "WHERE source_id = %s AND store_key = %s", (src, store)).fetchall())
     files = []
     for key, terms, counts, chunks, outl in conn.execute(
-            "SELECT file_key, term_ids, counts, cluster_chunks, cluster_outliers FROM storetopics.file_terms "
-            "WHERE source_id = %s AND store_key = %s AND words > 0", (src, store)):
+            "SELECT f.file_key, f.term_ids, f.counts, coalesce(c.cluster_chunks, '{}'), "
+            "coalesce(c.cluster_outliers, '{}') FROM storetopics.file_terms f LEFT JOIN storetopics.file_clusters c "
+            "ON c.source_id = f.source_id AND c.store_key = f.store_key AND c.file_key = f.file_key "
+            "WHERE f.source_id = %s AND f.store_key = %s AND f.words > 0", (src, store)):
         total, w = sum(c * ln9[t] for t, c in zip(terms, counts)), sum(counts)
         x = ln_n - total / 1e9 / w
         nov = float(Decimal(f"{x:.15g}").quantize(Decimal("1e-9"), rounding=ROUND_HALF_UP))   # numeric round()

@@ -81,8 +81,13 @@ def _kept(conn: psycopg.Connection, src: int) -> dict:
         "clusters": q("SELECT store_key, cluster_id, centroid::text, radius, chunks, files, outliers, keywords, "
                       "representatives, label, labeller, label_needed FROM storetopics.clusters "
                       "WHERE source_id = %s ORDER BY 1, 2"),
-        "file_clusters": q("SELECT file_key, cluster_ids, cluster_chunks, cluster_outliers FROM storetopics.file_terms "
-                           "WHERE source_id = %s ORDER BY 1"),
+        # (0.1 kept them in file_terms, 0.2 in file_clusters: a row for each file with chunks assigned)
+        "file_clusters": q("SELECT file_key, store_key, cluster_ids, cluster_chunks, cluster_outliers, other_dim "
+                           "FROM storetopics.file_clusters WHERE source_id = %s ORDER BY 1, 2"
+                           if conn.execute("SELECT to_regclass('storetopics.file_clusters')").fetchone()[0] else
+                           "SELECT file_key, store_key, cluster_ids, cluster_chunks, cluster_outliers, other_dim "
+                           "FROM storetopics.file_terms WHERE source_id = %s AND store_key IS NOT NULL "
+                           "AND (cardinality(cluster_ids) > 0 OR other_dim <> 0) ORDER BY 1, 2"),
         "ledger": q("SELECT store_key, cluster_id, outcome FROM storetopics.label_ledger WHERE source_id = %s "
                     "ORDER BY id"),
     }

@@ -82,7 +82,7 @@ WITH st AS (SELECT greatest(files, 1)::float8 AS n FROM storetopics.store_state
                FROM storetopics.file_terms f CROSS JOIN LATERAL unnest(f.term_ids, f.counts) AS u(term_id, n)
                JOIN terms t ON t.term_id = u.term_id
               WHERE f.source_id = %(src)s AND f.store_key = %(store)s AND f.words > 0 GROUP BY f.file_key),
-     apart AS (SELECT f.file_key FROM storetopics.file_terms f
+     apart AS (SELECT f.file_key FROM storetopics.file_clusters f
                 WHERE f.source_id = %(src)s AND f.store_key = %(store)s AND cardinality(f.cluster_chunks) > 0
                   AND (SELECT sum(o) FROM unnest(f.cluster_outliers) o) = (SELECT sum(c) FROM unnest(f.cluster_chunks) c)),
      med AS (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY nov) AS med FROM nov),

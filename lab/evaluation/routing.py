@@ -233,7 +233,7 @@ def label_verbatim(conn, table: str) -> dict:
     for store, cid, old, new, mined, chunks in rows:
         def verbatim(label):
             return conn.execute(f"""
-                SELECT EXISTS (SELECT 1 FROM storetopics.file_terms f JOIN {table} c
+                SELECT EXISTS (SELECT 1 FROM storetopics.file_clusters f JOIN {table} c
                                    ON c.file = f.file_key AND c.store = f.store_key
                                 WHERE f.store_key = %s AND %s = ANY (f.cluster_ids)
                                   AND f.source_id = (SELECT id FROM storetopics.sources WHERE chunks = %s::regclass)

@@ -47,6 +47,7 @@ BEGIN
   PERFORM storetopics._catalog_move(p_source, storetopics._catalog(p_source), NULL);
   DELETE FROM storetopics.pending WHERE source_id = p_source;
   DELETE FROM storetopics.file_terms WHERE source_id = p_source;
+  DELETE FROM storetopics.file_clusters WHERE source_id = p_source;
   DELETE FROM storetopics.store_terms WHERE source_id = p_source;
   PERFORM storetopics._forget_novelty(p_source);
   DELETE FROM storetopics.store_state WHERE source_id = p_source;

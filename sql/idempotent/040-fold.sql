@@ -129,6 +129,7 @@ BEGIN
   PERFORM storetopics._note_capture_error(src.id, r.error, r.logged_at);
   PERFORM storetopics._catalog_move(src.id, storetopics._catalog(src.id), NULL);
   DELETE FROM storetopics.file_terms WHERE source_id = src.id;
+  DELETE FROM storetopics.file_clusters WHERE source_id = src.id;
   DELETE FROM storetopics.store_terms WHERE source_id = src.id;
   PERFORM storetopics._forget_novelty(src.id);
   UPDATE storetopics.store_state SET files = 0, chunks = 0, words = 0, skipped = 0, other_dim = 0, folded_at = now(),
@@ -343,8 +344,14 @@ BEGIN
   CREATE TEMP TABLE storetopics_new_files AS SELECT * FROM storetopics._fold_recount(src, p_files) WITH NO DATA;
   ALTER TABLE pg_temp.storetopics_new_files ALTER term_ids SET STORAGE EXTERNAL, ALTER counts SET STORAGE EXTERNAL;
   INSERT INTO pg_temp.storetopics_new_files SELECT * FROM storetopics._fold_recount(src, p_files);
+  -- (with the chunks per cluster of each: a row in file_clusters, or none)
   CREATE TEMP TABLE storetopics_old_files ON COMMIT DROP AS
-  SELECT f.* FROM storetopics.file_terms f
+  SELECT f.*, coalesce(c.cluster_ids, '{}') AS cluster_ids, coalesce(c.cluster_chunks, '{}') AS cluster_chunks,
+         coalesce(c.cluster_outliers, '{}') AS cluster_outliers, coalesce(c.other_dim, 0) AS other_dim
+    FROM storetopics.file_terms f
+    LEFT JOIN storetopics.file_clusters c
+           ON c.source_id = src.id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid AND c.file_key = f.file_key
+          AND c.store_key = f.store_key
    WHERE f.source_id = src.id AND md5(f.file_key)::uuid = ANY (v_digests) AND f.file_key = ANY (p_files);
 
   -- (the arrays unnested in the select list, in step: a set-returning function in FROM is materialised first)
@@ -441,12 +448,17 @@ BEGIN
 
   DELETE FROM storetopics.file_terms f
    WHERE f.source_id = src.id AND md5(f.file_key)::uuid = ANY (v_digests) AND f.file_key = ANY (p_files);
-  INSERT INTO storetopics.file_terms (source_id, file_key, store_key, chunks, skipped, words, term_ids, counts,
-                                      cluster_ids, cluster_chunks, cluster_outliers, other_dim)
-  SELECT src.id, nf.file_key, nf.store_key, nf.chunks, nf.skipped, nf.words, nf.term_ids, nf.counts,
-         nf.cluster_ids, nf.cluster_chunks, nf.cluster_outliers, nf.other_dim
+  INSERT INTO storetopics.file_terms (source_id, file_key, store_key, chunks, skipped, words, term_ids, counts)
+  SELECT src.id, nf.file_key, nf.store_key, nf.chunks, nf.skipped, nf.words, nf.term_ids, nf.counts
     FROM pg_temp.storetopics_new_files nf;
   GET DIAGNOSTICS v_n = ROW_COUNT;
+  DELETE FROM storetopics.file_clusters c
+   WHERE c.source_id = src.id AND md5(c.file_key)::uuid = ANY (v_digests) AND c.file_key = ANY (p_files);
+  INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, cluster_ids, cluster_chunks,
+                                         cluster_outliers, other_dim)
+  SELECT src.id, nf.store_key, nf.file_key, nf.cluster_ids, nf.cluster_chunks, nf.cluster_outliers, nf.other_dim
+    FROM pg_temp.storetopics_new_files nf
+   WHERE nf.store_key IS NOT NULL AND (cardinality(nf.cluster_ids) > 0 OR nf.other_dim <> 0);
   -- what render keeps of its stores' novelty (storetopics._outlier_files): these files are computed again there,
   -- and the numbers they had are gone from the kept ranking
   WITH gone AS (

@@ -312,20 +312,20 @@ BEGIN
   -- (a temp table made and dropped here: two statements read it, planned on its statistics)
   CREATE TEMP TABLE storetopics_assign ON COMMIT DROP AS SELECT * FROM storetopics._assign(src, NULL, p_store);
   ANALYZE pg_temp.storetopics_assign;
-  UPDATE storetopics.file_terms f
-     SET cluster_ids = a.cluster_ids, cluster_chunks = a.cluster_chunks, cluster_outliers = a.cluster_outliers,
-         other_dim = a.other_dim
+  -- the store's files as folded get the pass's assignment (files of the store the pass did not see, their rows
+  -- changed since, get none: a pending event will recount them)
+  DELETE FROM storetopics.file_clusters c WHERE c.source_id = src.id AND c.store_key = p_store;
+  INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, cluster_ids, cluster_chunks,
+                                         cluster_outliers, other_dim)
+  SELECT src.id, p_store, a.file_key, a.cluster_ids, a.cluster_chunks, a.cluster_outliers, a.other_dim
     FROM pg_temp.storetopics_assign a
-   WHERE f.source_id = src.id AND f.store_key = p_store AND a.store_key = p_store AND f.file_key = a.file_key;
+   WHERE a.store_key = p_store AND (cardinality(a.cluster_ids) > 0 OR a.other_dim <> 0)
+     AND EXISTS (SELECT 1 FROM storetopics.file_terms f
+                  WHERE f.source_id = src.id AND f.store_key = p_store AND f.file_key = a.file_key);
   GET DIAGNOSTICS v_updated = ROW_COUNT;
   -- (a store backfilled in two batches kept the statistics of the first, and render's keywords() crawled until
   -- autovacuum came by)
   PERFORM storetopics._analyze_if_stale(v_updated);
-  -- files of the store the pass did not see (their rows changed since; a pending event will recount them)
-  UPDATE storetopics.file_terms f
-     SET cluster_ids = '{}', cluster_chunks = '{}', cluster_outliers = '{}', other_dim = 0
-   WHERE f.source_id = src.id AND f.store_key = p_store
-     AND NOT EXISTS (SELECT 1 FROM pg_temp.storetopics_assign a WHERE a.file_key = f.file_key);
   DROP TABLE pg_temp.storetopics_assign;
   UPDATE storetopics.clusters k SET chunks = 0, files = 0, outliers = 0, outliers_at_fit = 0, outliers_seen = 0
    WHERE k.source_id = src.id AND k.store_key = p_store;
@@ -333,7 +333,7 @@ BEGIN
      SET chunks = x.chunks, files = x.files, outliers = x.outliers, outliers_at_fit = x.outliers,
          outliers_seen = x.outliers
     FROM (SELECT u.cluster_id, sum(u.n) AS chunks, count(*) AS files, sum(u.o) AS outliers
-            FROM storetopics.file_terms f,
+            FROM storetopics.file_clusters f,
                  unnest(f.cluster_ids, f.cluster_chunks, f.cluster_outliers) AS u(cluster_id, n, o)
            WHERE f.source_id = src.id AND f.store_key = p_store
            GROUP BY 1) x
@@ -430,7 +430,7 @@ BEGIN
   v_assigned := storetopics._reassign_store(src, p_store);   -- every file of the store, to the clusters now in place
 
   UPDATE storetopics.store_state
-     SET other_dim = (SELECT coalesce(sum(f.other_dim), 0) FROM storetopics.file_terms f
+     SET other_dim = (SELECT coalesce(sum(f.other_dim), 0) FROM storetopics.file_clusters f
                        WHERE f.source_id = p_source AND f.store_key = p_store),
          fit_generation = fit_generation + 1, fit_at = now(), fit_k = (p_fit ->> 'k')::int,
          fit_silhouette = (p_fit ->> 'silhouette')::real, fit_single_theme = (p_fit ->> 'single_theme')::boolean,
@@ -474,7 +474,10 @@ BEGIN
                          row_number() OVER (PARTITION BY u.cluster_id
                                             ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC, hashtext(f.file_key),
                                                      f.file_key) AS r
-                    FROM storetopics.file_terms f, unnest(f.cluster_ids, f.cluster_chunks) AS u(cluster_id, n)
+                    FROM storetopics.file_terms f
+                    JOIN storetopics.file_clusters c
+                      ON c.source_id = f.source_id AND c.store_key = f.store_key AND c.file_key = f.file_key,
+                         unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
                    WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0) x
            WHERE x.r <= 400) p,
          LATERAL (SELECT f.term_ids, f.counts FROM storetopics.file_terms f WHERE f.ctid = p.tid OFFSET 0) a;

@@ -98,8 +98,11 @@ BEGIN
   SELECT f.file_key,
          coalesce((SELECT sum(u.c::bigint * storetopics._ln9(v_dfs[u.t]))
                      FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u), 0)::bigint,
-         f.words, storetopics._file_apart(f.cluster_chunks, f.cluster_outliers)
+         f.words, coalesce(storetopics._file_apart(c.cluster_chunks, c.cluster_outliers), false)
     FROM storetopics.file_terms f
+    LEFT JOIN storetopics.file_clusters c
+           ON c.source_id = p_source AND md5(c.file_key)::uuid = md5(f.file_key)::uuid AND c.file_key = f.file_key
+          AND c.store_key = p_store
    WHERE f.source_id = p_source AND f.store_key = p_store
      AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x)) AND f.file_key = ANY (p_files);
 END $$;
@@ -153,10 +156,12 @@ BEGIN
                                            THEN coalesce(s.total, 0)::bigint::float8 / 1e9 / f.words END
                                       DESC NULLS LAST, f.file_key))::int AS n,
          f.file_key, coalesce(s.total, 0)::bigint AS total, f.words,
-         storetopics._file_apart(f.cluster_chunks, f.cluster_outliers) AS apart,
+         coalesce(storetopics._file_apart(c.cluster_chunks, c.cluster_outliers), false) AS apart,
          coalesce(s.sensitivity, 0) AS sensitivity, s.rare
-    FROM storetopics.file_terms f,
-         LATERAL (SELECT sum(u.c::bigint * v_ln9[u.t]) AS total, sum(u.c * v_inv[u.t]) AS sensitivity,
+    FROM storetopics.file_terms f
+    LEFT JOIN storetopics.file_clusters c
+           ON c.source_id = p_source AND c.store_key = p_store AND c.file_key = f.file_key
+   CROSS JOIN LATERAL (SELECT sum(u.c::bigint * v_ln9[u.t]) AS total, sum(u.c * v_inv[u.t]) AS sensitivity,
                          array_agg(u.t::bigint << 32 | u.c) FILTER (WHERE v_inv[u.t] = 0) AS rare
                     FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u) s
    WHERE f.source_id = p_source AND f.store_key = p_store;

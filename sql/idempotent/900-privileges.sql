@@ -93,6 +93,7 @@ $f$, v_dir, v_dir);
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.pending', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.lexemes', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.file_terms', '');
+    PERFORM pg_catalog.pg_extension_config_dump('storetopics.file_clusters', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.store_terms', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.store_state', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.term_words', '');

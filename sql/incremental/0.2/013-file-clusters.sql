@@ -1,0 +1,24 @@
+-- storetopics 0.2: a file's chunks per cluster in a table of their own.  In file_terms they shared a row with the
+-- file's term arrays (~1.6 kB a file of 3 chunks of real text), so every fit, which assigns every file of the store
+-- again, wrote every one of those rows anew: file_terms doubled on disk after a store's first fit (bench/README.md
+-- has the figures).  A row here exists only for a file of a store that has clusters, with chunks assigned.
+CREATE TABLE storetopics.file_clusters (
+  source_id        int NOT NULL,
+  store_key        text NOT NULL,
+  file_key         text NOT NULL,
+  -- the file's chunks per cluster of its store's current fit (parallel arrays, sorted by cluster id): how many
+  -- joined each cluster, and how many of those lie beyond the cluster's radius (outliers)
+  cluster_ids      int[] NOT NULL,
+  cluster_chunks   int[] NOT NULL,
+  cluster_outliers int[] NOT NULL,
+  other_dim        int NOT NULL DEFAULT 0   -- chunks with a vector no cluster of the store can take (dimension)
+);
+CREATE INDEX file_clusters_file ON storetopics.file_clusters (source_id, (md5(file_key)::uuid));
+CREATE INDEX file_clusters_store ON storetopics.file_clusters (source_id, store_key);
+INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, cluster_ids, cluster_chunks, cluster_outliers,
+                                       other_dim)
+SELECT f.source_id, f.store_key, f.file_key, f.cluster_ids, f.cluster_chunks, f.cluster_outliers, f.other_dim
+  FROM storetopics.file_terms f
+ WHERE f.store_key IS NOT NULL AND (cardinality(f.cluster_ids) > 0 OR f.other_dim <> 0);
+ALTER TABLE storetopics.file_terms DROP COLUMN cluster_ids, DROP COLUMN cluster_chunks, DROP COLUMN cluster_outliers,
+  DROP COLUMN other_dim;
