@@ -103515,11 +103515,18 @@ END $$;
 CREATE OR REPLACE FUNCTION storetopics._analyze_if_stale(p_rows bigint) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-  IF p_rows >= 1000 AND (SELECT c.reltuples FROM pg_class c WHERE c.oid = 'storetopics.file_terms'::regclass) < p_rows
-     AND (pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = 'storetopics.file_terms'::regclass),
-                      'USAGE')
-          OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)) THEN
+  IF p_rows < 1000 OR NOT (pg_has_role(current_user, (SELECT relowner FROM pg_class
+                                                        WHERE oid = 'storetopics.file_terms'::regclass), 'USAGE')
+                           OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)) THEN
+    RETURN;
+  END IF;
+  IF (SELECT c.reltuples FROM pg_class c WHERE c.oid = 'storetopics.file_terms'::regclass) < p_rows THEN
     ANALYZE storetopics.file_terms, storetopics.store_terms, storetopics.lexemes;
+  END IF;
+  -- (a fit's assignment of a store's files: a store's render joined its files with a nested loop over all of them
+  -- while file_clusters had no statistics, 30-60 s for each store of 6,700 files at 1M chunks)
+  IF (SELECT c.reltuples FROM pg_class c WHERE c.oid = 'storetopics.file_clusters'::regclass) < p_rows THEN
+    ANALYZE storetopics.file_clusters;
   END IF;
 END $$;
 
@@ -104049,7 +104056,8 @@ BEGIN
     FROM pg_temp.storetopics_assign a
    WHERE a.store_key = p_store AND (cardinality(a.cluster_ids) > 0 OR a.other_dim <> 0)
      AND EXISTS (SELECT 1 FROM storetopics.file_terms f
-                  WHERE f.source_id = src.id AND f.store_key = p_store AND f.file_key = a.file_key);
+                  WHERE f.source_id = src.id AND md5(f.file_key)::uuid = md5(a.file_key)::uuid
+                    AND f.file_key = a.file_key AND f.store_key = p_store);
   GET DIAGNOSTICS v_updated = ROW_COUNT;
   -- (a store backfilled in two batches kept the statistics of the first, and render's keywords() crawled until
   -- autovacuum came by)
@@ -104202,9 +104210,12 @@ BEGIN
                          row_number() OVER (PARTITION BY u.cluster_id
                                             ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC, hashtext(f.file_key),
                                                      f.file_key) AS r
-                    FROM storetopics.file_terms f
-                    JOIN storetopics.file_clusters c
-                      ON c.source_id = f.source_id AND c.store_key = f.store_key AND c.file_key = f.file_key,
+                    FROM storetopics.file_terms f,
+                         -- (probed per file by its key, OFFSET 0: a join planned on stale statistics of
+                         -- file_clusters looped over the store's rows for each file)
+                         LATERAL (SELECT c.cluster_ids, c.cluster_chunks FROM storetopics.file_clusters c
+                                   WHERE c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
+                                     AND c.file_key = f.file_key AND c.store_key = f.store_key OFFSET 0) c,
                          unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
                    WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0) x
            WHERE x.r <= 400) p,
@@ -104722,9 +104733,12 @@ BEGIN
             FROM (SELECT u.cluster_id AS grp, f.file_key, f.ctid AS tid,
                          row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC,
                                                                                hashtext(f.file_key), f.file_key) AS r
-                    FROM storetopics.file_terms f
-                    JOIN storetopics.file_clusters c
-                      ON c.source_id = f.source_id AND c.store_key = f.store_key AND c.file_key = f.file_key,
+                    FROM storetopics.file_terms f,
+                         -- (probed per file by its key, OFFSET 0: a join planned on stale statistics of
+                         -- file_clusters looped over the store's rows for each file)
+                         LATERAL (SELECT c.cluster_ids, c.cluster_chunks FROM storetopics.file_clusters c
+                                   WHERE c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
+                                     AND c.file_key = f.file_key AND c.store_key = f.store_key OFFSET 0) c,
                          unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
                    WHERE f.source_id = p_source AND f.store_key = p_store
                      AND u.cluster_id IN (SELECT (w ->> 'grp')::int FROM jsonb_array_elements(v_words) w)) k,
@@ -104988,9 +105002,9 @@ BEGIN
                      FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u), 0)::bigint,
          f.words, coalesce(storetopics._file_apart(c.cluster_chunks, c.cluster_outliers), false)
     FROM storetopics.file_terms f
-    LEFT JOIN storetopics.file_clusters c
-           ON c.source_id = p_source AND md5(c.file_key)::uuid = md5(f.file_key)::uuid AND c.file_key = f.file_key
-          AND c.store_key = p_store
+    LEFT JOIN storetopics.file_clusters c   -- (by the file's key: the store's key as a constant could take its index)
+           ON c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid AND c.file_key = f.file_key
+          AND c.store_key = f.store_key
    WHERE f.source_id = p_source AND f.store_key = p_store
      AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x)) AND f.file_key = ANY (p_files);
 END $$;
@@ -105047,8 +105061,12 @@ BEGIN
          coalesce(storetopics._file_apart(c.cluster_chunks, c.cluster_outliers), false) AS apart,
          coalesce(s.sensitivity, 0) AS sensitivity, s.rare
     FROM storetopics.file_terms f
-    LEFT JOIN storetopics.file_clusters c
-           ON c.source_id = p_source AND c.store_key = p_store AND c.file_key = f.file_key
+    -- (probed per file by its key, OFFSET 0, the store's key not a constant there: a join planned on stale
+    -- statistics of file_clusters, right after a fit, read all the store's rows for each file: 30-60 s a store of
+    -- 6,700 files at 1M chunks)
+    LEFT JOIN LATERAL (SELECT c.cluster_chunks, c.cluster_outliers FROM storetopics.file_clusters c
+                        WHERE c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
+                          AND c.file_key = f.file_key AND c.store_key = f.store_key OFFSET 0) c ON true
    CROSS JOIN LATERAL (SELECT sum(u.c::bigint * v_ln9[u.t]) AS total, sum(u.c * v_inv[u.t]) AS sensitivity,
                          array_agg(u.t::bigint << 32 | u.c) FILTER (WHERE v_inv[u.t] = 0) AS rare
                     FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u) s
@@ -107742,4 +107760,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '2781262868') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1321689797') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

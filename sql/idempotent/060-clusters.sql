@@ -321,7 +321,8 @@ BEGIN
     FROM pg_temp.storetopics_assign a
    WHERE a.store_key = p_store AND (cardinality(a.cluster_ids) > 0 OR a.other_dim <> 0)
      AND EXISTS (SELECT 1 FROM storetopics.file_terms f
-                  WHERE f.source_id = src.id AND f.store_key = p_store AND f.file_key = a.file_key);
+                  WHERE f.source_id = src.id AND md5(f.file_key)::uuid = md5(a.file_key)::uuid
+                    AND f.file_key = a.file_key AND f.store_key = p_store);
   GET DIAGNOSTICS v_updated = ROW_COUNT;
   -- (a store backfilled in two batches kept the statistics of the first, and render's keywords() crawled until
   -- autovacuum came by)
@@ -474,9 +475,12 @@ BEGIN
                          row_number() OVER (PARTITION BY u.cluster_id
                                             ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC, hashtext(f.file_key),
                                                      f.file_key) AS r
-                    FROM storetopics.file_terms f
-                    JOIN storetopics.file_clusters c
-                      ON c.source_id = f.source_id AND c.store_key = f.store_key AND c.file_key = f.file_key,
+                    FROM storetopics.file_terms f,
+                         -- (probed per file by its key, OFFSET 0: a join planned on stale statistics of
+                         -- file_clusters looped over the store's rows for each file)
+                         LATERAL (SELECT c.cluster_ids, c.cluster_chunks FROM storetopics.file_clusters c
+                                   WHERE c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
+                                     AND c.file_key = f.file_key AND c.store_key = f.store_key OFFSET 0) c,
                          unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
                    WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0) x
            WHERE x.r <= 400) p,

@@ -100,9 +100,9 @@ BEGIN
                      FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u), 0)::bigint,
          f.words, coalesce(storetopics._file_apart(c.cluster_chunks, c.cluster_outliers), false)
     FROM storetopics.file_terms f
-    LEFT JOIN storetopics.file_clusters c
-           ON c.source_id = p_source AND md5(c.file_key)::uuid = md5(f.file_key)::uuid AND c.file_key = f.file_key
-          AND c.store_key = p_store
+    LEFT JOIN storetopics.file_clusters c   -- (by the file's key: the store's key as a constant could take its index)
+           ON c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid AND c.file_key = f.file_key
+          AND c.store_key = f.store_key
    WHERE f.source_id = p_source AND f.store_key = p_store
      AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x)) AND f.file_key = ANY (p_files);
 END $$;
@@ -159,8 +159,12 @@ BEGIN
          coalesce(storetopics._file_apart(c.cluster_chunks, c.cluster_outliers), false) AS apart,
          coalesce(s.sensitivity, 0) AS sensitivity, s.rare
     FROM storetopics.file_terms f
-    LEFT JOIN storetopics.file_clusters c
-           ON c.source_id = p_source AND c.store_key = p_store AND c.file_key = f.file_key
+    -- (probed per file by its key, OFFSET 0, the store's key not a constant there: a join planned on stale
+    -- statistics of file_clusters, right after a fit, read all the store's rows for each file: 30-60 s a store of
+    -- 6,700 files at 1M chunks)
+    LEFT JOIN LATERAL (SELECT c.cluster_chunks, c.cluster_outliers FROM storetopics.file_clusters c
+                        WHERE c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
+                          AND c.file_key = f.file_key AND c.store_key = f.store_key OFFSET 0) c ON true
    CROSS JOIN LATERAL (SELECT sum(u.c::bigint * v_ln9[u.t]) AS total, sum(u.c * v_inv[u.t]) AS sensitivity,
                          array_agg(u.t::bigint << 32 | u.c) FILTER (WHERE v_inv[u.t] = 0) AS rare
                     FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u) s
