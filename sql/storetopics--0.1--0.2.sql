@@ -103973,12 +103973,12 @@ BEGIN
                          row_number() OVER (PARTITION BY u.cluster_id
                                             ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC, hashtext(f.file_key),
                                                      f.file_key) AS r
-                    FROM storetopics.file_terms f,
-                         -- (probed per file by its key, OFFSET 0: a join planned on stale statistics of
-                         -- file_clusters looped over the store's rows for each file)
-                         LATERAL (SELECT c.cluster_ids, c.cluster_chunks FROM storetopics.file_clusters c
-                                   WHERE c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
-                                     AND c.file_key = f.file_key AND c.store_key = f.store_key OFFSET 0) c,
+                    FROM storetopics.file_terms f
+                    -- (by the file key's digest too: on statistics taken before a fit's assignment, which make
+                    -- the store's rows one, each file_clusters row then finds its file through the index)
+                    JOIN storetopics.file_clusters c
+                      ON c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
+                     AND c.file_key = f.file_key AND c.store_key = f.store_key,
                          unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
                    WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0) x
            WHERE x.r <= 400) p,
@@ -104496,12 +104496,12 @@ BEGIN
             FROM (SELECT u.cluster_id AS grp, f.file_key, f.ctid AS tid,
                          row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC,
                                                                                hashtext(f.file_key), f.file_key) AS r
-                    FROM storetopics.file_terms f,
-                         -- (probed per file by its key, OFFSET 0: a join planned on stale statistics of
-                         -- file_clusters looped over the store's rows for each file)
-                         LATERAL (SELECT c.cluster_ids, c.cluster_chunks FROM storetopics.file_clusters c
-                                   WHERE c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
-                                     AND c.file_key = f.file_key AND c.store_key = f.store_key OFFSET 0) c,
+                    FROM storetopics.file_terms f
+                    -- (by the file key's digest too: on statistics taken before a fit's assignment, which make
+                    -- the store's rows one, each file_clusters row then finds its file through the index)
+                    JOIN storetopics.file_clusters c
+                      ON c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
+                     AND c.file_key = f.file_key AND c.store_key = f.store_key,
                          unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
                    WHERE f.source_id = p_source AND f.store_key = p_store
                      AND u.cluster_id IN (SELECT (w ->> 'grp')::int FROM jsonb_array_elements(v_words) w)) k,
@@ -104765,9 +104765,9 @@ BEGIN
                      FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u), 0)::bigint,
          f.words, coalesce(storetopics._file_apart(c.cluster_chunks, c.cluster_outliers), false)
     FROM storetopics.file_terms f
-    LEFT JOIN storetopics.file_clusters c   -- (by the file's key: the store's key as a constant could take its index)
-           ON c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid AND c.file_key = f.file_key
-          AND c.store_key = f.store_key
+    LEFT JOIN LATERAL (SELECT c.cluster_chunks, c.cluster_outliers FROM storetopics.file_clusters c
+                        WHERE c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
+                          AND c.file_key = f.file_key AND c.store_key = f.store_key OFFSET 0) c ON true   -- (as in _keep_novelty)
    WHERE f.source_id = p_source AND f.store_key = p_store
      AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x)) AND f.file_key = ANY (p_files);
 END $$;
@@ -107523,4 +107523,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1321689797') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2083824032') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

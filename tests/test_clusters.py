@@ -327,10 +327,15 @@ def test_refit_of_unchanged_data_with_another_seed_changes_nothing_a_router_sees
         conn.execute("SELECT * FROM storetopics.backfill()")
         before = summary(conn)[0]
         ids = [k[0] for k in clusters(conn)]
+        # a fit assigns the files again in file_clusters: their term rows stay where they are, unwritten
+        term_rows = "SELECT file_key, ctid::text FROM storetopics.file_terms ORDER BY 1"
+        rows = conn.execute(term_rows).fetchall()
         for seed in (1, 2, 3):
             conn.execute("SELECT storetopics.configure('chunks', %s)", (json.dumps({"seed": seed}),))
             report = conn.execute("SELECT storetopics._cluster(%s, 's1')", (source,)).fetchone()[0]
             assert report["applied"] and report["kept"] == 5 and report["new"] == 0, report
+            assert conn.execute(term_rows).fetchall() == rows
+            assert state_clusters(conn, source) == recount_clusters(conn, source)
             conn.execute("SELECT * FROM storetopics.backfill()")
             assert summary(conn)[0] == before
             assert [k[0] for k in clusters(conn)] == ids

@@ -201,12 +201,12 @@ BEGIN
             FROM (SELECT u.cluster_id AS grp, f.file_key, f.ctid AS tid,
                          row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC,
                                                                                hashtext(f.file_key), f.file_key) AS r
-                    FROM storetopics.file_terms f,
-                         -- (probed per file by its key, OFFSET 0: a join planned on stale statistics of
-                         -- file_clusters looped over the store's rows for each file)
-                         LATERAL (SELECT c.cluster_ids, c.cluster_chunks FROM storetopics.file_clusters c
-                                   WHERE c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
-                                     AND c.file_key = f.file_key AND c.store_key = f.store_key OFFSET 0) c,
+                    FROM storetopics.file_terms f
+                    -- (by the file key's digest too: on statistics taken before a fit's assignment, which make
+                    -- the store's rows one, each file_clusters row then finds its file through the index)
+                    JOIN storetopics.file_clusters c
+                      ON c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
+                     AND c.file_key = f.file_key AND c.store_key = f.store_key,
                          unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
                    WHERE f.source_id = p_source AND f.store_key = p_store
                      AND u.cluster_id IN (SELECT (w ->> 'grp')::int FROM jsonb_array_elements(v_words) w)) k,

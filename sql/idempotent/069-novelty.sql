@@ -100,9 +100,9 @@ BEGIN
                      FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u), 0)::bigint,
          f.words, coalesce(storetopics._file_apart(c.cluster_chunks, c.cluster_outliers), false)
     FROM storetopics.file_terms f
-    LEFT JOIN storetopics.file_clusters c   -- (by the file's key: the store's key as a constant could take its index)
-           ON c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid AND c.file_key = f.file_key
-          AND c.store_key = f.store_key
+    LEFT JOIN LATERAL (SELECT c.cluster_chunks, c.cluster_outliers FROM storetopics.file_clusters c
+                        WHERE c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
+                          AND c.file_key = f.file_key AND c.store_key = f.store_key OFFSET 0) c ON true   -- (as in _keep_novelty)
    WHERE f.source_id = p_source AND f.store_key = p_store
      AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x)) AND f.file_key = ANY (p_files);
 END $$;
