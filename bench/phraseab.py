@@ -47,7 +47,8 @@ SELECT (SELECT coalesce(jsonb_agg(jsonb_build_object('grp', w.grp, 'lexeme', w.l
                                                    f.file_key) AS r
                   FROM storetopics.file_terms f
                   JOIN storetopics.file_clusters c
-                    ON c.source_id = f.source_id AND c.store_key = f.store_key AND c.file_key = f.file_key,
+                    ON c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
+                   AND c.file_key = f.file_key AND c.store_key = f.store_key,
                        unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
                  WHERE f.source_id = s.id AND f.store_key = %(store)s) x
          WHERE x.r <= 20)
