@@ -41,16 +41,12 @@ SELECT (SELECT coalesce(jsonb_agg(jsonb_build_object('grp', w.grp, 'lexeme', w.l
                  WHERE k.source_id = s.id AND k.store_key = %(store)s AND k.chunks > 0 GROUP BY 1, 2) w),
        (SELECT coalesce(jsonb_agg(jsonb_build_object('grp', x.grp, 'file_key', x.file_key)
                                   ORDER BY x.grp, x.file_key), '[]')
-          FROM (SELECT u.cluster_id AS grp, f.file_key,
+          FROM (SELECT u.cluster_id AS grp, c.file_key,
                        row_number() OVER (PARTITION BY u.cluster_id
-                                          ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC, hashtext(f.file_key),
-                                                   f.file_key) AS r
-                  FROM storetopics.file_terms f
-                  JOIN storetopics.file_clusters c
-                    ON c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
-                   AND c.file_key = f.file_key AND c.store_key = f.store_key,
-                       unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
-                 WHERE f.source_id = s.id AND f.store_key = %(store)s) x
+                                          ORDER BY u.n::float8 / greatest(c.chunks, 1) DESC, hashtext(c.file_key),
+                                                   c.file_key) AS r
+                  FROM storetopics.file_clusters c, unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
+                 WHERE c.source_id = s.id AND c.store_key = %(store)s) x
          WHERE x.r <= 20)
   FROM storetopics.sources s WHERE s.id = %(source)s"""
 

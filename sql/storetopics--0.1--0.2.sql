@@ -100640,6 +100640,11 @@ CREATE TABLE storetopics.file_clusters (
   source_id        int NOT NULL,
   store_key        text NOT NULL,
   file_key         text NOT NULL,
+  -- the file's chunks and counted words as in file_terms, written with them: the clusters' words and phrases rank
+  -- a cluster's files by the share of their chunks in it from this narrow table, and read the term arrays of the
+  -- files they pick only (joined with file_terms' wide rows, refresh_words took 5 s after an upload at 1M chunks)
+  chunks           int NOT NULL,
+  words            bigint NOT NULL,
   -- the file's chunks per cluster of its store's current fit (parallel arrays, sorted by cluster id): how many
   -- joined each cluster, and how many of those lie beyond the cluster's radius (outliers)
   cluster_ids      int[] NOT NULL,
@@ -100649,9 +100654,10 @@ CREATE TABLE storetopics.file_clusters (
 );
 CREATE INDEX file_clusters_file ON storetopics.file_clusters (source_id, (md5(file_key)::uuid));
 CREATE INDEX file_clusters_store ON storetopics.file_clusters (source_id, store_key);
-INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, cluster_ids, cluster_chunks, cluster_outliers,
-                                       other_dim)
-SELECT f.source_id, f.store_key, f.file_key, f.cluster_ids, f.cluster_chunks, f.cluster_outliers, f.other_dim
+INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, chunks, words, cluster_ids, cluster_chunks,
+                                       cluster_outliers, other_dim)
+SELECT f.source_id, f.store_key, f.file_key, f.chunks, f.words, f.cluster_ids, f.cluster_chunks, f.cluster_outliers,
+       f.other_dim
   FROM storetopics.file_terms f
  WHERE f.store_key IS NOT NULL AND (cardinality(f.cluster_ids) > 0 OR f.other_dim <> 0);
 ALTER TABLE storetopics.file_terms DROP COLUMN cluster_ids, DROP COLUMN cluster_chunks, DROP COLUMN cluster_outliers,
@@ -103251,9 +103257,10 @@ BEGIN
   GET DIAGNOSTICS v_n = ROW_COUNT;
   DELETE FROM storetopics.file_clusters c
    WHERE c.source_id = src.id AND md5(c.file_key)::uuid = ANY (v_digests) AND c.file_key = ANY (p_files);
-  INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, cluster_ids, cluster_chunks,
+  INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, chunks, words, cluster_ids, cluster_chunks,
                                          cluster_outliers, other_dim)
-  SELECT src.id, nf.store_key, nf.file_key, nf.cluster_ids, nf.cluster_chunks, nf.cluster_outliers, nf.other_dim
+  SELECT src.id, nf.store_key, nf.file_key, nf.chunks, nf.words, nf.cluster_ids, nf.cluster_chunks,
+         nf.cluster_outliers, nf.other_dim
     FROM pg_temp.storetopics_new_files nf
    WHERE nf.store_key IS NOT NULL AND (cardinality(nf.cluster_ids) > 0 OR nf.other_dim <> 0);
   -- what render keeps of its stores' novelty (storetopics._outlier_files): these files are computed again there,
@@ -103286,8 +103293,9 @@ BEGIN
   IF (SELECT c.reltuples FROM pg_class c WHERE c.oid = 'storetopics.file_terms'::regclass) < p_rows THEN
     ANALYZE storetopics.file_terms, storetopics.store_terms, storetopics.lexemes;
   END IF;
-  -- (a fit's assignment of a store's files: a store's render joined its files with a nested loop over all of them
-  -- while file_clusters had no statistics, 30-60 s for each store of 6,700 files at 1M chunks)
+  -- (after a fit's first assignment of many files: a render planned on file_clusters statistics that did not know
+  -- them looped over all of a store's rows for each file, 30-60 s a store of 6,700 files at 1M chunks.  A small
+  -- store assigned after a big one still finds statistics that miss it: the readers' plans do not rely on them)
   IF (SELECT c.reltuples FROM pg_class c WHERE c.oid = 'storetopics.file_clusters'::regclass) < p_rows THEN
     ANALYZE storetopics.file_clusters;
   END IF;
@@ -103813,14 +103821,15 @@ BEGIN
   -- the store's files as folded get the pass's assignment (files of the store the pass did not see, their rows
   -- changed since, get none: a pending event will recount them)
   DELETE FROM storetopics.file_clusters c WHERE c.source_id = src.id AND c.store_key = p_store;
-  INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, cluster_ids, cluster_chunks,
+  INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, chunks, words, cluster_ids, cluster_chunks,
                                          cluster_outliers, other_dim)
-  SELECT src.id, p_store, a.file_key, a.cluster_ids, a.cluster_chunks, a.cluster_outliers, a.other_dim
+  SELECT src.id, p_store, a.file_key, f.chunks, f.words, a.cluster_ids, a.cluster_chunks, a.cluster_outliers,
+         a.other_dim
     FROM pg_temp.storetopics_assign a
-   WHERE a.store_key = p_store AND (cardinality(a.cluster_ids) > 0 OR a.other_dim <> 0)
-     AND EXISTS (SELECT 1 FROM storetopics.file_terms f
-                  WHERE f.source_id = src.id AND md5(f.file_key)::uuid = md5(a.file_key)::uuid
-                    AND f.file_key = a.file_key AND f.store_key = p_store);
+    JOIN storetopics.file_terms f
+      ON f.source_id = src.id AND md5(f.file_key)::uuid = md5(a.file_key)::uuid AND f.file_key = a.file_key
+     AND f.store_key = p_store
+   WHERE a.store_key = p_store AND (cardinality(a.cluster_ids) > 0 OR a.other_dim <> 0);
   GET DIAGNOSTICS v_updated = ROW_COUNT;
   -- (a store backfilled in two batches kept the statistics of the first, and render's keywords() crawled until
   -- autovacuum came by)
@@ -103965,24 +103974,21 @@ DECLARE
   v_from text;
 BEGIN
   -- the picked files, each cluster's most committed first, with their term arrays (one statement: one snapshot;
-  -- the arrays are fetched by ctid for the picked files only, OFFSET 0 keeps that a per-row lookup)
+  -- the files are ranked in the narrow file_clusters, and the arrays fetched for the picked files only: OFFSET 0
+  -- keeps that a lookup per picked file)
   CREATE TEMP TABLE storetopics_pick ON COMMIT DROP AS
   SELECT p.cluster_id, p.file_key, p.w, a.term_ids, a.counts
-    FROM (SELECT x.cluster_id, x.file_key, x.w, x.tid
-            FROM (SELECT u.cluster_id, f.file_key, f.ctid AS tid, u.n::float8 / greatest(f.chunks, 1) AS w,
+    FROM (SELECT x.cluster_id, x.file_key, x.w
+            FROM (SELECT u.cluster_id, c.file_key, u.n::float8 / greatest(c.chunks, 1) AS w,
                          row_number() OVER (PARTITION BY u.cluster_id
-                                            ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC, hashtext(f.file_key),
-                                                     f.file_key) AS r
-                    FROM storetopics.file_terms f
-                    -- (by the file key's digest too: on statistics taken before a fit's assignment, which make
-                    -- the store's rows one, each file_clusters row then finds its file through the index)
-                    JOIN storetopics.file_clusters c
-                      ON c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
-                     AND c.file_key = f.file_key AND c.store_key = f.store_key,
-                         unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
-                   WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0) x
+                                            ORDER BY u.n::float8 / greatest(c.chunks, 1) DESC, hashtext(c.file_key),
+                                                     c.file_key) AS r
+                    FROM storetopics.file_clusters c, unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
+                   WHERE c.source_id = p_source AND c.store_key = p_store AND c.words > 0) x
            WHERE x.r <= 400) p,
-         LATERAL (SELECT f.term_ids, f.counts FROM storetopics.file_terms f WHERE f.ctid = p.tid OFFSET 0) a;
+         LATERAL (SELECT f.term_ids, f.counts FROM storetopics.file_terms f
+                   WHERE f.source_id = p_source AND md5(f.file_key)::uuid = md5(p.file_key)::uuid
+                     AND f.file_key = p.file_key AND f.store_key = p_store OFFSET 0) a;
   -- what the words are computed from: the build (the computation), n_words, the store's clusters, the picked files
   v_from := md5(storetopics._build() || '|' || n_words || '|' ||
                 (SELECT coalesce(string_agg(k.cluster_id::text, ',' ORDER BY k.cluster_id), '')
@@ -104493,22 +104499,18 @@ BEGIN
              coalesce(string_agg(x.grp || ':' || x.file_key || ':' || x.digest, ',' ORDER BY x.grp, x.file_key), ''))
     INTO v_files, v_from
     FROM (SELECT k.grp, k.file_key, d.digest
-            FROM (SELECT u.cluster_id AS grp, f.file_key, f.ctid AS tid,
-                         row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC,
-                                                                               hashtext(f.file_key), f.file_key) AS r
-                    FROM storetopics.file_terms f
-                    -- (by the file key's digest too: on statistics taken before a fit's assignment, which make
-                    -- the store's rows one, each file_clusters row then finds its file through the index)
-                    JOIN storetopics.file_clusters c
-                      ON c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
-                     AND c.file_key = f.file_key AND c.store_key = f.store_key,
-                         unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
-                   WHERE f.source_id = p_source AND f.store_key = p_store
+            FROM (SELECT u.cluster_id AS grp, c.file_key,
+                         row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(c.chunks, 1) DESC,
+                                                                               hashtext(c.file_key), c.file_key) AS r
+                    FROM storetopics.file_clusters c, unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
+                   WHERE c.source_id = p_source AND c.store_key = p_store
                      AND u.cluster_id IN (SELECT (w ->> 'grp')::int FROM jsonb_array_elements(v_words) w)) k,
-                 -- the counted words' digest of the kept files only (by ctid, in this statement's snapshot; OFFSET
-                 -- 0 keeps it a per-row lookup)
+                 -- the counted words' digest of the kept files only (in this statement's snapshot; OFFSET 0 keeps
+                 -- it a lookup per kept file)
                  LATERAL (SELECT md5(f.term_ids::text || f.counts::text) AS digest
-                            FROM storetopics.file_terms f WHERE f.ctid = k.tid OFFSET 0) d
+                            FROM storetopics.file_terms f
+                           WHERE f.source_id = p_source AND md5(f.file_key)::uuid = md5(k.file_key)::uuid
+                             AND f.file_key = k.file_key AND f.store_key = p_store OFFSET 0) d
            WHERE k.r <= 20) x;
   IF v_from IS NOT DISTINCT FROM (SELECT st.cluster_phrases_from FROM storetopics.store_state st
                                    WHERE st.source_id = p_source AND st.store_key = p_store) THEN
@@ -107523,4 +107525,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '2083824032') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2900161566') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

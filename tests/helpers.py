@@ -195,6 +195,14 @@ def state(conn: psycopg.Connection, source_id: int) -> dict:
         assert (f, s) not in files
         assert len(tl) == len(cl)
         files[(f, s)] = (chunks, skipped, words, tuple(sorted(zip(tl, cl))))
+    # a file's chunks per cluster carry its chunks and words as file_terms has them (written together)
+    if conn.execute("SELECT to_regclass('storetopics.file_clusters') IS NOT NULL").fetchone()[0]:
+        stray = conn.execute(
+            "SELECT c.file_key, c.store_key, c.chunks, c.words, f.chunks, f.words FROM storetopics.file_clusters c "
+            "LEFT JOIN storetopics.file_terms f ON f.source_id = c.source_id AND f.file_key = c.file_key "
+            "AND f.store_key = c.store_key WHERE c.source_id = %s "
+            "AND (f.file_key IS NULL OR (c.chunks, c.words) <> (f.chunks, f.words))", (source_id,)).fetchall()
+        assert stray == [], stray
     null_key_rows = conn.execute("SELECT null_key_rows FROM storetopics.sources WHERE id = %s",
                                  (source_id,)).fetchone()[0]
     skipped_null, skipped_text = conn.execute(

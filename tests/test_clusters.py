@@ -153,6 +153,7 @@ def test_a_chunk_is_assigned_in_its_files_context(make_db):
         assert files["lone"][1:] == ([1], [1])                          # alone: an outlier
         assert files["lone"][0] != [ids["garden"]]                       # ... of another cluster
         assert state_clusters(conn, source) == recount_clusters(conn, source)
+        helpers.state(conn, source)     # (which checks file_clusters' chunks and words against file_terms)
 
 
 def test_without_plpython_sql_says_so_and_the_cli_clusters_outside(make_db):
@@ -336,6 +337,7 @@ def test_refit_of_unchanged_data_with_another_seed_changes_nothing_a_router_sees
             assert report["applied"] and report["kept"] == 5 and report["new"] == 0, report
             assert conn.execute(term_rows).fetchall() == rows
             assert state_clusters(conn, source) == recount_clusters(conn, source)
+            helpers.state(conn, source)     # (which checks file_clusters' chunks and words against file_terms)
             conn.execute("SELECT * FROM storetopics.backfill()")
             assert summary(conn)[0] == before
             assert [k[0] for k in clusters(conn)] == ids

@@ -454,9 +454,10 @@ BEGIN
   GET DIAGNOSTICS v_n = ROW_COUNT;
   DELETE FROM storetopics.file_clusters c
    WHERE c.source_id = src.id AND md5(c.file_key)::uuid = ANY (v_digests) AND c.file_key = ANY (p_files);
-  INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, cluster_ids, cluster_chunks,
+  INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, chunks, words, cluster_ids, cluster_chunks,
                                          cluster_outliers, other_dim)
-  SELECT src.id, nf.store_key, nf.file_key, nf.cluster_ids, nf.cluster_chunks, nf.cluster_outliers, nf.other_dim
+  SELECT src.id, nf.store_key, nf.file_key, nf.chunks, nf.words, nf.cluster_ids, nf.cluster_chunks,
+         nf.cluster_outliers, nf.other_dim
     FROM pg_temp.storetopics_new_files nf
    WHERE nf.store_key IS NOT NULL AND (cardinality(nf.cluster_ids) > 0 OR nf.other_dim <> 0);
   -- what render keeps of its stores' novelty (storetopics._outlier_files): these files are computed again there,
@@ -489,8 +490,9 @@ BEGIN
   IF (SELECT c.reltuples FROM pg_class c WHERE c.oid = 'storetopics.file_terms'::regclass) < p_rows THEN
     ANALYZE storetopics.file_terms, storetopics.store_terms, storetopics.lexemes;
   END IF;
-  -- (a fit's assignment of a store's files: a store's render joined its files with a nested loop over all of them
-  -- while file_clusters had no statistics, 30-60 s for each store of 6,700 files at 1M chunks)
+  -- (after a fit's first assignment of many files: a render planned on file_clusters statistics that did not know
+  -- them looped over all of a store's rows for each file, 30-60 s a store of 6,700 files at 1M chunks.  A small
+  -- store assigned after a big one still finds statistics that miss it: the readers' plans do not rely on them)
   IF (SELECT c.reltuples FROM pg_class c WHERE c.oid = 'storetopics.file_clusters'::regclass) < p_rows THEN
     ANALYZE storetopics.file_clusters;
   END IF;

@@ -315,14 +315,15 @@ BEGIN
   -- the store's files as folded get the pass's assignment (files of the store the pass did not see, their rows
   -- changed since, get none: a pending event will recount them)
   DELETE FROM storetopics.file_clusters c WHERE c.source_id = src.id AND c.store_key = p_store;
-  INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, cluster_ids, cluster_chunks,
+  INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, chunks, words, cluster_ids, cluster_chunks,
                                          cluster_outliers, other_dim)
-  SELECT src.id, p_store, a.file_key, a.cluster_ids, a.cluster_chunks, a.cluster_outliers, a.other_dim
+  SELECT src.id, p_store, a.file_key, f.chunks, f.words, a.cluster_ids, a.cluster_chunks, a.cluster_outliers,
+         a.other_dim
     FROM pg_temp.storetopics_assign a
-   WHERE a.store_key = p_store AND (cardinality(a.cluster_ids) > 0 OR a.other_dim <> 0)
-     AND EXISTS (SELECT 1 FROM storetopics.file_terms f
-                  WHERE f.source_id = src.id AND md5(f.file_key)::uuid = md5(a.file_key)::uuid
-                    AND f.file_key = a.file_key AND f.store_key = p_store);
+    JOIN storetopics.file_terms f
+      ON f.source_id = src.id AND md5(f.file_key)::uuid = md5(a.file_key)::uuid AND f.file_key = a.file_key
+     AND f.store_key = p_store
+   WHERE a.store_key = p_store AND (cardinality(a.cluster_ids) > 0 OR a.other_dim <> 0);
   GET DIAGNOSTICS v_updated = ROW_COUNT;
   -- (a store backfilled in two batches kept the statistics of the first, and render's keywords() crawled until
   -- autovacuum came by)
@@ -467,24 +468,21 @@ DECLARE
   v_from text;
 BEGIN
   -- the picked files, each cluster's most committed first, with their term arrays (one statement: one snapshot;
-  -- the arrays are fetched by ctid for the picked files only, OFFSET 0 keeps that a per-row lookup)
+  -- the files are ranked in the narrow file_clusters, and the arrays fetched for the picked files only: OFFSET 0
+  -- keeps that a lookup per picked file)
   CREATE TEMP TABLE storetopics_pick ON COMMIT DROP AS
   SELECT p.cluster_id, p.file_key, p.w, a.term_ids, a.counts
-    FROM (SELECT x.cluster_id, x.file_key, x.w, x.tid
-            FROM (SELECT u.cluster_id, f.file_key, f.ctid AS tid, u.n::float8 / greatest(f.chunks, 1) AS w,
+    FROM (SELECT x.cluster_id, x.file_key, x.w
+            FROM (SELECT u.cluster_id, c.file_key, u.n::float8 / greatest(c.chunks, 1) AS w,
                          row_number() OVER (PARTITION BY u.cluster_id
-                                            ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC, hashtext(f.file_key),
-                                                     f.file_key) AS r
-                    FROM storetopics.file_terms f
-                    -- (by the file key's digest too: on statistics taken before a fit's assignment, which make
-                    -- the store's rows one, each file_clusters row then finds its file through the index)
-                    JOIN storetopics.file_clusters c
-                      ON c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
-                     AND c.file_key = f.file_key AND c.store_key = f.store_key,
-                         unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
-                   WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0) x
+                                            ORDER BY u.n::float8 / greatest(c.chunks, 1) DESC, hashtext(c.file_key),
+                                                     c.file_key) AS r
+                    FROM storetopics.file_clusters c, unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
+                   WHERE c.source_id = p_source AND c.store_key = p_store AND c.words > 0) x
            WHERE x.r <= 400) p,
-         LATERAL (SELECT f.term_ids, f.counts FROM storetopics.file_terms f WHERE f.ctid = p.tid OFFSET 0) a;
+         LATERAL (SELECT f.term_ids, f.counts FROM storetopics.file_terms f
+                   WHERE f.source_id = p_source AND md5(f.file_key)::uuid = md5(p.file_key)::uuid
+                     AND f.file_key = p.file_key AND f.store_key = p_store OFFSET 0) a;
   -- what the words are computed from: the build (the computation), n_words, the store's clusters, the picked files
   v_from := md5(storetopics._build() || '|' || n_words || '|' ||
                 (SELECT coalesce(string_agg(k.cluster_id::text, ',' ORDER BY k.cluster_id), '')

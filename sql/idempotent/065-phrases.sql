@@ -198,22 +198,18 @@ BEGIN
              coalesce(string_agg(x.grp || ':' || x.file_key || ':' || x.digest, ',' ORDER BY x.grp, x.file_key), ''))
     INTO v_files, v_from
     FROM (SELECT k.grp, k.file_key, d.digest
-            FROM (SELECT u.cluster_id AS grp, f.file_key, f.ctid AS tid,
-                         row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(f.chunks, 1) DESC,
-                                                                               hashtext(f.file_key), f.file_key) AS r
-                    FROM storetopics.file_terms f
-                    -- (by the file key's digest too: on statistics taken before a fit's assignment, which make
-                    -- the store's rows one, each file_clusters row then finds its file through the index)
-                    JOIN storetopics.file_clusters c
-                      ON c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
-                     AND c.file_key = f.file_key AND c.store_key = f.store_key,
-                         unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
-                   WHERE f.source_id = p_source AND f.store_key = p_store
+            FROM (SELECT u.cluster_id AS grp, c.file_key,
+                         row_number() OVER (PARTITION BY u.cluster_id ORDER BY u.n::float8 / greatest(c.chunks, 1) DESC,
+                                                                               hashtext(c.file_key), c.file_key) AS r
+                    FROM storetopics.file_clusters c, unnest(c.cluster_ids, c.cluster_chunks) AS u(cluster_id, n)
+                   WHERE c.source_id = p_source AND c.store_key = p_store
                      AND u.cluster_id IN (SELECT (w ->> 'grp')::int FROM jsonb_array_elements(v_words) w)) k,
-                 -- the counted words' digest of the kept files only (by ctid, in this statement's snapshot; OFFSET
-                 -- 0 keeps it a per-row lookup)
+                 -- the counted words' digest of the kept files only (in this statement's snapshot; OFFSET 0 keeps
+                 -- it a lookup per kept file)
                  LATERAL (SELECT md5(f.term_ids::text || f.counts::text) AS digest
-                            FROM storetopics.file_terms f WHERE f.ctid = k.tid OFFSET 0) d
+                            FROM storetopics.file_terms f
+                           WHERE f.source_id = p_source AND md5(f.file_key)::uuid = md5(k.file_key)::uuid
+                             AND f.file_key = k.file_key AND f.store_key = p_store OFFSET 0) d
            WHERE k.r <= 20) x;
   IF v_from IS NOT DISTINCT FROM (SELECT st.cluster_phrases_from FROM storetopics.store_state st
                                    WHERE st.source_id = p_source AND st.store_key = p_store) THEN

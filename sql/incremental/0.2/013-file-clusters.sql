@@ -6,6 +6,11 @@ CREATE TABLE storetopics.file_clusters (
   source_id        int NOT NULL,
   store_key        text NOT NULL,
   file_key         text NOT NULL,
+  -- the file's chunks and counted words as in file_terms, written with them: the clusters' words and phrases rank
+  -- a cluster's files by the share of their chunks in it from this narrow table, and read the term arrays of the
+  -- files they pick only (joined with file_terms' wide rows, refresh_words took 5 s after an upload at 1M chunks)
+  chunks           int NOT NULL,
+  words            bigint NOT NULL,
   -- the file's chunks per cluster of its store's current fit (parallel arrays, sorted by cluster id): how many
   -- joined each cluster, and how many of those lie beyond the cluster's radius (outliers)
   cluster_ids      int[] NOT NULL,
@@ -15,9 +20,10 @@ CREATE TABLE storetopics.file_clusters (
 );
 CREATE INDEX file_clusters_file ON storetopics.file_clusters (source_id, (md5(file_key)::uuid));
 CREATE INDEX file_clusters_store ON storetopics.file_clusters (source_id, store_key);
-INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, cluster_ids, cluster_chunks, cluster_outliers,
-                                       other_dim)
-SELECT f.source_id, f.store_key, f.file_key, f.cluster_ids, f.cluster_chunks, f.cluster_outliers, f.other_dim
+INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, chunks, words, cluster_ids, cluster_chunks,
+                                       cluster_outliers, other_dim)
+SELECT f.source_id, f.store_key, f.file_key, f.chunks, f.words, f.cluster_ids, f.cluster_chunks, f.cluster_outliers,
+       f.other_dim
   FROM storetopics.file_terms f
  WHERE f.store_key IS NOT NULL AND (cardinality(f.cluster_ids) > 0 OR f.other_dim <> 0);
 ALTER TABLE storetopics.file_terms DROP COLUMN cluster_ids, DROP COLUMN cluster_chunks, DROP COLUMN cluster_outliers,
