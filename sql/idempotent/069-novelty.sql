@@ -10,7 +10,8 @@
 -- the files of the rare terms (novelty_postings).  After some file events, a kept file's sum has moved (a) exactly
 -- by its rare terms whose df moved (their postings say which files hold them, with what counts), and (b) through its
 -- other terms by at most the largest move of their ln df per counted word, and by at most its sensitivity (the sum
--- of count / df over them, kept) times the largest (df gained or lost) x df then / the smaller df of any of them.  So
+-- of count / df over them, kept) times the largest (df gained or lost) x df then / the smaller df of any of them,
+-- summed over bands of df (a common term gains a file with nearly every upload, but moves its ln by little).  So
 -- each file's novelty is known within bounds; the median, the MAD and each file's test are decided from the bounds
 -- where they suffice, and from the files computed again exactly where they do not (order statistics: only the files
 -- whose bounds straddle them).  The kept files are numbered by their novelty then, so that the files near each
@@ -26,6 +27,15 @@
 CREATE OR REPLACE FUNCTION storetopics._ln9(df bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN round(ln(greatest(df, 1)::float8) * 1e9)::bigint;
+
+-- The bands of the terms in more than `rare` files, by the files holding them when the novelty was kept: a term in
+-- f files is in band width_bucket(f, bands) + 1, of 5.  A file's sum moves through each band's terms by at most its
+-- sensitivity to that band times the band's largest relative move, so a common term's many new files no longer
+-- multiply the sensitivity to all terms (1M realistic chunks: the files a render after an upload made exact, figures
+-- in bench/README.md).  Five, as _kept_bound() sums them.
+CREATE OR REPLACE FUNCTION storetopics._novelty_bands() RETURNS int[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN '{201,1001,5001,25001}'::int[];
 
 -- A file's novelty from its sums (ln_n: ln of the store's files), rounded: equal sums tie exactly.  Monotone in
 -- total, so bounds on the sum are bounds on the novelty.
@@ -102,7 +112,8 @@ BEGIN
     FROM storetopics.file_terms f
     LEFT JOIN LATERAL (SELECT c.cluster_chunks, c.cluster_outliers FROM storetopics.file_clusters c
                         WHERE c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
-                          AND c.file_key = f.file_key AND c.store_key = f.store_key OFFSET 0) c ON true   -- (as in _keep_novelty)
+                          AND c.file_key = f.file_key AND c.store_key = f.store_key OFFSET 0) c
+           ON true   -- (as in _keep_novelty)
    WHERE f.source_id = p_source AND f.store_key = p_store
      AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x)) AND f.file_key = ANY (p_files);
 END $$;
@@ -131,22 +142,26 @@ BEGIN ATOMIC
 END;
 
 -- Keep a store's novelty: every file's sums now, numbered, the document frequencies they are of, each file's
--- sensitivity to the terms in more than `rare` files, and the postings of the others.  One pass over the store's
--- (file, term) pairs: each term's ln and 1 / files looked up by position in arrays indexed by term id (hashing the
--- pairs and grouping them by file again costs about twice as much), each file's rare terms packed with their counts
--- into one array (an aggregate per pair less).  (A file's arrays are unnested in the select list, in step, which
--- streams its pairs; unnest(a, b) in FROM copies them into a tuplestore first.)
+-- sensitivity to the terms in more than `rare` files (per band), and the postings of the others.  One pass over the
+-- store's (file, term) pairs: each term's ln, 1 / files and band looked up by position in arrays indexed by term id,
+-- once per pair (OFFSET 0: the sums below would each look them up again; 53 -> 38 s at 1M realistic chunks)
+-- (hashing the pairs and grouping them by file again costs about twice as much), each file's rare terms packed with
+-- their counts into one array (an aggregate per pair less).  (A file's arrays are unnested in the select list, in
+-- step, which streams its pairs; unnest(a, b) in FROM copies them into a tuplestore first.)
 CREATE OR REPLACE FUNCTION storetopics._keep_novelty(p_source int, p_store text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off SET work_mem = '256MB' AS $$
 DECLARE
   v_rare int := 50;
+  v_bands int[] := storetopics._novelty_bands();
   v_dfs int[] := storetopics._store_dfs(p_source, p_store, NULL);
   v_ln9 bigint[];
   v_inv float8[];    -- 1 / files, 0 for a rare term
+  v_band int[];      -- the band of each term, 0 for a rare term
 BEGIN
   SELECT array_agg(storetopics._ln9(x.d) ORDER BY x.i), array_agg(CASE WHEN x.d > v_rare THEN 1 / x.d::float8 ELSE 0 END
-                                                              ORDER BY x.i)
-    INTO v_ln9, v_inv
+                                                              ORDER BY x.i),
+         array_agg(CASE WHEN x.d > v_rare THEN width_bucket(x.d, v_bands) + 1 ELSE 0 END ORDER BY x.i)
+    INTO v_ln9, v_inv, v_band
     FROM unnest(v_dfs) WITH ORDINALITY AS x(d, i);
   PERFORM storetopics._forget_novelty(p_source, p_store);
   IF to_regclass('pg_temp.storetopics_keep') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_keep; END IF;
@@ -157,7 +172,7 @@ BEGIN
                                       DESC NULLS LAST, f.file_key))::int AS n,
          f.file_key, coalesce(s.total, 0)::bigint AS total, f.words,
          coalesce(storetopics._file_apart(c.cluster_chunks, c.cluster_outliers), false) AS apart,
-         coalesce(s.sensitivity, 0) AS sensitivity, s.rare
+         s.sensitivity, s.rare
     FROM storetopics.file_terms f
     -- (probed per file by its key, OFFSET 0, the store's key not a constant there: a join planned on stale
     -- statistics of file_clusters, right after a fit, read all the store's rows for each file: 30-60 s a store of
@@ -165,9 +180,15 @@ BEGIN
     LEFT JOIN LATERAL (SELECT c.cluster_chunks, c.cluster_outliers FROM storetopics.file_clusters c
                         WHERE c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
                           AND c.file_key = f.file_key AND c.store_key = f.store_key OFFSET 0) c ON true
-   CROSS JOIN LATERAL (SELECT sum(u.c::bigint * v_ln9[u.t]) AS total, sum(u.c * v_inv[u.t]) AS sensitivity,
-                         array_agg(u.t::bigint << 32 | u.c) FILTER (WHERE v_inv[u.t] = 0) AS rare
-                    FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u) s
+   CROSS JOIN LATERAL (SELECT sum(u.c::bigint * u.ln9) AS total,
+                              ARRAY[coalesce(sum(u.c * u.inv) FILTER (WHERE u.b = 1), 0),
+                                    coalesce(sum(u.c * u.inv) FILTER (WHERE u.b = 2), 0),
+                                    coalesce(sum(u.c * u.inv) FILTER (WHERE u.b = 3), 0),
+                                    coalesce(sum(u.c * u.inv) FILTER (WHERE u.b = 4), 0),
+                                    coalesce(sum(u.c * u.inv) FILTER (WHERE u.b = 5), 0)] AS sensitivity,
+                              array_agg(u.t::bigint << 32 | u.c) FILTER (WHERE u.b = 0) AS rare
+                         FROM (SELECT x.t, x.c, v_ln9[x.t] AS ln9, v_inv[x.t] AS inv, v_band[x.t] AS b
+                                 FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) x OFFSET 0) u) s
    WHERE f.source_id = p_source AND f.store_key = p_store;
   INSERT INTO storetopics.file_novelty (source_id, store_key, file_key, n, total, words, apart, sensitivity)
   SELECT p_source, p_store, k.file_key, k.n, k.total, k.words, k.apart, k.sensitivity
@@ -177,26 +198,32 @@ BEGIN
   SELECT p_source, p_store, (u.x >> 32)::int, array_agg(u.n), array_agg((u.x & 4294967295)::int)
     FROM (SELECT k.n, unnest(k.rare) AS x FROM pg_temp.storetopics_keep k) u
    GROUP BY u.x >> 32;
-  INSERT INTO storetopics.novelty_state (source_id, store_key, rare, dfs, numbered, ranked, per_word)
-  SELECT p_source, p_store, v_rare, v_dfs, count(*), count(*) FILTER (WHERE k.words > 0),
-         coalesce(max(k.sensitivity / k.words) FILTER (WHERE k.words > 0), 0)
+  INSERT INTO storetopics.novelty_state (source_id, store_key, rare, bands, dfs, numbered, ranked, per_word)
+  SELECT p_source, p_store, v_rare, v_bands, v_dfs, count(*), count(*) FILTER (WHERE k.words > 0),
+         ARRAY[coalesce(max(k.sensitivity[1] / k.words) FILTER (WHERE k.words > 0), 0),
+               coalesce(max(k.sensitivity[2] / k.words) FILTER (WHERE k.words > 0), 0),
+               coalesce(max(k.sensitivity[3] / k.words) FILTER (WHERE k.words > 0), 0),
+               coalesce(max(k.sensitivity[4] / k.words) FILTER (WHERE k.words > 0), 0),
+               coalesce(max(k.sensitivity[5] / k.words) FILTER (WHERE k.words > 0), 0)]
     FROM pg_temp.storetopics_keep k;
   DROP TABLE pg_temp.storetopics_keep;
 END $$;
 
 -- How the ln(files) of a store's terms moved since a kept state (p_dfs: the files of each term then, by term id),
 -- in units of 1e-9: by term id (0: not moved, or held by no kept file); the terms that were in at most p_rare files
--- and their moves; of the others, the largest move and the largest (files gained or lost) x files then / the
--- smaller of files then and now: a term's ln moved by at most that over its files then.
+-- and their moves; of the others, the largest move and, per band (p_bands), the largest (files gained or lost) x
+-- files then / the smaller of files then and now: a term's ln moved by at most that over its files then.
 CREATE OR REPLACE FUNCTION storetopics._novelty_moves(p_source int, p_store text, p_dfs int[], p_rare int,
+                                                      p_bands int[],
                                                       OUT moves bigint[], OUT rare int[], OUT rare_moves bigint[],
-                                                      OUT most bigint, OUT ratio float8)
+                                                      OUT most bigint, OUT ratio float8[])
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   r record;
+  b int;
 BEGIN
   most := 0;
-  ratio := 0;
+  ratio := '{0,0,0,0,0}';
   -- (from the highest id down, into an expanded array; a term no kept file held moves none of them)
   FOR r IN SELECT m.term_id, m.was, m.files, storetopics._ln9(m.files) - storetopics._ln9(m.was) AS move
              FROM (SELECT t.term_id, t.files, coalesce(p_dfs[t.term_id], 0) AS was FROM storetopics.store_terms t
@@ -213,7 +240,8 @@ BEGIN
       rare_moves := rare_moves || r.move;
     ELSE
       most := greatest(most, abs(r.move));
-      ratio := greatest(ratio, abs(r.files - r.was)::float8 * r.was / least(r.was, r.files));
+      b := width_bucket(r.was, p_bands) + 1;
+      ratio[b] := greatest(ratio[b], abs(r.files - r.was)::float8 * r.was / least(r.was, r.files));
     END IF;
   END LOOP;
 END $$;
@@ -308,20 +336,24 @@ BEGIN
 END $$;
 
 -- Bounds on the novelty of a kept file whose sum is now total (its kept sum and what its rare terms moved) give or
--- take its slack: the other terms' moves, at most `most` per word and at most ratio x its sensitivity, plus the
--- roundings of each ln to 1e-9, one unit per word.  Bounds on the novelty without its rounding to 1e-9, widened by
--- 1e-9 (rounding moves it by less); exact where nothing moved (most = 0).
-CREATE OR REPLACE FUNCTION storetopics._kept_bound(ln_n float8, total bigint, words bigint, sensitivity float8,
-                                                   most bigint, ratio float8, upper boolean) RETURNS float8
+-- take its slack: the other terms' moves, at most `most` per word and at most the sum over the bands of the band's
+-- ratio x its sensitivity to the band, plus the roundings of each ln to 1e-9, one unit per word.  Bounds on the
+-- novelty without its rounding to 1e-9, widened by 1e-9 (rounding moves it by less); exact where nothing moved
+-- (most = 0).  (The five bands written out: the planner inlines the expression, a sum over unnest() it would not.)
+CREATE OR REPLACE FUNCTION storetopics._kept_bound(ln_n float8, total bigint, words bigint, sensitivity float8[],
+                                                   most bigint, ratio float8[], upper boolean) RETURNS float8
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN most = 0 THEN storetopics._novelty(ln_n, total, words)
             ELSE ln_n - (total + CASE WHEN upper THEN -1 ELSE 1 END
-                                 * least(words * most, ceil(sensitivity * ratio * 1e9 * (1 + 1e-9))::bigint + words)
+                                 * least(words * most,
+                                         ceil((sensitivity[1] * ratio[1] + sensitivity[2] * ratio[2]
+                                               + sensitivity[3] * ratio[3] + sensitivity[4] * ratio[4]
+                                               + sensitivity[5] * ratio[5]) * 1e9 * (1 + 1e-9))::bigint + words)
                         )::float8 / 1e9 / words + CASE WHEN upper THEN 1e-9 ELSE -1e-9 END END;
 
 -- The ranked files of ranks a .. b, with their rank and bounds.
 CREATE OR REPLACE FUNCTION storetopics._kept_ranked(p_source int, p_store text, x int[], a bigint, b bigint,
-                                                    ln_n float8, most bigint, ratio float8)
+                                                    ln_n float8, most bigint, ratio float8[])
 RETURNS TABLE (rk bigint, file_key text, lo float8, hi float8, apart boolean, total bigint, words bigint)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -366,8 +398,8 @@ DECLARE
   v_file_moves bigint[]; -- by file number: how far the rare terms moved a kept file's sum
   r record;
   v_most bigint := 0;    -- the most any other term's ln moved: per counted word, a bound on a kept file's move
-  v_ratio float8 := 0;   -- the most (files gained or lost) x files then / the smaller of files then and now ...
-                         -- ... of any other term: times a file's sensitivity, another bound on its move
+  v_ratio float8[];      -- per band, the most (files gained or lost) x files then / the smaller of files then and
+                         -- now of its terms: times a file's sensitivity to the band, summed, another bound
   v_moved int[];         -- the kept files the rare terms moved, by number
   v_x int[];             -- numbers out of the ranking: folded since, or moved by their rare terms
   v_kn bigint;           -- the ranked files left: each one's novelty is within v_w of its mid
@@ -395,7 +427,8 @@ BEGIN
   END IF;
   v_ln := ln(greatest(st.files, 1)::float8);
   FOR attempt IN 1..2 LOOP
-    v_rows := NULL; v_new := NULL; v_moves := NULL; v_rare := NULL; v_rare_moves := NULL; v_most := 0; v_ratio := 0;
+    v_rows := NULL; v_new := NULL; v_moves := NULL; v_rare := NULL; v_rare_moves := NULL; v_most := 0;
+    v_ratio := '{0,0,0,0,0}';
     v_file_moves := NULL; v_moved := '{}';
     SELECT * INTO k FROM storetopics.novelty_state s WHERE s.source_id = p_source AND s.store_key = p_store;
     IF FOUND AND attempt = 1 THEN
@@ -403,16 +436,17 @@ BEGIN
                       WHERE f.source_id = p_source AND f.store_key = p_store AND f.n IS NULL);
       v_rows := k.numbered - cardinality(k.gone) + cardinality(v_new);
       SELECT * INTO v_moves, v_rare, v_rare_moves, v_most, v_ratio
-        FROM storetopics._novelty_moves(p_source, p_store, k.dfs, k.rare);
+        FROM storetopics._novelty_moves(p_source, p_store, k.dfs, k.rare, k.bands);
     END IF;
     -- computed again when nothing is kept, when the kept rows do not add up to the store's files, when many files
     -- changed, or (a second attempt) when the bounds leave too many files to compute again: a tenth of them, whose
     -- exact sums would cost a good part of computing all of them
     IF k.source_id IS NULL OR attempt = 2 OR v_rows <> st.files OR cardinality(v_new) > greatest(100, st.files / 50)
-    THEN
+       OR k.bands <> storetopics._novelty_bands() THEN
       PERFORM storetopics._keep_novelty(p_source, p_store);
       SELECT * INTO k FROM storetopics.novelty_state s WHERE s.source_id = p_source AND s.store_key = p_store;
-      v_new := NULL; v_moves := NULL; v_rare := NULL; v_rare_moves := NULL; v_most := 0; v_ratio := 0;
+      v_new := NULL; v_moves := NULL; v_rare := NULL; v_rare_moves := NULL; v_most := 0;
+      v_ratio := '{0,0,0,0,0}';
     END IF;
     -- what the rare terms moved, by file number (the postings of those terms only, each probed by its key; an
     -- array, not a join, so that no estimate of the files, stale after a keep, can make it a loop over them)
@@ -435,7 +469,10 @@ BEGIN
     v_x := ARRAY(SELECT g FROM unnest(k.gone) g WHERE g <= k.ranked UNION SELECT i FROM unnest(v_moved) i ORDER BY 1);
     v_kn := k.ranked - cardinality(v_x);
     v_w := CASE WHEN v_most = 0 THEN 0
-                ELSE least(v_most::float8, k.per_word * v_ratio * 1e9 * (1 + 1e-9) + 2) END / 1e9 + 2e-9;
+                ELSE least(v_most::float8,
+                           (k.per_word[1] * v_ratio[1] + k.per_word[2] * v_ratio[2] + k.per_word[3] * v_ratio[3]
+                            + k.per_word[4] * v_ratio[4] + k.per_word[5] * v_ratio[5]) * 1e9 * (1 + 1e-9) + 2)
+           END / 1e9 + 2e-9;
     IF to_regclass('pg_temp.storetopics_nov') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_nov; END IF;
     CREATE TEMP TABLE storetopics_nov (rk bigint UNIQUE, file_key text, lo float8, hi float8, apart boolean,
                                        total bigint, words bigint) ON COMMIT DROP;

@@ -9,7 +9,8 @@ CREATE UNLOGGED TABLE storetopics.novelty_state (
   dfs       int[] NOT NULL,         -- the files holding each term then, by term id (0, or past the end: none)
   numbered  int NOT NULL,           -- the files numbered then (1 .. numbered) ...
   ranked    int NOT NULL,           -- ... of which 1 .. ranked have counted words, numbered by novelty then, lowest first
-  per_word  float8 NOT NULL,        -- the largest sensitivity per counted word of those
+  bands     int[] NOT NULL,         -- the other terms' bands by their files then (storetopics._novelty_bands())
+  per_word  float8[] NOT NULL,      -- per band, the largest sensitivity per counted word of those files
   gone      int[] NOT NULL DEFAULT '{}',   -- the numbers of the files folded since (changed, moved or deleted)
   PRIMARY KEY (source_id, store_key)
 );
@@ -23,9 +24,9 @@ CREATE UNLOGGED TABLE storetopics.file_novelty (
   total     bigint,                 -- sum over its counted terms of count x ln(files holding it), in units of 1e-9
   words     bigint,                 -- its counted terms
   apart     boolean,                -- every chunk of it lies beyond its nearest cluster's radius
-  -- sum over its terms in more than `rare` files of count / files: a term's ln(files) moves by at most (how many
-  -- files it gained or lost) / files, so this bounds how far the file's sum moves through those terms
-  sensitivity float8
+  -- per band of its terms in more than `rare` files, the sum of count / files: a term's ln(files) moves by at most
+  -- (how many files it gained or lost) / files, so these bound how far the file's sum moves through those terms
+  sensitivity float8[]
 );
 CREATE INDEX file_novelty_store ON storetopics.file_novelty (source_id, store_key, n);
 CREATE INDEX file_novelty_file ON storetopics.file_novelty (source_id, (md5(file_key)::uuid));
