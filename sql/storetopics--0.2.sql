@@ -104663,6 +104663,13 @@ BEGIN
   CREATE TEMP TABLE storetopics_mine_lex ON COMMIT DROP AS
   SELECT w.word, (tsvector_to_array(to_tsvector(v_cfg, w.word)))[1] AS lexeme
     FROM (SELECT DISTINCT lower(g.words[1]) AS word FROM pg_temp.storetopics_mine_grams g WHERE g.len = 1) w;
+  -- the words of the groups' lexemes: a run none of whose words is one of them is weighted in no group, so it is
+  -- no phrase, and leaves no group's count of any other run (the spread) changed: those runs are left out first
+  -- (at 10k realistic chunks 43k of the 107k distinct runs are kept for the grouping below: the 4 stores' phrases
+  -- mined again 6.5 -> 5.7 s)
+  CREATE TEMP TABLE storetopics_mine_weighted ON COMMIT DROP AS
+  SELECT DISTINCT l.word FROM pg_temp.storetopics_mine_lex l
+    JOIN pg_temp.storetopics_mine_words mw ON mw.lexeme = l.lexeme WHERE mw.weight > 0;
   -- the words that are noise in this store (storetopics._noise: page chrome, dates, fragments): no phrase holds one
   v_noise := ARRAY(
     SELECT l.word FROM pg_temp.storetopics_mine_lex l
@@ -104678,6 +104685,9 @@ BEGIN
       JOIN pg_temp.storetopics_mine_files f ON f.file_key = g.file_key
       JOIN pg_temp.storetopics_mine_lex l1 ON l1.word = lower(g.words[1]) AND l1.lexeme IS NOT NULL
       JOIN pg_temp.storetopics_mine_lex l2 ON l2.word = lower(g.words[cardinality(g.words)]) AND l2.lexeme IS NOT NULL
+     WHERE lower(g.words[1]) IN (SELECT x.word FROM pg_temp.storetopics_mine_weighted x)
+        OR lower(g.words[2]) IN (SELECT x.word FROM pg_temp.storetopics_mine_weighted x)
+        OR lower(g.words[3]) IN (SELECT x.word FROM pg_temp.storetopics_mine_weighted x)
   ), scored AS (
     -- shown in its most common spelling (mode(): ties go to the first in order)
     SELECT p.grp, p.key, count(DISTINCT p.file_key) AS files, count(*) AS occurrences,
@@ -104707,7 +104717,7 @@ BEGIN
    WHERE NOT string_to_array(y.key, ' ') && v_noise AND storetopics._clause_fragment(y.words) IS NULL
      AND NOT y.chrome;
   DROP TABLE pg_temp.storetopics_mine_files, pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_texts,
-             pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex;
+             pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex, pg_temp.storetopics_mine_weighted;
 END $$;
 
 -- The clusters' offline labels, mined for all of a store's clusters together (a phrase's rarity is counted across
@@ -107802,4 +107812,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1501607016') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2742107747') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
