@@ -104947,10 +104947,16 @@ RETURN round(ln(greatest(df, 1)::float8) * 1e9)::bigint;
 -- f files is in band width_bucket(f, bands) + 1, of 5.  A file's sum moves through each band's terms by at most its
 -- sensitivity to that band times the band's largest relative move, so a common term's many new files no longer
 -- multiply the sensitivity to all terms (1M realistic chunks: the files a render after an upload made exact, figures
--- in bench/README.md).  Five, as _kept_bound() sums them.
+-- in bench/README.md).  Five, as _novelty_slack() sums them.
 CREATE OR REPLACE FUNCTION storetopics._novelty_bands() RETURNS int[]
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN '{201,1001,5001,25001}'::int[];
+
+-- How far the sensitivities s (per band) let a sum move, given each band's largest relative move r: their dot
+-- product, the five bands written out (the planner inlines the expression, a sum over unnest() it would not).
+CREATE OR REPLACE FUNCTION storetopics._novelty_slack(s float8[], r float8[]) RETURNS float8
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN s[1] * r[1] + s[2] * r[2] + s[3] * r[3] + s[4] * r[4] + s[5] * r[5];
 
 -- A file's novelty from its sums (ln_n: ln of the store's files), rounded: equal sums tie exactly.  Monotone in
 -- total, so bounds on the sum are bounds on the novelty.
@@ -105254,16 +105260,15 @@ END $$;
 -- take its slack: the other terms' moves, at most `most` per word and at most the sum over the bands of the band's
 -- ratio x its sensitivity to the band, plus the roundings of each ln to 1e-9, one unit per word.  Bounds on the
 -- novelty without its rounding to 1e-9, widened by 1e-9 (rounding moves it by less); exact where nothing moved
--- (most = 0).  (The five bands written out: the planner inlines the expression, a sum over unnest() it would not.)
+-- (most = 0).
 CREATE OR REPLACE FUNCTION storetopics._kept_bound(ln_n float8, total bigint, words bigint, sensitivity float8[],
                                                    most bigint, ratio float8[], upper boolean) RETURNS float8
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN most = 0 THEN storetopics._novelty(ln_n, total, words)
             ELSE ln_n - (total + CASE WHEN upper THEN -1 ELSE 1 END
                                  * least(words * most,
-                                         ceil((sensitivity[1] * ratio[1] + sensitivity[2] * ratio[2]
-                                               + sensitivity[3] * ratio[3] + sensitivity[4] * ratio[4]
-                                               + sensitivity[5] * ratio[5]) * 1e9 * (1 + 1e-9))::bigint + words)
+                                         ceil(storetopics._novelty_slack(sensitivity, ratio) * 1e9 * (1 + 1e-9))::bigint
+                                         + words)
                         )::float8 / 1e9 / words + CASE WHEN upper THEN 1e-9 ELSE -1e-9 END END;
 
 -- The ranked files of ranks a .. b, with their rank and bounds.
@@ -105385,8 +105390,7 @@ BEGIN
     v_kn := k.ranked - cardinality(v_x);
     v_w := CASE WHEN v_most = 0 THEN 0
                 ELSE least(v_most::float8,
-                           (k.per_word[1] * v_ratio[1] + k.per_word[2] * v_ratio[2] + k.per_word[3] * v_ratio[3]
-                            + k.per_word[4] * v_ratio[4] + k.per_word[5] * v_ratio[5]) * 1e9 * (1 + 1e-9) + 2)
+                           storetopics._novelty_slack(k.per_word, v_ratio) * 1e9 * (1 + 1e-9) + 2)
            END / 1e9 + 2e-9;
     IF to_regclass('pg_temp.storetopics_nov') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_nov; END IF;
     CREATE TEMP TABLE storetopics_nov (rk bigint UNIQUE, file_key text, lo float8, hi float8, apart boolean,
@@ -107812,4 +107816,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '2742107747') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1172073164') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -27,6 +27,7 @@ BOUND_AT_CREATION: set[str] = {"_dehyphenated(text)", "_ln9(bigint)", "_novelty(
                                "_file_apart(integer[],integer[])",
                                "_kept_bound(double precision,bigint,bigint,double precision[],bigint,"
                                "double precision[],boolean)", "_novelty_bands()",
+                               "_novelty_slack(double precision[],double precision[])",
                                "_noise(text,bigint,bigint,bigint,bigint,bigint,text)",
                                "_page_chrome(bigint,bigint,bigint,bigint,bigint)"}
 PUBLIC_EXECUTE = {"_usable_text(text)", "_dehyphenated(text)", "_showable_term(text)", "_human_count(bigint)",
