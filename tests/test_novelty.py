@@ -114,6 +114,25 @@ def oracle(conn, src: int, store: str) -> list[tuple]:
     return [(i + 1, f[0], f[1]) for i, f in enumerate(passing[:3])]
 
 
+def check_postings(conn, src: int, store: str) -> int:
+    """Right after a keep: the kept postings are every (term, file, count) of the store's terms in at most `rare`
+    files, with the file's kept number.  Returns how many there are."""
+    kept_rows = conn.execute("""
+        SELECT p.term_id, f.file_key, u.c
+          FROM storetopics.novelty_postings p CROSS JOIN LATERAL unnest(p.file_ns, p.counts) AS u(n, c)
+          JOIN storetopics.file_novelty f ON (f.source_id, f.store_key, f.n) = (p.source_id, p.store_key, u.n)
+         WHERE p.source_id = %s AND p.store_key = %s""", (src, store)).fetchall()
+    truth = conn.execute("""
+        SELECT u.term_id, f.file_key, u.c
+          FROM storetopics.file_terms f CROSS JOIN LATERAL unnest(f.term_ids, f.counts) AS u(term_id, c)
+          JOIN storetopics.store_terms t ON (t.source_id, t.store_key, t.term_id) = (f.source_id, f.store_key, u.term_id)
+         WHERE f.source_id = %s AND f.store_key = %s
+           AND t.files <= (SELECT s.rare FROM storetopics.novelty_state s WHERE s.source_id = %s AND s.store_key = %s)
+        """, (src, store, src, store)).fetchall()
+    assert sorted(kept_rows) == sorted(truth)
+    return len(truth)
+
+
 def check(conn, src: int, stores: list[str], seen: dict) -> None:
     for store in stores:
         before = kept(conn, src, store)
@@ -171,6 +190,7 @@ def test_outlier_files_and_summary_after_random_changes_equal_a_computation_from
             if step == 3:   # kept afresh: the next two steps are each one change away from it
                 conn.execute("SELECT storetopics._forget_novelty(%s, 'a')", (src,))
                 outliers(conn, src, "a")
+                assert check_postings(conn, src, "a") > 500
             if step in (4, 5):
                 before = kept(conn, src, "a")
                 assert "4" in [o[1] for o in outliers(conn, src, "a")]
