@@ -100690,8 +100690,10 @@ RETURN CASE WHEN pg_catalog.strpos(t, E'-\n') OPERATOR(pg_catalog.=) 0
             ELSE pg_catalog.regexp_replace(t, E'([[:alpha:]])[-\u2010][ \t]*\n[ \t]*([[:lower:]])', E'\\1\\2', 'g') END;
 
 -- A term worth showing to a person: letters (any script), at least 3 of them, maybe inner hyphens or apostrophes.
+-- (No SET search_path: a SQL-standard body is bound when it is created, and the planner inlines it where it tests
+-- every term of a store: the clusters' words at 100k realistic chunks, 76k terms, 0.31 -> 0.16 s.)
 CREATE OR REPLACE FUNCTION storetopics._showable_term(t text) RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN t ~ '^[[:alpha:]][[:alpha:]''-]*[[:alpha:]]$' AND length(t) >= 3 AND length(t) <= 40;
 
 -- A key given to attach(): an existing column becomes c."col"; anything else is an SQL expression over the chunk
@@ -107582,4 +107584,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '4099891790') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1188257510') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
