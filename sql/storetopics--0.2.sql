@@ -100926,6 +100926,15 @@ RETURN CASE WHEN pg_catalog.strpos(t, E'-\n') OPERATOR(pg_catalog.=) 0
                  AND pg_catalog.strpos(t, E'\u2010\n') OPERATOR(pg_catalog.=) 0 THEN t
             ELSE pg_catalog.regexp_replace(t, E'([[:alpha:]])[-\u2010][ \t]*\n[ \t]*([[:lower:]])', E'\\1\\2', 'g') END;
 
+-- A digest of a file's counted words (its term and count arrays), for the digests that say whether what a store's
+-- clusters' words and phrases are computed from changed: 64-bit hashes of the two arrays.  (md5 of the arrays as
+-- text spent its time formatting integers: 8,000 files 0.21 -> 0.05 s.)  (No SET search_path: inlined, its body
+-- bound when it is created.)
+CREATE OR REPLACE FUNCTION storetopics._terms_digest(term_ids int[], counts int[]) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN pg_catalog.hash_array_extended(term_ids, 0)::text OPERATOR(pg_catalog.||) ':'
+       OPERATOR(pg_catalog.||) pg_catalog.hash_array_extended(counts, 0)::text;
+
 -- A term worth showing to a person: letters (any script), at least 3 of them, maybe inner hyphens or apostrophes.
 -- (No SET search_path: a SQL-standard body is bound when it is created, and the planner inlines it where it tests
 -- every term of a store: the clusters' words at 100k realistic chunks, 76k terms, 0.31 -> 0.16 s.)
@@ -104234,7 +104243,7 @@ BEGIN
                 (SELECT coalesce(string_agg(k.cluster_id::text, ',' ORDER BY k.cluster_id), '')
                    FROM storetopics.clusters k WHERE k.source_id = p_source AND k.store_key = p_store) || '|' ||
                 (SELECT coalesce(string_agg(p.cluster_id || ':' || p.file_key || ':' || p.w || ':' ||
-                                            md5(p.term_ids::text || p.counts::text), ','
+                                            storetopics._terms_digest(p.term_ids, p.counts), ','
                                             ORDER BY p.cluster_id, p.file_key), '')
                    FROM pg_temp.storetopics_pick p));
   IF p_clusters IS NULL AND v_from IS NOT DISTINCT FROM
@@ -104760,7 +104769,7 @@ BEGIN
                      AND u.cluster_id IN (SELECT (w ->> 'grp')::int FROM jsonb_array_elements(v_words) w)) k,
                  -- the counted words' digest of the kept files only (in this statement's snapshot; OFFSET 0 keeps
                  -- it a lookup per kept file)
-                 LATERAL (SELECT md5(f.term_ids::text || f.counts::text) AS digest
+                 LATERAL (SELECT storetopics._terms_digest(f.term_ids, f.counts) AS digest
                             FROM storetopics.file_terms f
                            WHERE f.source_id = p_source AND md5(f.file_key)::uuid = md5(k.file_key)::uuid
                              AND f.file_key = k.file_key AND f.store_key = p_store OFFSET 0) d
@@ -104799,7 +104808,7 @@ BEGIN
          md5(array_to_string(p_terms[1:30], ' ') || '|' ||
              coalesce(string_agg(x.file_key || ':' || x.digest, ',' ORDER BY x.file_key), ''))
     INTO v_files, v_from
-    FROM (SELECT f.file_key, md5(f.term_ids::text || f.counts::text) AS digest, count(*) AS hits
+    FROM (SELECT f.file_key, storetopics._terms_digest(f.term_ids, f.counts) AS digest, count(*) AS hits
             FROM storetopics.file_terms f, unnest(f.term_ids) AS u(term_id)
            WHERE f.source_id = p_source AND f.store_key = p_store
              AND u.term_id IN (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (p_terms[1:30]))
@@ -107821,4 +107830,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1188257510') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1773981356') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

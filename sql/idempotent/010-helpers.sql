@@ -17,6 +17,15 @@ RETURN CASE WHEN pg_catalog.strpos(t, E'-\n') OPERATOR(pg_catalog.=) 0
                  AND pg_catalog.strpos(t, E'\u2010\n') OPERATOR(pg_catalog.=) 0 THEN t
             ELSE pg_catalog.regexp_replace(t, E'([[:alpha:]])[-\u2010][ \t]*\n[ \t]*([[:lower:]])', E'\\1\\2', 'g') END;
 
+-- A digest of a file's counted words (its term and count arrays), for the digests that say whether what a store's
+-- clusters' words and phrases are computed from changed: 64-bit hashes of the two arrays.  (md5 of the arrays as
+-- text spent its time formatting integers: 8,000 files 0.21 -> 0.05 s.)  (No SET search_path: inlined, its body
+-- bound when it is created.)
+CREATE OR REPLACE FUNCTION storetopics._terms_digest(term_ids int[], counts int[]) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN pg_catalog.hash_array_extended(term_ids, 0)::text OPERATOR(pg_catalog.||) ':'
+       OPERATOR(pg_catalog.||) pg_catalog.hash_array_extended(counts, 0)::text;
+
 -- A term worth showing to a person: letters (any script), at least 3 of them, maybe inner hyphens or apostrophes.
 -- (No SET search_path: a SQL-standard body is bound when it is created, and the planner inlines it where it tests
 -- every term of a store: the clusters' words at 100k realistic chunks, 76k terms, 0.31 -> 0.16 s.)

@@ -488,7 +488,7 @@ BEGIN
                 (SELECT coalesce(string_agg(k.cluster_id::text, ',' ORDER BY k.cluster_id), '')
                    FROM storetopics.clusters k WHERE k.source_id = p_source AND k.store_key = p_store) || '|' ||
                 (SELECT coalesce(string_agg(p.cluster_id || ':' || p.file_key || ':' || p.w || ':' ||
-                                            md5(p.term_ids::text || p.counts::text), ','
+                                            storetopics._terms_digest(p.term_ids, p.counts), ','
                                             ORDER BY p.cluster_id, p.file_key), '')
                    FROM pg_temp.storetopics_pick p));
   IF p_clusters IS NULL AND v_from IS NOT DISTINCT FROM

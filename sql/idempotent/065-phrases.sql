@@ -219,7 +219,7 @@ BEGIN
                      AND u.cluster_id IN (SELECT (w ->> 'grp')::int FROM jsonb_array_elements(v_words) w)) k,
                  -- the counted words' digest of the kept files only (in this statement's snapshot; OFFSET 0 keeps
                  -- it a lookup per kept file)
-                 LATERAL (SELECT md5(f.term_ids::text || f.counts::text) AS digest
+                 LATERAL (SELECT storetopics._terms_digest(f.term_ids, f.counts) AS digest
                             FROM storetopics.file_terms f
                            WHERE f.source_id = p_source AND md5(f.file_key)::uuid = md5(k.file_key)::uuid
                              AND f.file_key = k.file_key AND f.store_key = p_store OFFSET 0) d
@@ -258,7 +258,7 @@ BEGIN
          md5(array_to_string(p_terms[1:30], ' ') || '|' ||
              coalesce(string_agg(x.file_key || ':' || x.digest, ',' ORDER BY x.file_key), ''))
     INTO v_files, v_from
-    FROM (SELECT f.file_key, md5(f.term_ids::text || f.counts::text) AS digest, count(*) AS hits
+    FROM (SELECT f.file_key, storetopics._terms_digest(f.term_ids, f.counts) AS digest, count(*) AS hits
             FROM storetopics.file_terms f, unnest(f.term_ids) AS u(term_id)
            WHERE f.source_id = p_source AND f.store_key = p_store
              AND u.term_id IN (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (p_terms[1:30]))
