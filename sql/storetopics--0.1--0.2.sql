@@ -104418,28 +104418,20 @@ BEGIN
   EXECUTE format('CREATE TEMP TABLE storetopics_mine_texts ON COMMIT DROP AS SELECT * FROM %s(''sample_texts'', $1, '
                  '$2, NULL) AS r(file_key text, t text)', storetopics._reader(p_source))
     USING ARRAY(SELECT DISTINCT g.file_key FROM pg_temp.storetopics_mine_files g), p_store;
-  -- every run of 1-3 words of a clause, one row per occurrence; a word's shape is tested once, on the clause's word
-  -- array (no window over the words: their sort costs more than the rest)
-  CREATE TEMP TABLE storetopics_mine_grams ON COMMIT DROP AS
-  SELECT c.file_key, v.len, c.a[i:i + v.len - 1] AS words
-    FROM (SELECT x.file_key, a.a,
-                 ARRAY(SELECT u.w ~ '^[[:alpha:]][[:alpha:]''-]*[[:alpha:]]$' AND length(u.w) <= 30
-                         FROM unnest(a.a) WITH ORDINALITY AS u(w, o) ORDER BY u.o) AS ok,
-                 ARRAY(SELECT lower(u.w) FROM unnest(a.a) WITH ORDINALITY AS u(w, o) ORDER BY u.o) AS lw
-            FROM pg_temp.storetopics_mine_texts x,
-                 regexp_split_to_table(x.t, '[.,;:!?()\[\]{}"<>|/\\=*#`~_\t\r\n]+|\s-+\s') AS cl(clause),
-                 regexp_split_to_array(btrim(cl.clause), '\s+') AS a(a)
-          OFFSET 0) c,   -- (the arrays made once per clause, not once per run)
-         generate_series(1, cardinality(c.a)) AS i, (VALUES (1), (2), (3)) AS v(len)
-   WHERE i + v.len - 1 <= cardinality(c.a)
-     AND c.ok[i] AND (v.len < 2 OR c.ok[i + 1]) AND (v.len < 3 OR c.ok[i + 2])
-     -- no word twice
-     AND (v.len < 2 OR c.lw[i] <> c.lw[i + 1])
-     AND (v.len < 3 OR (c.lw[i] <> c.lw[i + 2] AND c.lw[i + 1] <> c.lw[i + 2]));
-  -- each distinct word's lexeme (none: a stopword); every word of a run is a run of one itself
+  -- the clauses (never across punctuation), each the array of its words
+  CREATE TEMP TABLE storetopics_mine_clauses ON COMMIT DROP AS
+  SELECT row_number() OVER () AS cid, x.file_key, a.a
+    FROM pg_temp.storetopics_mine_texts x,
+         regexp_split_to_table(x.t, '[.,;:!?()\[\]{}"<>|/\\=*#`~_\t\r\n]+|\s-+\s') AS cl(clause),
+         regexp_split_to_array(btrim(cl.clause), '\s+') AS a(a);
+  -- each distinct word once (not once per occurrence): its shape, its lower case
+  CREATE TEMP TABLE storetopics_mine_raw ON COMMIT DROP AS
+  SELECT x.w, x.w ~ '^[[:alpha:]][[:alpha:]''-]*[[:alpha:]]$' AND length(x.w) <= 30 AS ok, lower(x.w) AS lw
+    FROM (SELECT DISTINCT unnest(c.a) AS w FROM pg_temp.storetopics_mine_clauses c) x;
+  -- each distinct word of that shape (lower case) and its lexeme (none: a stopword)
   CREATE TEMP TABLE storetopics_mine_lex ON COMMIT DROP AS
   SELECT w.word, (tsvector_to_array(to_tsvector(v_cfg, w.word)))[1] AS lexeme
-    FROM (SELECT DISTINCT lower(g.words[1]) AS word FROM pg_temp.storetopics_mine_grams g WHERE g.len = 1) w;
+    FROM (SELECT DISTINCT r.lw AS word FROM pg_temp.storetopics_mine_raw r WHERE r.ok) w;
   -- the words of the groups' lexemes: a run none of whose words is one of them is weighted in no group, so it is
   -- no phrase, and leaves no group's count of any other run (the spread) changed: those runs are left out first
   -- (at 10k realistic chunks 43k of the 107k distinct runs are kept for the grouping below: the 4 stores' phrases
@@ -104447,6 +104439,32 @@ BEGIN
   CREATE TEMP TABLE storetopics_mine_weighted ON COMMIT DROP AS
   SELECT DISTINCT l.word FROM pg_temp.storetopics_mine_lex l
     JOIN pg_temp.storetopics_mine_words mw ON mw.lexeme = l.lexeme WHERE mw.weight > 0;
+  -- per clause, for each of its words: its shape, its lower case, whether it has a lexeme, whether it is weighted
+  -- (one join per distinct word, then arrays: a run's tests below are array look-ups; the words sorted once by
+  -- clause and position and aggregated in that order: an ORDER BY in each aggregate sorted every clause four times)
+  CREATE TEMP TABLE storetopics_mine_flags ON COMMIT DROP AS
+  SELECT u.cid, array_agg(u.ok) AS ok, array_agg(u.lw) AS lw, array_agg(u.lex) AS lex, array_agg(u.wt) AS wt
+    FROM (SELECT u.cid, r.ok, r.lw, l.lexeme IS NOT NULL AS lex, x.word IS NOT NULL AS wt
+            FROM (SELECT c.cid, w.w, w.o
+                    FROM pg_temp.storetopics_mine_clauses c, unnest(c.a) WITH ORDINALITY AS w(w, o)) u
+            JOIN pg_temp.storetopics_mine_raw r ON r.w = u.w
+            LEFT JOIN pg_temp.storetopics_mine_lex l ON r.ok AND l.word = r.lw
+            LEFT JOIN pg_temp.storetopics_mine_weighted x ON r.ok AND x.word = r.lw
+           ORDER BY u.cid, u.o) u
+   GROUP BY u.cid;
+  -- every run of 1-3 words of a clause that may be a phrase, one row per occurrence: words of the shape, no word
+  -- twice, its first and last word no stopword, one of its words weighted (no window over the words: their sort
+  -- costs more than the rest)
+  CREATE TEMP TABLE storetopics_mine_grams ON COMMIT DROP AS
+  SELECT c.file_key, v.len, c.a[i:i + v.len - 1] AS words
+    FROM pg_temp.storetopics_mine_clauses c JOIN pg_temp.storetopics_mine_flags f ON f.cid = c.cid,
+         generate_series(1, cardinality(c.a)) AS i, (VALUES (1), (2), (3)) AS v(len)
+   WHERE i + v.len - 1 <= cardinality(c.a)
+     AND f.ok[i] AND (v.len < 2 OR f.ok[i + 1]) AND (v.len < 3 OR f.ok[i + 2])
+     AND (v.len < 2 OR f.lw[i] <> f.lw[i + 1])
+     AND (v.len < 3 OR (f.lw[i] <> f.lw[i + 2] AND f.lw[i + 1] <> f.lw[i + 2]))
+     AND f.lex[i] AND f.lex[i + v.len - 1]
+     AND (f.wt[i] OR (v.len >= 2 AND f.wt[i + 1]) OR (v.len = 3 AND f.wt[i + 2]));
   -- the words that are noise in this store (storetopics._noise: page chrome, dates, fragments): no phrase holds one
   v_noise := ARRAY(
     SELECT l.word FROM pg_temp.storetopics_mine_lex l
@@ -104460,11 +104478,6 @@ BEGIN
            g.words
       FROM pg_temp.storetopics_mine_grams g
       JOIN pg_temp.storetopics_mine_files f ON f.file_key = g.file_key
-      JOIN pg_temp.storetopics_mine_lex l1 ON l1.word = lower(g.words[1]) AND l1.lexeme IS NOT NULL
-      JOIN pg_temp.storetopics_mine_lex l2 ON l2.word = lower(g.words[cardinality(g.words)]) AND l2.lexeme IS NOT NULL
-     WHERE lower(g.words[1]) IN (SELECT x.word FROM pg_temp.storetopics_mine_weighted x)
-        OR lower(g.words[2]) IN (SELECT x.word FROM pg_temp.storetopics_mine_weighted x)
-        OR lower(g.words[3]) IN (SELECT x.word FROM pg_temp.storetopics_mine_weighted x)
   ), scored AS (
     -- shown in its most common spelling (mode(): ties go to the first in order)
     SELECT p.grp, p.key, count(DISTINCT p.file_key) AS files, count(*) AS occurrences,
@@ -104494,7 +104507,8 @@ BEGIN
    WHERE NOT string_to_array(y.key, ' ') && v_noise AND storetopics._clause_fragment(y.words) IS NULL
      AND NOT y.chrome;
   DROP TABLE pg_temp.storetopics_mine_files, pg_temp.storetopics_mine_words, pg_temp.storetopics_mine_texts,
-             pg_temp.storetopics_mine_grams, pg_temp.storetopics_mine_lex, pg_temp.storetopics_mine_weighted;
+             pg_temp.storetopics_mine_clauses, pg_temp.storetopics_mine_raw, pg_temp.storetopics_mine_lex,
+             pg_temp.storetopics_mine_weighted, pg_temp.storetopics_mine_flags, pg_temp.storetopics_mine_grams;
 END $$;
 
 -- The clusters' offline labels, mined for all of a store's clusters together (a phrase's rarity is counted across
@@ -107593,4 +107607,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1773981356') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2940404978') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
