@@ -104338,9 +104338,9 @@ RETURN CASE
   WHEN array_to_string(words, ' ') COLLATE "C" ~ ('[a-z]{2}(Use|Using|Print|See|The|Report|Next|Prev|Previous|'
        'Chapter|Home|Table|Contents|Download|Search|Help|Show|Set|Get|Add|This|That|If|For|When|Note|Notes|Example|'
        'Default|Specify|Enable|Disable|Display|Read|Write|Run|Return|Back|Up|Top|Index)(\M|[A-Z])') THEN 'glued'
-  WHEN string_to_array(lower(array_to_string(words, ' ')), ' ') && ARRAY['is', 'are', 'was', 'were', 'be', 'been', 'being', 'am',
-       'has', 'have', 'had', 'does', 'did', 'can', 'could', 'will', 'would', 'shall', 'should', 'may', 'might',
-       'must'] THEN 'verb'
+  WHEN string_to_array(lower(array_to_string(words, ' ')), ' ') && ARRAY['is', 'are', 'was', 'were', 'be', 'been',
+       'being', 'am', 'has', 'have', 'had', 'does', 'did', 'can', 'could', 'will', 'would', 'shall', 'should', 'may',
+       'might', 'must'] THEN 'verb'
   WHEN cardinality(words) >= 3 AND lower(words[2]) IN ('the', 'a', 'an', 'this', 'that', 'these', 'those', 'its',
        'their', 'his', 'her', 'our', 'your', 'my', 'any', 'each', 'every', 'some', 'all', 'no') THEN 'verb and object'
   WHEN lower(words[1]) ~ '[a-z]ed$' AND lower(words[2]) IN ('by', 'using', 'with', 'from', 'for', 'to', 'in', 'on',
@@ -104393,8 +104393,8 @@ RETURN storetopics._read_arm('sample_texts', format($q$
 -- No JIT: planned over temp tables and unnested arrays, these statements are estimated at orders of magnitude more
 -- rows than they have, which buys them an LLVM compilation that takes longer than they run (bench/README.md).  No
 -- merge joins either: on those estimates the planner sorts every run by collation to merge it with the words.
--- (About 90 lines: its input, n-grams and their words are temp tables made and dropped here, which several of its
--- statements read.)
+-- (About 110 lines: its input, the clauses, their words and runs are temp tables made and dropped here, which several
+-- of its statements read.)
 CREATE OR REPLACE FUNCTION storetopics._mine_phrases(p_source int, p_store text, p_files jsonb, p_words jsonb)
 RETURNS TABLE (grp int, phrase text, one_file boolean, hits bigint, score numeric, rank bigint)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off SET enable_mergejoin = off AS $$
@@ -104441,7 +104441,9 @@ BEGIN
     JOIN pg_temp.storetopics_mine_words mw ON mw.lexeme = l.lexeme WHERE mw.weight > 0;
   -- per clause, for each of its words: its shape, its lower case, whether it has a lexeme, whether it is weighted
   -- (one join per distinct word, then arrays: a run's tests below are array look-ups; the words sorted once by
-  -- clause and position and aggregated in that order: an ORDER BY in each aggregate sorted every clause four times)
+  -- clause and position and aggregated in that order: an ORDER BY in each aggregate sorted every clause four times.
+  -- A subquery with ORDER BY is not flattened, an aggregate reads its rows as they come, and temp tables are never
+  -- read in parallel, so each array is in the words' order; the phrases mined both ways were compared, the same.)
   CREATE TEMP TABLE storetopics_mine_flags ON COMMIT DROP AS
   SELECT u.cid, array_agg(u.ok) AS ok, array_agg(u.lw) AS lw, array_agg(u.lex) AS lex, array_agg(u.wt) AS wt
     FROM (SELECT u.cid, r.ok, r.lw, l.lexeme IS NOT NULL AS lex, x.word IS NOT NULL AS wt
@@ -107607,4 +107609,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '2940404978') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2614686932') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
