@@ -184,3 +184,47 @@ def test_term_lists_are_the_whole_rankings_heads(store):
     kinds = conn.execute("SELECT count(*) FILTER (WHERE kind = 'dominant'), count(*) FILTER (WHERE kind = 'distinctive') "
                          "FROM storetopics._keywords(%s, 'a', NULL, NULL)", (source,)).fetchone()
     assert kinds == (10, 8)
+
+
+def test_contrast_terms_read_the_catalog_once_on_statistics_that_miss_the_source(conn):
+    """A second source's first render, on statistics taken when only the first source was folded (autovacuum had
+    not run yet): the planner estimates one row on each side of the store's terms x the catalog's.  The catalog must
+    still be read once: hashed for a store with much of the catalog's files, probed once per term for one with few.
+    A join planned on those estimates read every catalog term once per term of the store: 58 s a store of 14k terms
+    (bench/README.md)."""
+    # no autovacuum on the state: the statistics stay the first source's, as they are until it runs
+    for table in ("store_terms", "catalog_terms", "file_terms", "lexemes"):
+        conn.execute(f"ALTER TABLE storetopics.{table} SET (autovacuum_enabled = false)")
+    rng = random.Random(7)
+    vocabulary = ["".join(chr(97 + rng.randrange(26)) for _ in range(6)) for _ in range(6000)]
+
+    def rows(store: str, files: int, words: list[str], first: int = 1) -> list[tuple]:
+        return [(store, f, " ".join(rng.choice(words) for _ in range(120)), None) for f in range(first, first + files)]
+
+    for name in ("first", "second"):
+        create_chunks(conn, name)
+        attach_chunks(conn, name, embedding=False)
+    insert_chunks(conn, rows("s", 200, vocabulary), "first")
+    backfill(conn, "first")
+    conn.execute("ANALYZE")
+    # two big stores on words of their own, and one of 1 file in 401 (under 1% of the files: probed)
+    insert_chunks(conn, rows("s", 200, vocabulary[:4000]) + rows("other", 200, vocabulary[2000:], first=201)
+                  + [("tiny", 1000, " ".join(vocabulary[:400]), None)], "second")
+    source = conn.execute("SELECT id FROM storetopics.sources WHERE chunks = 'second'::regclass").fetchone()[0]
+    while conn.execute("SELECT storetopics._fold(%s)", (source,)).fetchone()[0]:
+        pass
+    catalog = conn.execute("SELECT count(*) FROM storetopics.catalog_terms WHERE catalog = storetopics._catalog(%s)",
+                           (source,)).fetchone()[0]
+    assert catalog > 1000
+    for store, per_term in (("s", 5), ("tiny", 20)):
+        terms = conn.execute("SELECT count(*) FROM storetopics.store_terms WHERE source_id = %s AND store_key = %s",
+                             (source, store)).fetchone()[0]
+        assert terms >= 400
+        # the buffers the call reads (a function scan's counts include its statements'): a few per term (the head's
+        # look-ups of lexemes count too), where reading the catalog per term reads ~50 per term
+        plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+                            "SELECT * FROM storetopics._contrast_terms(%s, %s, 60)", (source, store)).fetchone()[0][0]
+        buffers = plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"]
+        assert plan["Plan"]["Actual Rows"] > 0
+        assert buffers <= per_term * terms, f"{store}: {buffers:,} buffers read for {terms:,} terms of the store"
+    assert conn.execute("SHOW enable_nestloop").fetchone()[0] == "on"

@@ -363,6 +363,11 @@ RETURN CASE WHEN NOT offline AND label IS NOT NULL AND storetopics._screen(label
 -- the catalog's size from its sources' store_count and file_count), one index probe per term of the store and no
 -- other store's row read, whatever the catalog's size (bench/catalog.py measures it).  A store alone
 -- in its catalog has nothing to be told apart from: its terms rank by p.
+-- How the catalog's rows are read is chosen here, from the counters, not left to the statistics: a new source's
+-- first render runs before autovacuum has seen it, and on those statistics the planner took the store's terms and
+-- the catalog's for one row each and read the catalog's every term once per term of the store (bench/README.md).
+-- A store with a small part of the catalog's files probes the catalog once per term (a sub-select, which nothing
+-- can plan otherwise); a larger one reads the catalog's terms once, hashed (a join with nested loops off).
 CREATE OR REPLACE FUNCTION storetopics._contrast_terms(p_source int, p_store text, n int DEFAULT 60,
                                                        p_script text DEFAULT NULL)
 RETURNS TABLE (lexeme text, score float8, files int, share float8, rest_share float8)
@@ -392,6 +397,8 @@ DECLARE
   v_out_files int[];
   v_out_p float8[];
   v_out_q float8[];
+  v_probe boolean;         -- the catalog probed per term (else joined)
+  v_nestloop text := current_setting('enable_nestloop');
 BEGIN
   SELECT greatest(st.files, 1)::float8, st.words INTO v_files, v_words FROM storetopics.store_state st
    WHERE st.source_id = p_source AND st.store_key = p_store;
@@ -405,19 +412,28 @@ BEGIN
   -- taken (a bounded sort, no lexeme read), and only they are named, ranked and tested (storetopics._term_head).
   -- Rounding is monotone, so every term whose rounded score beats the m-th's is among them, and those terms are the
   -- exact head of the full ranking (rounded score, then lexeme).  When fewer than n of them pass the tests, m grows.
+  v_probe := v_files < 0.01 * v_all;
   LOOP
-    SELECT array_agg(h.term_id), array_agg(round(h.raw::numeric, 9)::float8), array_agg(h.files), array_agg(h.total),
-           array_agg(h.total_sq), array_agg(h.p), array_agg(h.q), count(*), round(min(h.raw)::numeric, 9)::float8
+    IF NOT v_probe THEN
+      PERFORM set_config('enable_nestloop', 'off', true);
+    END IF;
+    EXECUTE format($q$
+      SELECT array_agg(h.term_id), array_agg(round(h.raw::numeric, 9)::float8), array_agg(h.files), array_agg(h.total),
+             array_agg(h.total_sq), array_agg(h.p), array_agg(h.q), count(*), round(min(h.raw)::numeric, 9)::float8
+        FROM (SELECT s.term_id, s.files, s.total, s.total_sq, s.p, s.q,
+                     CASE WHEN $5 < 2 THEN s.p ELSE s.p * ln(s.p / s.q) END AS raw
+                FROM (SELECT t.term_id, t.files, t.total, t.total_sq, t.files / $4 AS p,
+                             ((coalesce(%s, t.files) - t.files)::float8 + 0.5) / ($6 - $4 + 0.5) AS q
+                        FROM storetopics.store_terms t %s
+                       WHERE t.source_id = $2 AND t.store_key = $3 AND (t.files >= 2 OR $4 < 20)) s
+               WHERE $5 < 2 OR s.p > s.q
+               ORDER BY 7 DESC LIMIT $7) h$q$,
+      CASE WHEN v_probe THEN '(SELECT c.files FROM storetopics.catalog_terms c WHERE c.catalog = $1 AND c.term_id = t.term_id)'
+           ELSE 'c.files' END,
+      CASE WHEN NOT v_probe THEN 'LEFT JOIN storetopics.catalog_terms c ON c.catalog = $1 AND c.term_id = t.term_id' END)
       INTO v_ids, v_scores, v_nfiles, v_total, v_total_sq, v_p, v_q, v_count, v_cut
-      FROM (SELECT s.term_id, s.files, s.total, s.total_sq, s.p, s.q,
-                   CASE WHEN v_stores < 2 THEN s.p ELSE s.p * ln(s.p / s.q) END AS raw
-              FROM (SELECT t.term_id, t.files, t.total, t.total_sq, t.files / v_files AS p,
-                           ((coalesce(c.files, t.files) - t.files)::float8 + 0.5) / (v_all - v_files + 0.5) AS q
-                      FROM storetopics.store_terms t
-                      LEFT JOIN storetopics.catalog_terms c ON c.catalog = v_cat AND c.term_id = t.term_id
-                     WHERE t.source_id = p_source AND t.store_key = p_store AND (t.files >= 2 OR v_files < 20)) s
-             WHERE v_stores < 2 OR s.p > s.q
-             ORDER BY 7 DESC LIMIT v_m) h;
+      USING v_cat, p_source, p_store, v_files, v_stores, v_all, v_m;
+    PERFORM set_config('enable_nestloop', v_nestloop, true);
     v_cut := CASE WHEN v_count >= v_m THEN v_cut END;   -- (all of them when fewer than m came: nothing is cut)
     SELECT array_agg(h.lexeme ORDER BY h.r), array_agg(h.score ORDER BY h.r), array_agg(v_nfiles[h.i] ORDER BY h.r),
            array_agg(v_p[h.i] ORDER BY h.r), array_agg(v_q[h.i] ORDER BY h.r)
