@@ -104772,25 +104772,28 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN (x - med) / (1.4826 * mad + 1e-9) >= CASE WHEN apart THEN 2.5 ELSE 3.5 END;
 
 -- The document frequency of each term of a store (p_files: only the terms of these files), by term id: an array
--- that the sums below index, 0 for a term the store does not hold.
+-- that the sums below index, 0 for a term the store does not hold.  The files' terms are looked up as an array of
+-- ids, not joined: on statistics that had not seen the store yet, the join was planned as a nested loop over the
+-- store's every term for each of the files' terms (bench/README.md).
 CREATE OR REPLACE FUNCTION storetopics._store_dfs(p_source int, p_store text, p_files text[]) RETURNS int[]
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_dfs int[];
+  v_ids int[];
   r record;
 BEGIN
+  IF p_files IS NOT NULL THEN
+    v_ids := ARRAY(SELECT DISTINCT unnest(f.term_ids) FROM storetopics.file_terms f
+                    WHERE f.source_id = p_source
+                      AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x))
+                      AND f.file_key = ANY (p_files) AND f.store_key = p_store);
+  END IF;
   -- (filled in place, from the highest id down: an expanded array, each assignment in constant time)
   FOR r IN SELECT t.term_id, t.files FROM storetopics.store_terms t
             WHERE t.source_id = p_source AND t.store_key = p_store AND p_files IS NULL
            UNION ALL   -- (the files' terms, each found by the index)
-           SELECT t.term_id, t.files
-             FROM (SELECT DISTINCT unnest(f.term_ids) AS term_id FROM storetopics.file_terms f
-                    WHERE f.source_id = p_source
-                      AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x))
-                      AND f.file_key = ANY (p_files) AND f.store_key = p_store) x
-             JOIN storetopics.store_terms t
-               ON t.source_id = p_source AND t.store_key = p_store AND t.term_id = x.term_id
-            WHERE p_files IS NOT NULL
+           SELECT t.term_id, t.files FROM storetopics.store_terms t
+            WHERE t.source_id = p_source AND t.store_key = p_store AND t.term_id = ANY (v_ids) AND p_files IS NOT NULL
            ORDER BY 1 DESC
   LOOP
     IF v_dfs IS NULL THEN
@@ -107625,4 +107628,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1998098951') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '655047235') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

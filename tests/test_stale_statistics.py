@@ -1,0 +1,100 @@
+"""A source attached after another was folded renders on statistics that have not seen it, until autovacuum analyzes
+the state (a minute or more; fold analyzes only after 1,000 files on an emptier table).  On those statistics the
+planner estimates one row for each of the new source's stores and its catalog, and a join planned on them as a
+nested loop reads one side whole once per row of the other: 58 s a store of 14k terms, 1.2 s an upload's render
+(bench/README.md).  What a render reads must not depend on them.  Measured in buffers (a function scan's counts
+include its statements'), a few per term looked up, where a nested loop over the store's terms reads ~50 per term."""
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from tests.helpers import attach_chunks, backfill, create_chunks, insert_chunks
+
+
+@pytest.fixture
+def second(conn):
+    """(conn, source id): the second source, folded on statistics taken when only the first was: its two big
+    stores 's' and 'other' on words of their own, and 'tiny', one file in 401 (under 1% of the catalog's files)."""
+    for table in ("store_terms", "catalog_terms", "file_terms", "lexemes"):   # (no autovacuum: they stay stale)
+        conn.execute(f"ALTER TABLE storetopics.{table} SET (autovacuum_enabled = false)")
+    rng = random.Random(7)
+    vocabulary = ["".join(chr(97 + rng.randrange(26)) for _ in range(6)) for _ in range(6000)]
+
+    def rows(store: str, files: int, words: list[str], first: int = 1) -> list[tuple]:
+        return [(store, f, " ".join(rng.choice(words) for _ in range(120)), None) for f in range(first, first + files)]
+
+    for name in ("first", "second"):
+        create_chunks(conn, name)
+        attach_chunks(conn, name, embedding=False)
+    insert_chunks(conn, rows("s", 200, vocabulary), "first")
+    backfill(conn, "first")
+    conn.execute("ANALYZE")
+    insert_chunks(conn, rows("s", 200, vocabulary[:4000]) + rows("other", 200, vocabulary[2000:], first=201)
+                  + [("tiny", 1000, " ".join(vocabulary[:400]), None)], "second")
+    source = conn.execute("SELECT id FROM storetopics.sources WHERE chunks = 'second'::regclass").fetchone()[0]
+    while conn.execute("SELECT storetopics._fold(%s)", (source,)).fetchone()[0]:
+        pass
+    assert conn.execute("SELECT count(*) FROM storetopics.catalog_terms WHERE catalog = storetopics._catalog(%s)",
+                        (source,)).fetchone()[0] > 4000
+    return conn, source
+
+
+def join_filtered(conn, sql: str, params: tuple) -> int:
+    """The most rows one join of the statement's plans, its functions' statements included, tested and dropped."""
+    plans: list[str] = []
+    conn.add_notice_handler(lambda d: plans.append(d.message_primary or "") if d.severity == "LOG" else None)
+    with conn.transaction():
+        for setting, value in (("auto_explain.log_min_duration", "0"), ("auto_explain.log_nested_statements", "on"),
+                               ("auto_explain.log_analyze", "on"), ("auto_explain.log_timing", "off"),
+                               ("client_min_messages", "log")):
+            conn.execute("LOAD 'auto_explain'")
+            conn.execute("SELECT set_config(%s, %s, true)", (setting, value))
+        conn.execute(sql, params).fetchall()
+    assert any("Query Text" in p for p in plans)
+    return max([int(n) for p in plans for n in re.findall(r"Rows Removed by Join Filter: (\d+)", p)], default=0)
+
+
+def buffers(conn, sql: str, params: tuple) -> int:
+    plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchone()[0][0]["Plan"]
+    assert plan["Actual Rows"] > 0
+    return plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+
+
+def store_terms(conn, source: int, store: str) -> int:
+    return conn.execute("SELECT count(*) FROM storetopics.store_terms WHERE source_id = %s AND store_key = %s",
+                        (source, store)).fetchone()[0]
+
+
+@pytest.mark.parametrize("store, per_term", [("s", 5), ("tiny", 20)])
+def test_contrast_terms_read_the_catalog_once(second, store, per_term):
+    """Hashed for a store with much of the catalog's files, probed once per term for one with few (the head's
+    look-ups of lexemes count too)."""
+    conn, source = second
+    terms = store_terms(conn, source, store)
+    assert terms >= 400
+    sql = "SELECT * FROM storetopics._contrast_terms(%s, %s, 60)"
+    read = buffers(conn, sql, (source, store))
+    assert read <= per_term * terms, f"{read:,} buffers read for {terms:,} terms of the store"
+    dropped = join_filtered(conn, sql, (source, store))
+    assert dropped <= terms, f"{dropped:,} rows tested and dropped by a join for {terms:,} terms of the store"
+    assert conn.execute("SHOW enable_nestloop").fetchone()[0] == "on"
+
+
+def test_an_uploaded_files_terms_are_looked_up_once(second):
+    """The document frequencies of a new file's terms (what a render after an upload computes first)."""
+    conn, source = second
+    insert_chunks(conn, [("s", 5000, "alpha beta gamma " * 10 + " ".join(f"w{chr(97 + i % 26)}{chr(97 + i // 26)}x"
+                                                                         for i in range(300)), None)], "second")
+    while conn.execute("SELECT storetopics._fold(%s)", (source,)).fetchone()[0]:
+        pass
+    terms = conn.execute("SELECT cardinality(term_ids) FROM storetopics.file_terms WHERE source_id = %s "
+                         "AND file_key = '5000'", (source,)).fetchone()[0]
+    assert terms >= 300 and store_terms(conn, source, "s") > 4000
+    sql = "SELECT storetopics._store_dfs(%s, 's', ARRAY['5000'])"
+    read = buffers(conn, sql, (source,))
+    assert read <= 10 * terms, f"{read:,} buffers read for the file's {terms:,} terms"
+    dropped = join_filtered(conn, sql, (source,))
+    assert dropped <= terms, f"{dropped:,} rows tested and dropped by a join for the file's {terms:,} terms"
