@@ -100863,6 +100863,11 @@ BEGIN
   END IF;
 END $$;
 
+-- incremental/0.2/011-analyze-if-stale.sql
+-- storetopics 0.2: storetopics._analyze_if_stale compares the statistics' estimate of a store's (or a source's) rows
+-- with its files, not the rows one statement wrote with the table's size (sql/idempotent/040-fold.sql).
+DROP FUNCTION IF EXISTS storetopics._analyze_if_stale(bigint);
+
 -- incremental/0.2/012-cluster-words-digest.sql
 -- storetopics 0.2: what the clusters' words were last computed from (storetopics._cluster_keywords): a digest of
 -- the files each cluster's words are counted over and of their counted words.  While it holds, a change of the
@@ -103094,7 +103099,9 @@ BEGIN
   END IF;
   UPDATE storetopics.sources SET folded_at = now() WHERE id = p_source;
   -- (a first backfill: without statistics the planner took the state for "one row"; see _analyze_if_stale)
-  PERFORM storetopics._analyze_if_stale(coalesce(v_n, 0));
+  IF v_n > 0 THEN
+    PERFORM storetopics._analyze_if_stale(p_source, NULL);
+  END IF;
   RETURN cardinality(v_files);
 END $$;
 
@@ -103528,25 +103535,40 @@ BEGIN
   RETURN v_n;
 END $$;
 
--- ANALYZE the state tables when one statement just wrote at least 1,000 files' rows and more than their statistics
--- know of (a first backfill, the full reassignment after a store's first fit).  Only as the tables' owner (or a
--- superuser); others leave it to autovacuum.
-CREATE OR REPLACE FUNCTION storetopics._analyze_if_stale(p_rows bigint) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+-- ANALYZE the state tables when their statistics have not seen most of a store's files (p_store NULL: of a
+-- source's): a store attached or grown since autovacuum last came by.  The planner takes its rows for one, and a join
+-- planned on that reads one side whole for each row of the other: a render of a 3,000-file store that takes 36 s, a
+-- fit's reassignment 30-60 s (bench/README.md).  The readers that can are written so that no estimate changes how
+-- much they read; this is for the others.  Only as the tables' owner (or a superuser), and not while another session
+-- analyzes them (lock_timeout): others leave it to autovacuum.  Costs two EXPLAINs when the statistics are fine.
+CREATE OR REPLACE FUNCTION storetopics._analyze_if_stale(p_source int, p_store text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET lock_timeout = '100ms' AS $$
+DECLARE
+  v_files bigint := CASE WHEN p_store IS NULL THEN (SELECT s.file_count FROM storetopics.sources s WHERE s.id = p_source)
+                         ELSE (SELECT st.files FROM storetopics.store_state st
+                                WHERE st.source_id = p_source AND st.store_key = p_store) END;
+  v_where text := format('source_id = %s', p_source)
+                   || CASE WHEN p_store IS NOT NULL THEN format(' AND store_key = %L', p_store) ELSE '' END;
+  v_terms json;
+  v_clusters json;
 BEGIN
-  IF p_rows < 1000 OR NOT (pg_has_role(current_user, (SELECT relowner FROM pg_class
+  IF coalesce(v_files, 0) < 1000 OR NOT (pg_has_role(current_user, (SELECT relowner FROM pg_class
                                                         WHERE oid = 'storetopics.file_terms'::regclass), 'USAGE')
-                           OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)) THEN
+                                         OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)) THEN
     RETURN;
   END IF;
-  IF (SELECT c.reltuples FROM pg_class c WHERE c.oid = 'storetopics.file_terms'::regclass) < p_rows THEN
-    ANALYZE storetopics.file_terms, storetopics.store_terms, storetopics.lexemes;
-  END IF;
-  -- (after a fit's first assignment of many files: a render planned on file_clusters statistics that did not know
-  -- them looped over all of a store's rows for each file, 30-60 s a store of 6,700 files at 1M chunks.  A small
-  -- store assigned after a big one still finds statistics that miss it: the readers' plans do not rely on them)
-  IF (SELECT c.reltuples FROM pg_class c WHERE c.oid = 'storetopics.file_clusters'::regclass) < p_rows THEN
-    ANALYZE storetopics.file_clusters;
+  EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM storetopics.file_terms WHERE ' || v_where INTO v_terms;
+  EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM storetopics.file_clusters WHERE ' || v_where INTO v_clusters;
+  IF (v_terms -> 0 -> 'Plan' ->> 'Plan Rows')::float8 * 10 < v_files
+     OR EXISTS (SELECT 1 FROM storetopics.file_clusters c WHERE c.source_id = p_source
+                   AND (p_store IS NULL OR c.store_key = p_store))
+        AND (v_clusters -> 0 -> 'Plan' ->> 'Plan Rows')::float8 * 10 < v_files THEN
+    BEGIN
+      ANALYZE storetopics.file_terms, storetopics.file_clusters, storetopics.store_terms, storetopics.catalog_terms,
+              storetopics.lexemes;
+    EXCEPTION WHEN lock_not_available THEN
+      NULL;   -- (another session is analyzing them)
+    END;
   END IF;
 END $$;
 
@@ -104059,8 +104081,6 @@ END $$;
 CREATE OR REPLACE FUNCTION storetopics._reassign_store(src storetopics.sources, p_store text) RETURNS bigint
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET enable_nestloop = off SET jit = off
 AS $$
-DECLARE
-  v_updated bigint;
 BEGIN
   -- what is apart may change for every file: render's kept novelty of the store goes (storetopics._outlier_files)
   PERFORM storetopics._forget_novelty(src.id, p_store);
@@ -104079,10 +104099,9 @@ BEGIN
       ON f.source_id = src.id AND md5(f.file_key)::uuid = md5(a.file_key)::uuid AND f.file_key = a.file_key
      AND f.store_key = p_store
    WHERE a.store_key = p_store AND (cardinality(a.cluster_ids) > 0 OR a.other_dim <> 0);
-  GET DIAGNOSTICS v_updated = ROW_COUNT;
   -- (a store backfilled in two batches kept the statistics of the first, and render's keywords() crawled until
   -- autovacuum came by)
-  PERFORM storetopics._analyze_if_stale(v_updated);
+  PERFORM storetopics._analyze_if_stale(src.id, p_store);
   DROP TABLE pg_temp.storetopics_assign;
   UPDATE storetopics.clusters k SET chunks = 0, files = 0, outliers = 0, outliers_at_fit = 0, outliers_seen = 0
    WHERE k.source_id = src.id AND k.store_key = p_store;
@@ -104708,7 +104727,9 @@ BEGIN
   v_noise := ARRAY(
     SELECT l.word FROM pg_temp.storetopics_mine_lex l
       JOIN storetopics.lexemes x ON x.lexeme = l.lexeme
-      JOIN storetopics.store_terms t ON t.source_id = p_source AND t.store_key = p_store AND t.term_id = x.id
+      -- (probed per word, OFFSET 0: see storetopics._store_dfs)
+      CROSS JOIN LATERAL (SELECT t.files, t.total, t.total_sq FROM storetopics.store_terms t
+                           WHERE t.source_id = p_source AND t.store_key = p_store AND t.term_id = x.id OFFSET 0) t
      WHERE storetopics._noise(l.lexeme, t.files, t.total, t.total_sq, v_files, v_words, v_script) IS NOT NULL);
   -- set-based throughout (joins, not per-row look-ups): a store's sample holds 10^5 n-grams
   RETURN QUERY
@@ -105747,8 +105768,11 @@ BEGIN
                                AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(outlier_files) x))
                                AND f.file_key = ANY (outlier_files)) u
                       JOIN unnest(outlier_files, outlier_novelty) AS o(file_key, nov) ON o.file_key = u.file_key
-                      JOIN storetopics.store_terms t
-                        ON t.source_id = p_source AND t.store_key = p_store AND t.term_id = u.term_id
+                      -- (probed per term, OFFSET 0: joined on statistics that had not seen the store, the store's
+                      -- every term was read against the files' terms; see storetopics._store_dfs)
+                      CROSS JOIN LATERAL (SELECT t.files, t.total, t.total_sq FROM storetopics.store_terms t
+                                           WHERE t.source_id = p_source AND t.store_key = p_store
+                                             AND t.term_id = u.term_id OFFSET 0) t
                       JOIN storetopics.lexemes l ON l.id = u.term_id
                     OFFSET 0) w
              WHERE storetopics._showable_term(w.lexeme) AND w.idf > 0
@@ -106121,6 +106145,7 @@ BEGIN
     v_reused := FOUND;   -- (the table stays until commit: the values read may still point into its TOAST)
   END IF;
   IF NOT v_reused THEN
+    PERFORM storetopics._analyze_if_stale(p_source, p_store);   -- (a store new to the statistics)
     SELECT * INTO v_topic_list, v_terms, v_dist, v_topics FROM storetopics._render_candidate(src, st);
   END IF;
   -- every chunk of the candidates: the text with every candidate, and each candidate as _pack costs it (followed
@@ -107865,4 +107890,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '655047235') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '77623777') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -98,3 +98,39 @@ def test_an_uploaded_files_terms_are_looked_up_once(second):
     assert read <= 10 * terms, f"{read:,} buffers read for the file's {terms:,} terms"
     dropped = join_filtered(conn, sql, (source,))
     assert dropped <= terms, f"{dropped:,} rows tested and dropped by a join for the file's {terms:,} terms"
+
+
+def test_a_store_new_to_the_statistics_is_analyzed_before_it_is_rendered(conn):
+    """A store of 1,000 files or more whose rows the statistics put at under a tenth of its files: fold (for the
+    source) and render (for the store) analyze the state first.  Here the statistics were taken with 1,200 other
+    files in file_terms, so no rule on the table's size alone would see that 1,000 new ones are unknown."""
+    for table in ("store_terms", "catalog_terms", "file_terms", "lexemes", "file_clusters"):
+        conn.execute(f"ALTER TABLE storetopics.{table} SET (autovacuum_enabled = false)")
+    for name in ("first", "second"):
+        create_chunks(conn, name)
+        attach_chunks(conn, name, embedding=False)
+    words = "harbour crane cargo vessel berth quay tide anchor pilot tug".split()
+    insert_chunks(conn, [("a", f, " ".join(words[(f + i) % 10] for i in range(12)), None) for f in range(1200)], "first")
+    backfill(conn, "first")
+    conn.execute("ANALYZE")
+    source = conn.execute("SELECT id FROM storetopics.sources WHERE chunks = 'second'::regclass").fetchone()[0]
+
+    def estimate(store: str) -> float:
+        return conn.execute("EXPLAIN (FORMAT JSON) SELECT 1 FROM storetopics.file_terms WHERE source_id = %s "
+                            "AND store_key = %s", (source, store)).fetchone()[0][0]["Plan"]["Plan Rows"]
+
+    insert_chunks(conn, [("b", f, " ".join(words[(f + i) % 7] for i in range(12)), None) for f in range(1000)],
+                  "second")
+    conn.execute("SELECT storetopics._fold(%s, 200)", (source,))   # 200 of its 1,000 files: not yet
+    assert estimate("b") < 100
+    while conn.execute("SELECT storetopics._fold(%s, 200)", (source,)).fetchone()[0]:
+        pass
+    assert estimate("b") >= 100   # fold, once the source has 1,000 files
+    # a new store of 1,500 files in a source the statistics know 1,000 files of: fold leaves it, render analyzes
+    insert_chunks(conn, [("c", f, " ".join(words[(f + i) % 9] for i in range(12)), None)
+                         for f in range(1000, 2500)], "second")
+    while conn.execute("SELECT storetopics._fold(%s)", (source,)).fetchone()[0]:
+        pass
+    assert estimate("c") < 150
+    conn.execute("SELECT storetopics._render(%s, 'c')", (source,))
+    assert estimate("c") >= 150

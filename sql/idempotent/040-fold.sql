@@ -42,7 +42,9 @@ BEGIN
   END IF;
   UPDATE storetopics.sources SET folded_at = now() WHERE id = p_source;
   -- (a first backfill: without statistics the planner took the state for "one row"; see _analyze_if_stale)
-  PERFORM storetopics._analyze_if_stale(coalesce(v_n, 0));
+  IF v_n > 0 THEN
+    PERFORM storetopics._analyze_if_stale(p_source, NULL);
+  END IF;
   RETURN cardinality(v_files);
 END $$;
 
@@ -476,24 +478,39 @@ BEGIN
   RETURN v_n;
 END $$;
 
--- ANALYZE the state tables when one statement just wrote at least 1,000 files' rows and more than their statistics
--- know of (a first backfill, the full reassignment after a store's first fit).  Only as the tables' owner (or a
--- superuser); others leave it to autovacuum.
-CREATE OR REPLACE FUNCTION storetopics._analyze_if_stale(p_rows bigint) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+-- ANALYZE the state tables when their statistics have not seen most of a store's files (p_store NULL: of a
+-- source's): a store attached or grown since autovacuum last came by.  The planner takes its rows for one, and a join
+-- planned on that reads one side whole for each row of the other: a render of a 3,000-file store that takes 36 s, a
+-- fit's reassignment 30-60 s (bench/README.md).  The readers that can are written so that no estimate changes how
+-- much they read; this is for the others.  Only as the tables' owner (or a superuser), and not while another session
+-- analyzes them (lock_timeout): others leave it to autovacuum.  Costs two EXPLAINs when the statistics are fine.
+CREATE OR REPLACE FUNCTION storetopics._analyze_if_stale(p_source int, p_store text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET lock_timeout = '100ms' AS $$
+DECLARE
+  v_files bigint := CASE WHEN p_store IS NULL THEN (SELECT s.file_count FROM storetopics.sources s WHERE s.id = p_source)
+                         ELSE (SELECT st.files FROM storetopics.store_state st
+                                WHERE st.source_id = p_source AND st.store_key = p_store) END;
+  v_where text := format('source_id = %s', p_source)
+                   || CASE WHEN p_store IS NOT NULL THEN format(' AND store_key = %L', p_store) ELSE '' END;
+  v_terms json;
+  v_clusters json;
 BEGIN
-  IF p_rows < 1000 OR NOT (pg_has_role(current_user, (SELECT relowner FROM pg_class
+  IF coalesce(v_files, 0) < 1000 OR NOT (pg_has_role(current_user, (SELECT relowner FROM pg_class
                                                         WHERE oid = 'storetopics.file_terms'::regclass), 'USAGE')
-                           OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)) THEN
+                                         OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)) THEN
     RETURN;
   END IF;
-  IF (SELECT c.reltuples FROM pg_class c WHERE c.oid = 'storetopics.file_terms'::regclass) < p_rows THEN
-    ANALYZE storetopics.file_terms, storetopics.store_terms, storetopics.lexemes;
-  END IF;
-  -- (after a fit's first assignment of many files: a render planned on file_clusters statistics that did not know
-  -- them looped over all of a store's rows for each file, 30-60 s a store of 6,700 files at 1M chunks.  A small
-  -- store assigned after a big one still finds statistics that miss it: the readers' plans do not rely on them)
-  IF (SELECT c.reltuples FROM pg_class c WHERE c.oid = 'storetopics.file_clusters'::regclass) < p_rows THEN
-    ANALYZE storetopics.file_clusters;
+  EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM storetopics.file_terms WHERE ' || v_where INTO v_terms;
+  EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM storetopics.file_clusters WHERE ' || v_where INTO v_clusters;
+  IF (v_terms -> 0 -> 'Plan' ->> 'Plan Rows')::float8 * 10 < v_files
+     OR EXISTS (SELECT 1 FROM storetopics.file_clusters c WHERE c.source_id = p_source
+                   AND (p_store IS NULL OR c.store_key = p_store))
+        AND (v_clusters -> 0 -> 'Plan' ->> 'Plan Rows')::float8 * 10 < v_files THEN
+    BEGIN
+      ANALYZE storetopics.file_terms, storetopics.file_clusters, storetopics.store_terms, storetopics.catalog_terms,
+              storetopics.lexemes;
+    EXCEPTION WHEN lock_not_available THEN
+      NULL;   -- (another session is analyzing them)
+    END;
   END IF;
 END $$;

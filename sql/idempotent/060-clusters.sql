@@ -304,8 +304,6 @@ END $$;
 CREATE OR REPLACE FUNCTION storetopics._reassign_store(src storetopics.sources, p_store text) RETURNS bigint
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET enable_nestloop = off SET jit = off
 AS $$
-DECLARE
-  v_updated bigint;
 BEGIN
   -- what is apart may change for every file: render's kept novelty of the store goes (storetopics._outlier_files)
   PERFORM storetopics._forget_novelty(src.id, p_store);
@@ -324,10 +322,9 @@ BEGIN
       ON f.source_id = src.id AND md5(f.file_key)::uuid = md5(a.file_key)::uuid AND f.file_key = a.file_key
      AND f.store_key = p_store
    WHERE a.store_key = p_store AND (cardinality(a.cluster_ids) > 0 OR a.other_dim <> 0);
-  GET DIAGNOSTICS v_updated = ROW_COUNT;
   -- (a store backfilled in two batches kept the statistics of the first, and render's keywords() crawled until
   -- autovacuum came by)
-  PERFORM storetopics._analyze_if_stale(v_updated);
+  PERFORM storetopics._analyze_if_stale(src.id, p_store);
   DROP TABLE pg_temp.storetopics_assign;
   UPDATE storetopics.clusters k SET chunks = 0, files = 0, outliers = 0, outliers_at_fit = 0, outliers_seen = 0
    WHERE k.source_id = src.id AND k.store_key = p_store;

@@ -183,8 +183,11 @@ BEGIN
                                AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(outlier_files) x))
                                AND f.file_key = ANY (outlier_files)) u
                       JOIN unnest(outlier_files, outlier_novelty) AS o(file_key, nov) ON o.file_key = u.file_key
-                      JOIN storetopics.store_terms t
-                        ON t.source_id = p_source AND t.store_key = p_store AND t.term_id = u.term_id
+                      -- (probed per term, OFFSET 0: joined on statistics that had not seen the store, the store's
+                      -- every term was read against the files' terms; see storetopics._store_dfs)
+                      CROSS JOIN LATERAL (SELECT t.files, t.total, t.total_sq FROM storetopics.store_terms t
+                                           WHERE t.source_id = p_source AND t.store_key = p_store
+                                             AND t.term_id = u.term_id OFFSET 0) t
                       JOIN storetopics.lexemes l ON l.id = u.term_id
                     OFFSET 0) w
              WHERE storetopics._showable_term(w.lexeme) AND w.idf > 0
@@ -557,6 +560,7 @@ BEGIN
     v_reused := FOUND;   -- (the table stays until commit: the values read may still point into its TOAST)
   END IF;
   IF NOT v_reused THEN
+    PERFORM storetopics._analyze_if_stale(p_source, p_store);   -- (a store new to the statistics)
     SELECT * INTO v_topic_list, v_terms, v_dist, v_topics FROM storetopics._render_candidate(src, st);
   END IF;
   -- every chunk of the candidates: the text with every candidate, and each candidate as _pack costs it (followed
