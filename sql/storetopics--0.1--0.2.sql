@@ -103302,7 +103302,8 @@ END $$;
 -- source's): a store attached or grown since autovacuum last came by.  The planner takes its rows for one, and a join
 -- planned on that reads one side whole for each row of the other: a render of a 3,000-file store that takes 36 s, a
 -- fit's reassignment 30-60 s (bench/README.md).  The readers that can are written so that no estimate changes how
--- much they read; this is for the others.  Only as the tables' owner (or a superuser), and not while another session
+-- much they read; this is for the others (before the clusters' words and a render, storetopics._refresh_words; after a
+-- fold and a fit's reassignment).  Only as the tables' owner (or a superuser), and not while another session
 -- analyzes them (lock_timeout): others leave it to autovacuum.  Costs two EXPLAINs when the statistics are fine.
 CREATE OR REPLACE FUNCTION storetopics._analyze_if_stale(p_source int, p_store text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET lock_timeout = '100ms' AS $$
@@ -103326,13 +103327,11 @@ BEGIN
      OR EXISTS (SELECT 1 FROM storetopics.file_clusters c WHERE c.source_id = p_source
                    AND (p_store IS NULL OR c.store_key = p_store))
         AND (v_clusters -> 0 -> 'Plan' ->> 'Plan Rows')::float8 * 10 < v_files THEN
-    BEGIN
-      ANALYZE storetopics.file_terms, storetopics.file_clusters, storetopics.store_terms, storetopics.catalog_terms,
-              storetopics.lexemes;
-    EXCEPTION WHEN lock_not_available THEN
-      NULL;   -- (another session is analyzing them)
-    END;
+    ANALYZE storetopics.file_terms, storetopics.file_clusters, storetopics.store_terms, storetopics.catalog_terms,
+            storetopics.lexemes;
   END IF;
+EXCEPTION WHEN lock_not_available THEN
+  NULL;   -- (another session is analyzing them, or altering one)
 END $$;
 
 -- idempotent/050-settings.sql
@@ -104116,6 +104115,8 @@ DECLARE
   v_due int;
   v_shift float8;
 BEGIN
+  -- (first, for the worker's pass and render alike, which calls this first: a store new to the statistics)
+  PERFORM storetopics._analyze_if_stale(p_source, p_store);
   SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
   IF NOT FOUND OR st.words_version = st.version THEN
     RETURN 0;
@@ -105908,7 +105909,6 @@ BEGIN
     v_reused := FOUND;   -- (the table stays until commit: the values read may still point into its TOAST)
   END IF;
   IF NOT v_reused THEN
-    PERFORM storetopics._analyze_if_stale(p_source, p_store);   -- (a store new to the statistics)
     SELECT * INTO v_topic_list, v_terms, v_dist, v_topics FROM storetopics._render_candidate(src, st);
   END IF;
   -- every chunk of the candidates: the text with every candidate, and each candidate as _pack costs it (followed
@@ -107653,4 +107653,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '77623777') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1067246503') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

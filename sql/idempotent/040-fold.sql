@@ -482,7 +482,8 @@ END $$;
 -- source's): a store attached or grown since autovacuum last came by.  The planner takes its rows for one, and a join
 -- planned on that reads one side whole for each row of the other: a render of a 3,000-file store that takes 36 s, a
 -- fit's reassignment 30-60 s (bench/README.md).  The readers that can are written so that no estimate changes how
--- much they read; this is for the others.  Only as the tables' owner (or a superuser), and not while another session
+-- much they read; this is for the others (before the clusters' words and a render, storetopics._refresh_words; after a
+-- fold and a fit's reassignment).  Only as the tables' owner (or a superuser), and not while another session
 -- analyzes them (lock_timeout): others leave it to autovacuum.  Costs two EXPLAINs when the statistics are fine.
 CREATE OR REPLACE FUNCTION storetopics._analyze_if_stale(p_source int, p_store text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET lock_timeout = '100ms' AS $$
@@ -506,11 +507,9 @@ BEGIN
      OR EXISTS (SELECT 1 FROM storetopics.file_clusters c WHERE c.source_id = p_source
                    AND (p_store IS NULL OR c.store_key = p_store))
         AND (v_clusters -> 0 -> 'Plan' ->> 'Plan Rows')::float8 * 10 < v_files THEN
-    BEGIN
-      ANALYZE storetopics.file_terms, storetopics.file_clusters, storetopics.store_terms, storetopics.catalog_terms,
-              storetopics.lexemes;
-    EXCEPTION WHEN lock_not_available THEN
-      NULL;   -- (another session is analyzing them)
-    END;
+    ANALYZE storetopics.file_terms, storetopics.file_clusters, storetopics.store_terms, storetopics.catalog_terms,
+            storetopics.lexemes;
   END IF;
+EXCEPTION WHEN lock_not_available THEN
+  NULL;   -- (another session is analyzing them, or altering one)
 END $$;

@@ -576,6 +576,8 @@ DECLARE
   v_due int;
   v_shift float8;
 BEGIN
+  -- (first, for the worker's pass and render alike, which calls this first: a store new to the statistics)
+  PERFORM storetopics._analyze_if_stale(p_source, p_store);
   SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
   IF NOT FOUND OR st.words_version = st.version THEN
     RETURN 0;

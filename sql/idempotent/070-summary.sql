@@ -560,7 +560,6 @@ BEGIN
     v_reused := FOUND;   -- (the table stays until commit: the values read may still point into its TOAST)
   END IF;
   IF NOT v_reused THEN
-    PERFORM storetopics._analyze_if_stale(p_source, p_store);   -- (a store new to the statistics)
     SELECT * INTO v_topic_list, v_terms, v_dist, v_topics FROM storetopics._render_candidate(src, st);
   END IF;
   -- every chunk of the candidates: the text with every candidate, and each candidate as _pack costs it (followed
