@@ -105764,7 +105764,7 @@ BEGIN
   -- taken (a bounded sort, no lexeme read), and only they are named, ranked and tested (storetopics._term_head).
   -- Rounding is monotone, so every term whose rounded score beats the m-th's is among them, and those terms are the
   -- exact head of the full ranking (rounded score, then lexeme).  When fewer than n of them pass the tests, m grows.
-  v_probe := v_files < 0.01 * v_all;
+  v_probe := v_files < 0.001 * v_all;
   LOOP
     IF NOT v_probe THEN
       PERFORM set_config('enable_nestloop', 'off', true);
@@ -107653,4 +107653,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1067246503') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '3868457224') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -1,5 +1,6 @@
-"""A source attached after another was folded renders on statistics that have not seen it, until autovacuum analyzes
-the state (a minute or more; fold analyzes only after 1,000 files on an emptier table).  On those statistics the
+"""A source attached after another was folded renders on statistics that have not seen it until the state is analyzed:
+by autovacuum (a minute or more), or by storetopics._analyze_if_stale, which a worker role (grant_worker) may not
+run, and which waits for a store of 1,000 files.  On those statistics the
 planner estimates one row for each of the new source's stores and its catalog, and a join planned on them as a
 nested loop reads one side whole once per row of the other: 58 s a store of 14k terms, 1.2 s an upload's render
 (bench/README.md).  What a render reads must not depend on them.  Measured in buffers (a function scan's counts
@@ -11,35 +12,38 @@ import re
 
 import pytest
 
-from tests.helpers import attach_chunks, backfill, create_chunks, insert_chunks
+from tests.helpers import attach_chunks, backfill, create_chunks, insert_chunks, tenants
 
 
 @pytest.fixture
-def second(conn):
-    """(conn, source id): the second source, folded on statistics taken when only the first was: its two big
-    stores 's' and 'other' on words of their own, and 'tiny', one file in 401 (under 1% of the catalog's files)."""
-    for table in ("store_terms", "catalog_terms", "file_terms", "lexemes"):   # (no autovacuum: they stay stale)
-        conn.execute(f"ALTER TABLE storetopics.{table} SET (autovacuum_enabled = false)")
+def second(dsn):
+    """(the admin's connection, source id): tenant b's table, backfilled by a worker role (storetopics.grant_worker:
+    it may not ANALYZE the state) on statistics taken when only tenant a's was folded: b's two big stores 's' and 'other' on words of their own, and
+    'tiny', one file in 1,001 (under 0.1% of the catalog's files: probed)."""
     rng = random.Random(7)
     vocabulary = ["".join(chr(97 + rng.randrange(26)) for _ in range(6)) for _ in range(6000)]
 
     def rows(store: str, files: int, words: list[str], first: int = 1) -> list[tuple]:
-        return [(store, f, " ".join(rng.choice(words) for _ in range(120)), None) for f in range(first, first + files)]
+        return [(store, f, " ".join(rng.choice(words) for _ in range(120))) for f in range(first, first + files)]
 
-    for name in ("first", "second"):
-        create_chunks(conn, name)
-        attach_chunks(conn, name, embedding=False)
-    insert_chunks(conn, rows("s", 200, vocabulary), "first")
-    backfill(conn, "first")
-    conn.execute("ANALYZE")
-    insert_chunks(conn, rows("s", 200, vocabulary[:4000]) + rows("other", 200, vocabulary[2000:], first=201)
-                  + [("tiny", 1000, " ".join(vocabulary[:400]), None)], "second")
-    source = conn.execute("SELECT id FROM storetopics.sources WHERE chunks = 'second'::regclass").fetchone()[0]
-    while conn.execute("SELECT storetopics._fold(%s)", (source,)).fetchone()[0]:
-        pass
-    assert conn.execute("SELECT count(*) FROM storetopics.catalog_terms WHERE catalog = storetopics._catalog(%s)",
-                        (source,)).fetchone()[0] > 4000
-    return conn, source
+    def load(tenant: str, data: list[tuple]) -> None:
+        with conns[tenant].cursor() as cur:
+            cur.executemany(f"INSERT INTO {tenant}.docs (store, file, content) VALUES (%s, %s, %s)", data)
+        conns["worker"].execute("SELECT * FROM storetopics.backfill()")
+
+    def worker(admin, roles) -> None:
+        admin.execute("SELECT storetopics.grant_worker(%s)", (roles["worker"],))
+
+    with tenants(dsn, ("worker",), prepare=worker) as (_roles, conns, admin, sources):
+        for table in ("store_terms", "catalog_terms", "file_terms", "lexemes"):   # (no autovacuum: they stay stale)
+            admin.execute(f"ALTER TABLE storetopics.{table} SET (autovacuum_enabled = false)")
+        load("a", rows("s", 200, vocabulary))
+        admin.execute("ANALYZE")
+        load("b", rows("s", 200, vocabulary[:4000]) + rows("other", 800, vocabulary[2000:], first=201)
+             + [("tiny", 5000, " ".join(vocabulary[:400]))])
+        assert admin.execute("SELECT count(*) FROM storetopics.catalog_terms WHERE catalog = storetopics._catalog(%s)",
+                             (sources["b"],)).fetchone()[0] > 4000
+        yield admin, sources["b"]
 
 
 def join_filtered(conn, sql: str, params: tuple) -> int:
@@ -68,7 +72,7 @@ def store_terms(conn, source: int, store: str) -> int:
                         (source, store)).fetchone()[0]
 
 
-@pytest.mark.parametrize("store, per_term", [("s", 5), ("tiny", 20)])
+@pytest.mark.parametrize("store, per_term", [("s", 5), ("other", 5), ("tiny", 20)])
 def test_contrast_terms_read_the_catalog_once(second, store, per_term):
     """Hashed for a store with much of the catalog's files, probed once per term for one with few (the head's
     look-ups of lexemes count too)."""
@@ -84,16 +88,13 @@ def test_contrast_terms_read_the_catalog_once(second, store, per_term):
 
 
 def test_an_uploaded_files_terms_are_looked_up_once(second):
-    """The document frequencies of a new file's terms (what a render after an upload computes first)."""
+    """The document frequencies of one file's terms (what a render after an upload computes first, for the new
+    file)."""
     conn, source = second
-    insert_chunks(conn, [("s", 5000, "alpha beta gamma " * 10 + " ".join(f"w{chr(97 + i % 26)}{chr(97 + i // 26)}x"
-                                                                         for i in range(300)), None)], "second")
-    while conn.execute("SELECT storetopics._fold(%s)", (source,)).fetchone()[0]:
-        pass
     terms = conn.execute("SELECT cardinality(term_ids) FROM storetopics.file_terms WHERE source_id = %s "
-                         "AND file_key = '5000'", (source,)).fetchone()[0]
-    assert terms >= 300 and store_terms(conn, source, "s") > 4000
-    sql = "SELECT storetopics._store_dfs(%s, 's', ARRAY['5000'])"
+                         "AND file_key = '7'", (source,)).fetchone()[0]
+    assert terms >= 100 and store_terms(conn, source, "s") > 3000
+    sql = "SELECT storetopics._store_dfs(%s, 's', ARRAY['7'])"
     read = buffers(conn, sql, (source,))
     assert read <= 10 * terms, f"{read:,} buffers read for the file's {terms:,} terms"
     dropped = join_filtered(conn, sql, (source,))
