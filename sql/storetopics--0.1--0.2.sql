@@ -105712,14 +105712,14 @@ RETURN CASE WHEN NOT offline AND label IS NOT NULL AND storetopics._screen(label
 -- counts: a term every file holds is no news), as p * ln(p / q), its part of the divergence between the store and the
 -- rest; only terms more common here than elsewhere, in at least two files of a store of 20 or more (one file's words
 -- are the distinctive list's business).  Exact: computed from the sums fold keeps (store_terms, catalog_terms, and
--- the catalog's size from its sources' store_count and file_count), one index probe per term of the store and no
--- other store's row read, whatever the catalog's size (bench/catalog.py measures it).  A store alone
--- in its catalog has nothing to be told apart from: its terms rank by p.
+-- the catalog's size from its sources' store_count and file_count), and no other store's row read, whatever the
+-- catalog's size (bench/catalog.py measures it).  A store alone in its catalog has nothing to be told apart from: its
+-- terms rank by p.
 -- How the catalog's rows are read is chosen here, from the counters, not left to the statistics: a new source's
 -- first render runs before autovacuum has seen it, and on those statistics the planner took the store's terms and
 -- the catalog's for one row each and read the catalog's every term once per term of the store (bench/README.md).
--- A store with a small part of the catalog's files probes the catalog once per term (a sub-select, which nothing
--- can plan otherwise); a larger one reads the catalog's terms once, hashed (a join with nested loops off).
+-- A store with under 0.1% of the catalog's files probes the catalog once per term (a sub-select, which nothing can
+-- plan otherwise); a larger one reads the catalog's terms once, hashed (a join with nested loops off).
 CREATE OR REPLACE FUNCTION storetopics._contrast_terms(p_source int, p_store text, n int DEFAULT 60,
                                                        p_script text DEFAULT NULL)
 RETURNS TABLE (lexeme text, score float8, files int, share float8, rest_share float8)
@@ -107653,4 +107653,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '3868457224') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1261546571') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
