@@ -49,14 +49,22 @@ def second(dsn):
 def join_filtered(conn, sql: str, params: tuple) -> int:
     """The most rows one join of the statement's plans, its functions' statements included, tested and dropped."""
     plans: list[str] = []
-    conn.add_notice_handler(lambda d: plans.append(d.message_primary or "") if d.severity == "LOG" else None)
-    with conn.transaction():
-        for setting, value in (("auto_explain.log_min_duration", "0"), ("auto_explain.log_nested_statements", "on"),
-                               ("auto_explain.log_analyze", "on"), ("auto_explain.log_timing", "off"),
-                               ("client_min_messages", "log")):
+
+    def keep(d) -> None:
+        if d.severity == "LOG":
+            plans.append(d.message_primary or "")
+
+    conn.add_notice_handler(keep)
+    try:
+        with conn.transaction():
             conn.execute("LOAD 'auto_explain'")
-            conn.execute("SELECT set_config(%s, %s, true)", (setting, value))
-        conn.execute(sql, params).fetchall()
+            for setting, value in (("auto_explain.log_min_duration", "0"), ("auto_explain.log_nested_statements", "on"),
+                                   ("auto_explain.log_analyze", "on"), ("auto_explain.log_timing", "off"),
+                                   ("client_min_messages", "log")):
+                conn.execute("SELECT set_config(%s, %s, true)", (setting, value))
+            conn.execute(sql, params).fetchall()
+    finally:
+        conn.remove_notice_handler(keep)
     assert any("Query Text" in p for p in plans)
     return max([int(n) for p in plans for n in re.findall(r"Rows Removed by Join Filter: (\d+)", p)], default=0)
 
