@@ -105998,9 +105998,16 @@ BEGIN
     v_topic_list := v_s.kept;
     v_screened := v_screened || v_s.dropped;
   END IF;
-  -- Distinctive words no cluster explains: the rare file that KMeans absorbs into a big cluster.
+  -- Distinctive words no cluster explains: the rare file that KMeans absorbs into a big cluster.  An outlier file's
+  -- words are what that file is about: they give way only to a topic the text shows, not to a cluster's unshown
+  -- words (a page on unit conversions planted among plotting pages lost "units" to a cluster about axes).
   v_dist := ARRAY(SELECT d FROM unnest(v_dist) WITH ORDINALITY AS u(d, i)
-                   WHERE lower(d) <> ALL (coalesce(v_explained, '{}')) ORDER BY i);
+                   WHERE lower(d) <> ALL (coalesce(v_explained, '{}'))
+                      OR d IN (SELECT x ->> 'term' FROM jsonb_array_elements(v_kw -> 'distinctive') x
+                                WHERE x ->> 'file' IS NOT NULL)
+                         AND lower(d) <> ALL (regexp_split_to_array(
+                                                lower(coalesce(array_to_string(v_topic_list, ' '), '')), '\s+'))
+                   ORDER BY i);
   -- Terms that a topic already says are no news.
   v_terms := ARRAY(SELECT w FROM unnest(v_terms) WITH ORDINALITY AS u(w, i)
                     WHERE lower(w) <> ALL (regexp_split_to_array(lower(coalesce(array_to_string(v_topic_list, ' '), '')), '\s+'))
@@ -107653,4 +107660,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1261546571') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '3975136778') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -321,6 +321,26 @@ def test_a_moderately_novel_file_surfaces_when_the_clusters_find_it_apart(make_d
             assert attributed == [] and "gambit" not in text_, (attributed, text_)
 
 
+def test_an_outlier_files_words_show_though_a_cluster_holds_them(make_db):
+    """An outlier file's top words are what it is about: one that is also among a cluster's words (which the text does
+    not show) still shows among the distinctive words; only a word a shown topic already says gives way."""
+    with psycopg.connect(make_db(plpython=True), autocommit=True) as conn:
+        setup_table(conn)
+        insert(conn, base_rows())
+        conn.execute("SELECT * FROM storetopics.backfill()")
+        rng = np.random.default_rng(5)
+        # a chess page that says "grout" (a kitchen cluster's word) over and over
+        insert(conn, [("s1", "needle", " ".join(list(rng.choice(FAR["chess"].split(), 40)) + ["grout"] * 30),
+                       vec("chess", rng)) for _ in range(3)])
+        conn.execute("SELECT * FROM storetopics.backfill()")
+        text_, topics = summary(conn)
+        attributed = [d["term"] for d in topics["distinctive"] if d["file"] == "needle"]
+        held = [c["keywords"] for c in topics["clusters"] if "grout" in c["keywords"]]
+        shown_topics = text_.split("Terms:")[0].split("Distinctive:")[0]
+        assert "grout" in attributed and held and "grout" not in shown_topics, (attributed, topics["clusters"], text_)
+        assert "grout" in text_.split("Distinctive:")[1], text_
+
+
 def test_refit_of_unchanged_data_with_another_seed_changes_nothing_a_router_sees(make_db):
     with psycopg.connect(make_db(plpython=True), autocommit=True) as conn:
         source = setup_table(conn)
