@@ -323,7 +323,7 @@ def test_a_moderately_novel_file_surfaces_when_the_clusters_find_it_apart(make_d
 
 def test_an_outlier_files_words_show_though_a_cluster_holds_them(make_db):
     """An outlier file's top words are what it is about: one that is also among a cluster's words (which the text does
-    not show) still shows among the distinctive words; only a word a shown topic already says gives way."""
+    not show) still shows among the distinctive words."""
     with psycopg.connect(make_db(plpython=True), autocommit=True) as conn:
         setup_table(conn)
         insert(conn, base_rows())

@@ -651,7 +651,7 @@ BEGIN
   END IF;
   -- Distinctive words no cluster explains: the rare file that KMeans absorbs into a big cluster.  An outlier file's
   -- words are what that file is about: they give way only to a topic the text shows, not to a cluster's unshown
-  -- words (a page on unit conversions planted among plotting pages lost "units" to a cluster about axes).
+  -- words (a page on unit conversions planted among gnuplot's pages lost "units" to a cluster's words).
   v_dist := ARRAY(SELECT d FROM unnest(v_dist) WITH ORDINALITY AS u(d, i)
                    WHERE lower(d) <> ALL (coalesce(v_explained, '{}'))
                       OR d IN (SELECT x ->> 'term' FROM jsonb_array_elements(v_kw -> 'distinctive') x
