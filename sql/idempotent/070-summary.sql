@@ -609,6 +609,7 @@ DECLARE
   v_clusters jsonb;
   v_topic_list text[];
   v_explained text[];
+  v_said text[];        -- the words of the topics shown
   v_screened jsonb := '[]';   -- what the screen dropped, and why
   v_s record;
   v_topics_from text;   -- what the topic list is made of: clusters, the labeller's store labels, mined phrases
@@ -617,12 +618,8 @@ BEGIN
   SELECT * INTO v_terms, v_dist, v_kw FROM storetopics._render_terms(src, st.store_key);
 
   -- Everything rendered is user text a router reads: screened (storetopics._screen), what is dropped is recorded.
-  SELECT * INTO v_s FROM storetopics._screened(v_terms, 'terms');
-  v_terms := v_s.kept;
-  v_screened := v_screened || v_s.dropped;
-  SELECT * INTO v_s FROM storetopics._screened(v_dist, 'distinctive');
-  v_dist := v_s.kept;
-  v_screened := v_screened || v_s.dropped;
+  SELECT s.kept, v_screened || s.dropped INTO v_terms, v_screened FROM storetopics._screened(v_terms, 'terms') s;
+  SELECT s.kept, v_screened || s.dropped INTO v_dist, v_screened FROM storetopics._screened(v_dist, 'distinctive') s;
 
   -- Clusters, largest first, with the label a router sees: the labeller's, or the offline one (a phrase).
   SELECT x.clusters, x.explained, v_screened || x.screened INTO v_clusters, v_explained, v_screened
@@ -649,19 +646,17 @@ BEGIN
     v_topic_list := v_s.kept;
     v_screened := v_screened || v_s.dropped;
   END IF;
+  v_said := regexp_split_to_array(lower(coalesce(array_to_string(v_topic_list, ' '), '')), '\s+');
   -- Distinctive words no cluster explains: the rare file that KMeans absorbs into a big cluster.  An outlier file's
-  -- words are what that file is about: they give way only to a topic the text shows, not to a cluster's unshown
-  -- words (a page on unit conversions planted among gnuplot's pages lost "units" to a cluster's words).
+  -- words are what that file is about: they give way only to a topic shown, not to a cluster's unshown words (a page
+  -- on unit conversions planted among gnuplot's pages lost "units" to a cluster's words).
   v_dist := ARRAY(SELECT d FROM unnest(v_dist) WITH ORDINALITY AS u(d, i)
                    WHERE lower(d) <> ALL (coalesce(v_explained, '{}'))
-                      OR d IN (SELECT x ->> 'term' FROM jsonb_array_elements(v_kw -> 'distinctive') x
-                                WHERE x ->> 'file' IS NOT NULL)
-                         AND lower(d) <> ALL (regexp_split_to_array(
-                                                lower(coalesce(array_to_string(v_topic_list, ' '), '')), '\s+'))
-                   ORDER BY i);
+                      OR lower(d) <> ALL (v_said) AND d IN (SELECT x ->> 'term' FROM jsonb_array_elements(v_kw -> 'distinctive') x
+                                                             WHERE x ->> 'file' IS NOT NULL) ORDER BY i);
   -- Terms that a topic already says are no news.
   v_terms := ARRAY(SELECT w FROM unnest(v_terms) WITH ORDINALITY AS u(w, i)
-                    WHERE lower(w) <> ALL (regexp_split_to_array(lower(coalesce(array_to_string(v_topic_list, ' '), '')), '\s+'))
+                    WHERE lower(w) <> ALL (v_said)
                       AND lower(w) <> ALL (coalesce(ARRAY(SELECT lower(x) FROM unnest(v_dist) x), '{}'))
                     ORDER BY i);
   v_topics := jsonb_build_object('version', 2, 'files', st.files, 'chunks', st.chunks, 'words', st.words,
