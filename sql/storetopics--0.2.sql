@@ -100911,6 +100911,18 @@ ALTER TABLE storetopics.file_terms DROP COLUMN cluster_ids, DROP COLUMN cluster_
 ALTER TABLE storetopics.store_terms SET (fillfactor = 70);
 ALTER TABLE storetopics.catalog_terms SET (fillfactor = 70);
 
+-- incremental/0.2/014-term-words.sql
+-- storetopics 0.2: the word a summary shows for a stem is learnt from its owner's texts.  The table was one per text
+-- search configuration, filled by whichever store needed a stem first: one tenant's texts chose the words of
+-- another's summary ("universe" in a summary of university pages; tests/test_security.py).  Per owner, as catalogs
+-- are.  What was learnt is forgotten: each owner's stores learn their words again at their next render.  (_show,
+-- whose body reads the old key, first.)
+DROP FUNCTION IF EXISTS storetopics._show(regconfig, text);
+DELETE FROM storetopics.term_words;
+ALTER TABLE storetopics.term_words DROP CONSTRAINT IF EXISTS term_words_pkey;
+ALTER TABLE storetopics.term_words ADD COLUMN owner regrole NOT NULL;
+ALTER TABLE storetopics.term_words ADD PRIMARY KEY (owner, ts_config, lexeme);
+
 -- idempotent/010-helpers.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Helpers
@@ -102515,6 +102527,10 @@ BEGIN
   DELETE FROM storetopics.clusters WHERE source_id = p_source;
   DELETE FROM storetopics.label_ledger WHERE source_id = p_source;
   DELETE FROM storetopics.grants WHERE source_id = p_source;
+  -- the words learnt from the owner's texts, with the owner's last source
+  DELETE FROM storetopics.term_words w USING storetopics.sources s
+   WHERE s.id = p_source AND w.owner = s.owner
+     AND NOT EXISTS (SELECT 1 FROM storetopics.sources o WHERE o.owner = s.owner AND o.id <> p_source);
   DELETE FROM storetopics.sources WHERE id = p_source;
 END $$;
 
@@ -104237,7 +104253,6 @@ CREATE OR REPLACE FUNCTION storetopics._cluster_keywords(p_source int, p_store t
                                               n_words int DEFAULT 15) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
-  v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
   v_from text;
 BEGIN
   -- the picked files, each cluster's most committed first, with their term arrays (one statement: one snapshot;
@@ -104310,9 +104325,9 @@ BEGIN
      SET keywords = coalesce(w.words, '{}')
     FROM storetopics.clusters k2
     LEFT JOIN (SELECT z.cluster_id, (array_agg(z.word ORDER BY z.r))[1:n_words] AS words
-                 FROM (SELECT DISTINCT ON (c.cluster_id, storetopics._show(v_cfg, c.lexeme)) c.cluster_id, c.r,
-                              storetopics._show(v_cfg, c.lexeme) AS word
-                         FROM pg_temp.storetopics_ct c ORDER BY c.cluster_id, storetopics._show(v_cfg, c.lexeme), c.r) z
+                 FROM (SELECT DISTINCT ON (c.cluster_id, storetopics._show(p_source, c.lexeme)) c.cluster_id, c.r,
+                              storetopics._show(p_source, c.lexeme) AS word
+                         FROM pg_temp.storetopics_ct c ORDER BY c.cluster_id, storetopics._show(p_source, c.lexeme), c.r) z
                 GROUP BY 1) w ON w.cluster_id = k2.cluster_id
    WHERE k.source_id = p_source AND k.store_key = p_store
      AND k2.source_id = k.source_id AND k2.store_key = k.store_key AND k2.cluster_id = k.cluster_id
@@ -104322,8 +104337,9 @@ BEGIN
   UPDATE storetopics.store_state
      SET cluster_words_from = CASE WHEN p_clusters IS NULL AND NOT EXISTS (
                                      SELECT 1 FROM pg_temp.storetopics_ct c
-                                      WHERE NOT EXISTS (SELECT 1 FROM storetopics.term_words w
-                                                         WHERE w.ts_config = v_cfg AND w.lexeme = c.lexeme))
+                                      WHERE NOT EXISTS (SELECT 1 FROM storetopics.sources s, storetopics.term_words w
+                                                         WHERE s.id = p_source AND w.owner = s.owner
+                                                           AND w.ts_config = s.ts_config AND w.lexeme = c.lexeme))
                                    THEN v_from END
    WHERE source_id = p_source AND store_key = p_store;
   DROP TABLE pg_temp.storetopics_ct;
@@ -105823,7 +105839,8 @@ BEGIN
 END $$;
 
 -- The words people wrote for some lexemes of a store, learnt from the texts of files that contain them and
--- remembered in storetopics.term_words.  Returns how many lexemes were learnt.
+-- remembered in storetopics.term_words for the source's owner (per owner, as catalogs are: another tenant's texts
+-- never choose them).  Returns how many lexemes were learnt.
 CREATE OR REPLACE FUNCTION storetopics._learn_words(p_source int, p_store text, p_lexemes text[]) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -105840,7 +105857,8 @@ BEGIN
   PERFORM pg_advisory_xact_lock(hashtext('storetopics.term_words'));
   v_missing := ARRAY(SELECT DISTINCT l FROM unnest(p_lexemes) l
                       WHERE NOT EXISTS (SELECT 1 FROM storetopics.term_words w
-                                         WHERE w.ts_config = src.ts_config AND w.lexeme = l));
+                                         WHERE w.owner = src.owner AND w.ts_config = src.ts_config
+                                           AND w.lexeme = l));
   IF cardinality(v_missing) = 0 THEN
     RETURN 0;
   END IF;
@@ -105872,8 +105890,8 @@ BEGIN
   EXECUTE format('SELECT array_agg(x.t) FROM %s(''texts'', $1, $2, NULL) AS x(t text)',
                  storetopics._reader(p_source))
     INTO v_texts USING v_files, p_store;
-  INSERT INTO storetopics.term_words (ts_config, lexeme, word)
-  SELECT DISTINCT ON (m.lexeme) src.ts_config, m.lexeme, m.word
+  INSERT INTO storetopics.term_words (owner, ts_config, lexeme, word)
+  SELECT DISTINCT ON (m.lexeme) src.owner, src.ts_config, m.lexeme, m.word
     -- Words are read both whole ("open-source") and split at hyphens ("open", "source").  A word speaks for a
     -- lexeme when it gives only that lexeme, or, for a hyphenated word, for its compound lexeme only.
     FROM (SELECT w.word, w.n, l.lexeme
@@ -105908,9 +105926,12 @@ RETURN storetopics._read_arm('texts', format('SELECT (%s)::text FROM %s AS c WHE
                                              storetopics._read_by_files(src), storetopics._read_by_store(src)),
                              'files, store');
 
-CREATE OR REPLACE FUNCTION storetopics._show(cfg regconfig, lexeme text) RETURNS text
+-- A lexeme as the texts of its source's owner write it (storetopics._learn_words), else the lexeme.
+CREATE OR REPLACE FUNCTION storetopics._show(p_source int, lexeme text) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-RETURN coalesce((SELECT w.word FROM storetopics.term_words w WHERE w.ts_config = cfg AND w.lexeme = _show.lexeme),
+RETURN coalesce((SELECT w.word FROM storetopics.sources s JOIN storetopics.term_words w
+                      ON w.owner = s.owner AND w.ts_config = s.ts_config AND w.lexeme = _show.lexeme
+                  WHERE s.id = p_source),
                 lexeme);
 
 CREATE OR REPLACE FUNCTION storetopics._human_count(n bigint) RETURNS text
@@ -106272,7 +106293,6 @@ CREATE OR REPLACE FUNCTION storetopics._contrast_shown(p_source int, p_store tex
 RETURNS TABLE (rank int, lexeme text, word text, score float8, files int)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
   v_lexemes text[];
   v_scores float8[];
   v_files int[];
@@ -106285,7 +106305,7 @@ BEGIN
   RETURN QUERY
     SELECT (row_number() OVER (ORDER BY x.i))::int, x.lexeme, x.word, x.score, x.files
       FROM (SELECT DISTINCT ON (w.word) w.*
-              FROM (SELECT u.lexeme, storetopics._show(v_cfg, u.lexeme) AS word, u.score, u.files, u.i
+              FROM (SELECT u.lexeme, storetopics._show(p_source, u.lexeme) AS word, u.score, u.files, u.i
                       FROM unnest(v_lexemes, v_scores, v_files) WITH ORDINALITY AS u(lexeme, score, files, i)) w
              ORDER BY w.word, w.i) x
      ORDER BY x.i;
@@ -106338,7 +106358,7 @@ BEGIN
                                FILTER (WHERE k.kind = 'contrast'), '[]'))
     INTO terms, distinctive, lists
     FROM (SELECT DISTINCT ON (u.kind, u.word) u.*
-            FROM (SELECT x.kind, x.rank, x.lexeme, storetopics._show(src.ts_config, x.lexeme) AS word, x.score,
+            FROM (SELECT x.kind, x.rank, x.lexeme, storetopics._show(src.id, x.lexeme) AS word, x.score,
                          x.files, x.total, x.file_key
                     FROM unnest(v_kind, v_rank, v_lexeme, v_score, v_files, v_total, v_file)
                          AS x(kind, rank, lexeme, score, files, total, file_key)) u
@@ -107590,7 +107610,7 @@ BEGIN
      GROUP BY u.source_id, u.store_key
   )
   SELECT p.source_id, p.store_key, p.tool_name, p.score, NULL::int,
-         storetopics._show(s.ts_config, p.best),
+         storetopics._show(p.source_id, p.best),
          NULL::float8, NULL::boolean,
          p.score >= (storetopics._settings(p.source_id) ->> 'route_text_threshold')::float8
     FROM per_store p JOIN storetopics.sources s ON s.id = p.source_id
@@ -107892,4 +107912,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '3162128034') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '3592734826') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -614,6 +614,24 @@ def test_a_tenant_that_names_anothers_catalog_joins_a_catalog_of_its_own(cast):
                               (sorted({r[0] for r in background}),)).fetchall() == background
 
 
+def test_a_tenant_does_not_choose_the_words_of_anothers_summary(cast):
+    """A summary shows a stem in a word learnt from its own source's texts: a tenant whose texts said "universe"
+    first does not make another's summary of university pages say "universe" (both are the stem "univers")."""
+    cast.table(cast.a, "a", [("cosmos", i, "the universe and its galaxies, the expanding universe of stars")
+                             for i in range(1, 4)])
+    cast.attach(cast.a, "a")
+    cast.admin.execute("SELECT * FROM storetopics.backfill()")
+    texts = dict(cast.admin.execute("SELECT store_key, store_topics FROM storetopics.store_state").fetchall())
+    assert "universe" in texts["cosmos"], texts
+    cast.table(cast.b, "b", [("campus", i, "the university and its colleges, a university degree for students")
+                             for i in range(1, 4)])
+    cast.attach(cast.b, "b")
+    cast.admin.execute("SELECT * FROM storetopics.backfill()")
+    texts = dict(cast.admin.execute("SELECT store_key, store_topics FROM storetopics.store_state").fetchall())
+    assert "university" in texts["campus"] and "universe" not in texts["campus"], texts
+    assert "universe" in texts["cosmos"] and "university" not in texts["cosmos"], texts
+
+
 @pytest.mark.parametrize("changes", ['{"model": "claude-opus-4"}', '{"prices": {"claude-haiku-4-5": [0, 0]}}',
                                      '{"labeller": "anthropic"}', '{"labeller": null}'])
 def test_what_the_operator_pays_for_is_the_operators_setting(cast, changes):

@@ -54,6 +54,10 @@ BEGIN
   DELETE FROM storetopics.clusters WHERE source_id = p_source;
   DELETE FROM storetopics.label_ledger WHERE source_id = p_source;
   DELETE FROM storetopics.grants WHERE source_id = p_source;
+  -- the words learnt from the owner's texts, with the owner's last source
+  DELETE FROM storetopics.term_words w USING storetopics.sources s
+   WHERE s.id = p_source AND w.owner = s.owner
+     AND NOT EXISTS (SELECT 1 FROM storetopics.sources o WHERE o.owner = s.owner AND o.id <> p_source);
   DELETE FROM storetopics.sources WHERE id = p_source;
 END $$;
 

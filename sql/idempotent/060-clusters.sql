@@ -461,7 +461,6 @@ CREATE OR REPLACE FUNCTION storetopics._cluster_keywords(p_source int, p_store t
                                               n_words int DEFAULT 15) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
-  v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
   v_from text;
 BEGIN
   -- the picked files, each cluster's most committed first, with their term arrays (one statement: one snapshot;
@@ -534,9 +533,9 @@ BEGIN
      SET keywords = coalesce(w.words, '{}')
     FROM storetopics.clusters k2
     LEFT JOIN (SELECT z.cluster_id, (array_agg(z.word ORDER BY z.r))[1:n_words] AS words
-                 FROM (SELECT DISTINCT ON (c.cluster_id, storetopics._show(v_cfg, c.lexeme)) c.cluster_id, c.r,
-                              storetopics._show(v_cfg, c.lexeme) AS word
-                         FROM pg_temp.storetopics_ct c ORDER BY c.cluster_id, storetopics._show(v_cfg, c.lexeme), c.r) z
+                 FROM (SELECT DISTINCT ON (c.cluster_id, storetopics._show(p_source, c.lexeme)) c.cluster_id, c.r,
+                              storetopics._show(p_source, c.lexeme) AS word
+                         FROM pg_temp.storetopics_ct c ORDER BY c.cluster_id, storetopics._show(p_source, c.lexeme), c.r) z
                 GROUP BY 1) w ON w.cluster_id = k2.cluster_id
    WHERE k.source_id = p_source AND k.store_key = p_store
      AND k2.source_id = k.source_id AND k2.store_key = k.store_key AND k2.cluster_id = k.cluster_id
@@ -546,8 +545,9 @@ BEGIN
   UPDATE storetopics.store_state
      SET cluster_words_from = CASE WHEN p_clusters IS NULL AND NOT EXISTS (
                                      SELECT 1 FROM pg_temp.storetopics_ct c
-                                      WHERE NOT EXISTS (SELECT 1 FROM storetopics.term_words w
-                                                         WHERE w.ts_config = v_cfg AND w.lexeme = c.lexeme))
+                                      WHERE NOT EXISTS (SELECT 1 FROM storetopics.sources s, storetopics.term_words w
+                                                         WHERE s.id = p_source AND w.owner = s.owner
+                                                           AND w.ts_config = s.ts_config AND w.lexeme = c.lexeme))
                                    THEN v_from END
    WHERE source_id = p_source AND store_key = p_store;
   DROP TABLE pg_temp.storetopics_ct;

@@ -237,7 +237,8 @@ BEGIN
 END $$;
 
 -- The words people wrote for some lexemes of a store, learnt from the texts of files that contain them and
--- remembered in storetopics.term_words.  Returns how many lexemes were learnt.
+-- remembered in storetopics.term_words for the source's owner (per owner, as catalogs are: another tenant's texts
+-- never choose them).  Returns how many lexemes were learnt.
 CREATE OR REPLACE FUNCTION storetopics._learn_words(p_source int, p_store text, p_lexemes text[]) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -254,7 +255,8 @@ BEGIN
   PERFORM pg_advisory_xact_lock(hashtext('storetopics.term_words'));
   v_missing := ARRAY(SELECT DISTINCT l FROM unnest(p_lexemes) l
                       WHERE NOT EXISTS (SELECT 1 FROM storetopics.term_words w
-                                         WHERE w.ts_config = src.ts_config AND w.lexeme = l));
+                                         WHERE w.owner = src.owner AND w.ts_config = src.ts_config
+                                           AND w.lexeme = l));
   IF cardinality(v_missing) = 0 THEN
     RETURN 0;
   END IF;
@@ -286,8 +288,8 @@ BEGIN
   EXECUTE format('SELECT array_agg(x.t) FROM %s(''texts'', $1, $2, NULL) AS x(t text)',
                  storetopics._reader(p_source))
     INTO v_texts USING v_files, p_store;
-  INSERT INTO storetopics.term_words (ts_config, lexeme, word)
-  SELECT DISTINCT ON (m.lexeme) src.ts_config, m.lexeme, m.word
+  INSERT INTO storetopics.term_words (owner, ts_config, lexeme, word)
+  SELECT DISTINCT ON (m.lexeme) src.owner, src.ts_config, m.lexeme, m.word
     -- Words are read both whole ("open-source") and split at hyphens ("open", "source").  A word speaks for a
     -- lexeme when it gives only that lexeme, or, for a hyphenated word, for its compound lexeme only.
     FROM (SELECT w.word, w.n, l.lexeme
@@ -322,9 +324,12 @@ RETURN storetopics._read_arm('texts', format('SELECT (%s)::text FROM %s AS c WHE
                                              storetopics._read_by_files(src), storetopics._read_by_store(src)),
                              'files, store');
 
-CREATE OR REPLACE FUNCTION storetopics._show(cfg regconfig, lexeme text) RETURNS text
+-- A lexeme as the texts of its source's owner write it (storetopics._learn_words), else the lexeme.
+CREATE OR REPLACE FUNCTION storetopics._show(p_source int, lexeme text) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-RETURN coalesce((SELECT w.word FROM storetopics.term_words w WHERE w.ts_config = cfg AND w.lexeme = _show.lexeme),
+RETURN coalesce((SELECT w.word FROM storetopics.sources s JOIN storetopics.term_words w
+                      ON w.owner = s.owner AND w.ts_config = s.ts_config AND w.lexeme = _show.lexeme
+                  WHERE s.id = p_source),
                 lexeme);
 
 CREATE OR REPLACE FUNCTION storetopics._human_count(n bigint) RETURNS text
@@ -686,7 +691,6 @@ CREATE OR REPLACE FUNCTION storetopics._contrast_shown(p_source int, p_store tex
 RETURNS TABLE (rank int, lexeme text, word text, score float8, files int)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  v_cfg regconfig := (SELECT s.ts_config FROM storetopics.sources s WHERE s.id = p_source);
   v_lexemes text[];
   v_scores float8[];
   v_files int[];
@@ -699,7 +703,7 @@ BEGIN
   RETURN QUERY
     SELECT (row_number() OVER (ORDER BY x.i))::int, x.lexeme, x.word, x.score, x.files
       FROM (SELECT DISTINCT ON (w.word) w.*
-              FROM (SELECT u.lexeme, storetopics._show(v_cfg, u.lexeme) AS word, u.score, u.files, u.i
+              FROM (SELECT u.lexeme, storetopics._show(p_source, u.lexeme) AS word, u.score, u.files, u.i
                       FROM unnest(v_lexemes, v_scores, v_files) WITH ORDINALITY AS u(lexeme, score, files, i)) w
              ORDER BY w.word, w.i) x
      ORDER BY x.i;
@@ -752,7 +756,7 @@ BEGIN
                                FILTER (WHERE k.kind = 'contrast'), '[]'))
     INTO terms, distinctive, lists
     FROM (SELECT DISTINCT ON (u.kind, u.word) u.*
-            FROM (SELECT x.kind, x.rank, x.lexeme, storetopics._show(src.ts_config, x.lexeme) AS word, x.score,
+            FROM (SELECT x.kind, x.rank, x.lexeme, storetopics._show(src.id, x.lexeme) AS word, x.score,
                          x.files, x.total, x.file_key
                     FROM unnest(v_kind, v_rank, v_lexeme, v_score, v_files, v_total, v_file)
                          AS x(kind, rank, lexeme, score, files, total, file_key)) u
