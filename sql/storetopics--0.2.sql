@@ -106056,14 +106056,23 @@ BEGIN
   RETURN QUERY SELECT * FROM unnest(v_lexemes, v_out_scores, v_out_files, v_out_p, v_out_q);
 END $$;
 
--- The cl100k tokens of a piece of a summary that follows a space: the sum over its space-separated chunks (each
--- with its leading space) of their counts in storetopics.token_counts, or of their bytes where no count is known
--- (an upper bound: every token is at least a byte).
+-- The cl100k tokens of each piece of a summary, in order, each as it follows a space: the sum over its space-separated
+-- chunks (each with its leading space) of their counts in storetopics.token_counts, or of their bytes where no count
+-- is known (an upper bound: every token is at least a byte).  One statement for a whole list: _pack prices ~150.
+CREATE OR REPLACE FUNCTION storetopics._tokens(pieces text[]) RETURNS TABLE (i bigint, tokens int)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  SELECT u.i, coalesce(sum(coalesce(tc.tokens, octet_length(' ' || x.c))), 0)::int
+    FROM unnest(pieces) WITH ORDINALITY AS u(piece, i)
+    LEFT JOIN LATERAL regexp_split_to_table(u.piece, ' ') AS x(c) ON x.c <> ''
+    LEFT JOIN storetopics.token_counts tc ON tc.chunk = ' ' || x.c
+   GROUP BY u.i
+   ORDER BY u.i;
+END;
+
 CREATE OR REPLACE FUNCTION storetopics._tokens(piece text) RETURNS int
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN (SELECT coalesce(sum(coalesce(tc.tokens, octet_length(' ' || x.c))), 0)::int
-          FROM regexp_split_to_table(piece, ' ') AS x(c) LEFT JOIN storetopics.token_counts tc ON tc.chunk = ' ' || x.c
-         WHERE x.c <> '');
+RETURN (SELECT t.tokens FROM storetopics._tokens(ARRAY[piece]) t);
 
 -- The chunks of a text that storetopics.token_counts has no count for (the worker and the CLI count them with
 -- tiktoken and render again).
@@ -106083,44 +106092,46 @@ BEGIN ATOMIC
   SELECT cardinality(p_chunks);
 END;
 
--- The summary a router reads, within a budget of cl100k tokens: "Topics: a, b. Terms: c, d. Distinctive: e. N
+-- The summary a router reads, within a budget of cl100k tokens: "Topics: a, b. Terms: c d. Distinctive: e. N
 -- files."  The size (a few tokens) is always there; the sections are filled in order of what routes (the topics,
--- then the distinctive needles, then the contrastive terms with what is left) and written in reading order.
+-- then the distinctive needles, then the contrastive terms with what is left), each with the longest head of its
+-- list that fits, and written in reading order.  Labels are phrases, so their list needs commas; the terms are single
+-- words, and a comma is a token: spaces between them leave room for more words (bench/README.md, "Terms").
 CREATE OR REPLACE FUNCTION storetopics._pack(p_topics text[], p_terms text[], p_distinct text[], p_files bigint,
                                             p_budget int DEFAULT 200) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  v_left int := p_budget - 1;   -- the first chunk has no leading space: a token of slack
-  v_sec text[] := ARRAY['Topics:', 'Distinctive:', 'Terms:'];
-  v_kept int[] := ARRAY[0, 0, 0];
-  v_lists jsonb := jsonb_build_array(to_jsonb(coalesce(p_topics, '{}')), to_jsonb(coalesce(p_distinct, '{}')),
-                                     to_jsonb(coalesce(p_terms, '{}')));
-  v_cost int;
-  i int;
-  j int;
-  v_item text;
-  v_text text := '';
   v_size text := format('%s files.', storetopics._human_count(p_files));
+  v_left int := p_budget - 1 - storetopics._tokens(v_size);   -- the first chunk has no leading space: a token of slack
+  v_sec text[] := ARRAY['Topics:', 'Distinctive:', 'Terms:'];
+  v_sep text[] := ARRAY[', ', ', ', ' '];
+  v_items text[];
+  v_head int;
+  v_used int;
+  v_n int;
+  i int;
+  v_kept int[] := ARRAY[0, 0, 0];
+  v_text text := '';
 BEGIN
-  v_left := v_left - storetopics._tokens(v_size);
   FOR i IN 1..3 LOOP
-    FOR j IN 0..jsonb_array_length(v_lists -> (i - 1)) - 1 LOOP
-      EXIT WHEN i = 1 AND j >= 8 OR i = 2 AND j >= 8;
-      v_item := v_lists -> (i - 1) ->> j;
-      -- the item with its separator (the last one's "." costs what "," costs: both are one token); the section's
-      -- name when it is the first
-      v_cost := storetopics._tokens(v_item || ',') + CASE WHEN j = 0 THEN storetopics._tokens(v_sec[i]) ELSE 0 END;
-      EXIT WHEN v_cost > v_left;
-      v_left := v_left - v_cost;
-      v_kept[i] := j + 1;
-    END LOOP;
+    v_items := CASE i WHEN 1 THEN p_topics[1:8] WHEN 2 THEN p_distinct[1:8] ELSE p_terms END;
+    -- an item costs itself with its separator; the section its name, and its closing "." where the separator is a
+    -- space (where it is a comma, the last item's "." takes the place of its comma: one token each)
+    v_head := storetopics._tokens(v_sec[i]) + CASE WHEN v_sep[i] = ' ' THEN 1 ELSE 0 END;
+    SELECT count(*), coalesce(max(c.cum), 0) INTO v_n, v_used
+      FROM (SELECT sum(t.tokens) OVER (ORDER BY t.i) AS cum
+              FROM storetopics._tokens(ARRAY(SELECT u.x || rtrim(v_sep[i])
+                                                    FROM unnest(v_items) WITH ORDINALITY AS u(x, o) ORDER BY u.o)) t) c
+     WHERE c.cum + v_head <= v_left;
+    IF v_n > 0 THEN
+      v_kept[i] := v_n;
+      v_left := v_left - v_used - v_head;
+    END IF;
   END LOOP;
   FOR i IN SELECT unnest(ARRAY[1, 3, 2]) LOOP
-    IF v_kept[i] > 0 THEN
-      v_text := v_text || ' ' || v_sec[i] || ' ' ||
-                (SELECT string_agg(x, ', ') FROM (SELECT jsonb_array_elements_text(v_lists -> (i - 1)) x
-                                                  LIMIT v_kept[i]) y) || '.';
-    END IF;
+    CONTINUE WHEN v_kept[i] = 0;
+    v_items := CASE i WHEN 1 THEN p_topics WHEN 2 THEN p_distinct ELSE p_terms END;
+    v_text := v_text || ' ' || v_sec[i] || ' ' || array_to_string(v_items[1:v_kept[i]], v_sep[i]) || '.';
   END LOOP;
   RETURN ltrim(v_text || ' ' || v_size);
 END $$;
@@ -106170,11 +106181,12 @@ BEGIN
     SELECT * INTO v_topic_list, v_terms, v_dist, v_topics FROM storetopics._render_candidate(src, st);
   END IF;
   -- every chunk of the candidates: the text with every candidate, and each candidate as _pack costs it (followed
-  -- by a comma, which the last one of a list is not in the text).  Those that are ASCII are counted here, exactly
+  -- by a comma, which the last one of a list is not in the text; a term also alone).  Those that are ASCII are counted here, exactly
   -- (storetopics._count_tokens); the others, not counted yet, are taken at one token per byte meanwhile, for the
   -- worker or the CLI to count: the same state packs the same way whatever was counted before.
   v_chunks := storetopics._pack(v_topic_list, v_terms, v_dist, st.files, 100000) || ' ' ||
-              coalesce(array_to_string(v_topic_list[1:8] || v_dist[1:8] || v_terms, ', '), '') || ',';
+              coalesce(array_to_string(v_topic_list[1:8] || v_dist[1:8] || v_terms, ', '), '') || ', ' ||
+              coalesce(array_to_string(v_terms, ' '), '');
   PERFORM storetopics._count_in_database(v_chunks);
   v_text := storetopics._pack(v_topic_list, v_terms, v_dist, st.files);
   v_uncounted := storetopics._uncounted(v_chunks);
@@ -106342,7 +106354,7 @@ BEGIN
           UNION ALL
           SELECT 'contrast', (row_number() OVER (ORDER BY c.score DESC, c.lexeme))::int, c.lexeme, c.score, c.files,
                  NULL, NULL
-            FROM storetopics._contrast_terms(src.id, p_store, 80, v_script) c) k;
+            FROM storetopics._contrast_terms(src.id, p_store, 140, v_script) c) k;
   PERFORM storetopics._learn_words(src.id, p_store, ARRAY(SELECT DISTINCT l FROM unnest(v_lexeme) l));
   SELECT array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'contrast'),
          array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'),
@@ -107912,4 +107924,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '3592734826') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '4078074313') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -266,8 +266,8 @@ def assert_restored(conn: psycopg.Connection, source_id: int, before: dict, befo
 
 
 def sections(text: str | None) -> dict:
-    """A summary's parts: "Topics: a, b. Terms: c, d. Distinctive: e. N files." -> {"topics": [...], "terms": [...],
-    "distinctive": [...], "files": "N" or None}."""
+    """A summary's parts: "Topics: a, b. Terms: c d. Distinctive: e, f. N files." -> {"topics": [...], "terms": [...],
+    "distinctive": [...], "files": "N" or None} (the terms are separated by spaces, the others by commas)."""
     import re
     out = {"topics": [], "terms": [], "distinctive": [], "files": None}
     rest = text or ""
@@ -278,7 +278,7 @@ def sections(text: str | None) -> dict:
     for name in ("Topics", "Terms", "Distinctive"):
         m = re.search(rf"(?:^|\s){name}: (.*?)\.(?=\s(?:Topics|Terms|Distinctive):|\s*$)", rest)
         if m:
-            out[name.lower()] = m.group(1).split(", ")
+            out[name.lower()] = m.group(1).split(" " if name == "Terms" else ", ")
     return out
 
 

@@ -53,8 +53,8 @@ _SECTION = re.compile(r"(?:^|(?<=\.\s))(Topics|Terms|Distinctive):\s")
 
 
 def section_of(store_topics: str | None, name: str) -> str | None:
-    """One section of a rendered store_topics ("Topics: a, b. Terms: c, d. Distinctive: e. N files."), with its
-    heading: "Terms: c, d."; None when the summary has no such section."""
+    """One section of a rendered store_topics ("Topics: a, b. Terms: c d. Distinctive: e. N files."), with its
+    heading: "Terms: c d."; None when the summary has no such section."""
     if not store_topics:
         return None
     marks = list(_SECTION.finditer(store_topics))
