@@ -106058,7 +106058,7 @@ END $$;
 
 -- The cl100k tokens of each piece of a summary, in order, each as it follows a space: the sum over its space-separated
 -- chunks (each with its leading space) of their counts in storetopics.token_counts, or of their bytes where no count
--- is known (an upper bound: every token is at least a byte).  One statement for a whole list: _pack prices ~150.
+-- is known (an upper bound: every token is at least a byte).  One statement for a whole list: _pack prices ~100.
 CREATE OR REPLACE FUNCTION storetopics._tokens(pieces text[]) RETURNS TABLE (i bigint, tokens int)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
@@ -106096,7 +106096,8 @@ END;
 -- files."  The size (a few tokens) is always there; the sections are filled in order of what routes (the topics,
 -- then the distinctive needles, then the contrastive terms with what is left), each with the longest head of its
 -- list that fits, and written in reading order.  Labels are phrases, so their list needs commas; the terms are single
--- words, and a comma is a token: spaces between them leave room for more words (bench/README.md, "Terms").
+-- words, and a comma is a token: with spaces the same terms cost about a third less, and the shorter text routes
+-- at least as well against lists of its own length (bench/README.md, "Terms").
 CREATE OR REPLACE FUNCTION storetopics._pack(p_topics text[], p_terms text[], p_distinct text[], p_files bigint,
                                             p_budget int DEFAULT 200) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -106354,7 +106355,7 @@ BEGIN
           UNION ALL
           SELECT 'contrast', (row_number() OVER (ORDER BY c.score DESC, c.lexeme))::int, c.lexeme, c.score, c.files,
                  NULL, NULL
-            FROM storetopics._contrast_terms(src.id, p_store, 140, v_script) c) k;
+            FROM storetopics._contrast_terms(src.id, p_store, 80, v_script) c) k;
   PERFORM storetopics._learn_words(src.id, p_store, ARRAY(SELECT DISTINCT l FROM unnest(v_lexeme) l));
   SELECT array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'contrast'),
          array_agg(k.word ORDER BY k.rank) FILTER (WHERE k.kind = 'distinctive'),
@@ -107924,4 +107925,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '4078074313') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2756474679') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -26,7 +26,7 @@ try:
 except ImportError:  # pragma: no cover
     _STOP = frozenset()
 
-BASELINE_WORDS = (20, 60, 150)
+BASELINE_WORDS = (20, 60, 100, 150)
 BASELINES = tuple(f"tfidf{n}" for n in BASELINE_WORDS)
 ROUTERS = ("names", "handwritten_short", "handwritten", "keywords", "clusters", "hybrid", "name_hybrid", "name_topics",
            "name_terms", *BASELINES)
