@@ -206,13 +206,15 @@ def families_section(res: dict) -> list[str]:
             for k, name in SET_NAMES:
                 for router, v in ((nodes.get(k) or {}).get("versus_baseline") or {}).items():
                     lo, hi = v["ci95"]
-                    before = nodes[k]["before"]
-                    gain = before["name_topics"][router]["top1"]["value"] - before["names"][router]["top1"]["value"]
-                    n_cells, met, topics_met = n_cells + 1, met + (v["diff"] >= 0), topics_met + (gain >= 0.10 - 1e-9)
+                    top1 = {r: ((nodes[k]["before"].get(r) or {}).get(router) or {}).get("top1", {}).get("value")
+                            for r in ("names", "name_topics")}
+                    gain = None if None in top1.values() else top1["name_topics"] - top1["names"]
+                    n_cells, met = n_cells + 1, met + (v["diff"] >= 0)
+                    topics_met += gain is not None and gain >= 0.10 - 1e-9
                     vb_rows.append(f"| {fam[0]} | {style} | {name} | {'MiniLM' if router == 'embedding' else 'BM25'} "
                                    f"| {ci(v['ours'])} | {LABELS[v['baseline']]} | {ci(v['best'])} | "
                                    f"{pct(v['diff'])} [{pct(lo)}, {pct(hi)}] | {v['tokens']['ours']:.0f} / "
-                                   f"{v['tokens']['baseline']:.0f} | {pct(gain)} |")
+                                   f"{v['tokens']['baseline']:.0f} | {'–' if gain is None else pct(gain)} |")
     if vb_rows:
         L += ["Name + `store_topics` against the best TF-IDF baseline no longer than it (mean tokens), per family, "
               "style, set and router (paired bootstrap of the top-1 differences on the same queries), and what the "
