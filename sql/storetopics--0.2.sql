@@ -106182,9 +106182,9 @@ BEGIN
     SELECT * INTO v_topic_list, v_terms, v_dist, v_topics FROM storetopics._render_candidate(src, st);
   END IF;
   -- every chunk of the candidates: the text with every candidate, and each candidate as _pack costs it (followed
-  -- by a comma, which the last one of a list is not in the text; a term also alone).  Those that are ASCII are counted here, exactly
-  -- (storetopics._count_tokens); the others, not counted yet, are taken at one token per byte meanwhile, for the
-  -- worker or the CLI to count: the same state packs the same way whatever was counted before.
+  -- by a comma, which the last one of a list is not in the text; a term also alone).  Those that are ASCII are
+  -- counted here, exactly (storetopics._count_tokens); the others, not counted yet, are taken at one token per byte
+  -- meanwhile, for the worker or the CLI to count: the same state packs the same way whatever was counted before.
   v_chunks := storetopics._pack(v_topic_list, v_terms, v_dist, st.files, 100000) || ' ' ||
               coalesce(array_to_string(v_topic_list[1:8] || v_dist[1:8] || v_terms, ', '), '') || ', ' ||
               coalesce(array_to_string(v_terms, ' '), '');
@@ -107925,4 +107925,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '2756474679') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2343941186') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
