@@ -64,3 +64,21 @@ def test_a_summary_fills_the_budget_whichever_path_renders_it(conn, path):
     for key, text in texts.items():
         n = tokens.count(text)
         assert 190 <= n <= 200, (key, n, text)
+
+
+def test_the_database_counts_only_chunks_not_counted_yet(conn):
+    """A render counts its ~300 chunks again each time it runs: those already in token_counts must cost no byte-pair
+    merge (the count was once taken for every chunk of the text, counted or not)."""
+    conn.execute("SET track_functions = 'all'")
+    text = " ".join(_words(200, seed=2))
+    bpe = "pg_stat_get_xact_function_calls('storetopics._bpe_count'::regproc)"
+    with conn.transaction():
+        conn.execute("SELECT storetopics._count_in_database(%s)", (text,))
+        first = conn.execute(f"SELECT {bpe}").fetchone()[0]
+        counted = conn.execute("SELECT count(*) FROM storetopics.token_counts").fetchone()[0]
+        conn.execute("SELECT storetopics._count_in_database(%s)", (text + " zqxwv",))
+        second = conn.execute(f"SELECT {bpe}").fetchone()[0] - first
+    assert first >= 200 and counted >= 200
+    assert second == 1          # " zqxwv" alone: one pretoken
+    assert conn.execute("SELECT tokens FROM storetopics.token_counts WHERE chunk = ' zqxwv'").fetchone()[0] \
+        == tokens.count(" zqxwv")
