@@ -26,9 +26,9 @@ For each size, a fresh database in one throwaway cluster:
    memory: each step's backend VmHWM, and the largest VmHWM of any server process (parallel workers included)
    sampled every 0.2 s.  VmHWM counts the shared buffers a process touched (shared_buffers = 256 MB).
 3. State size: after a VACUUM ANALYZE (what autovacuum does to storetopics' tables), pg_total_relation_size of
-   STATE_TABLES (the term counts, the catalog's, the vocabulary, the clusters and the kept novelty; every storetopics
-   table in the JSON) vs.
-   the chunk table's (heap, TOAST, primary key and file index; no vector index).
+   STATE_TABLES (the term counts, the files' chunks per cluster, the catalog's, the vocabulary, the clusters and the
+   kept novelty; every storetopics table in the JSON) vs. the chunk table's (heap, TOAST, primary key and file
+   index; no vector index).
 3b. One upload's pass by hand, UPLOADS_BY_HAND times, step by step (fold, refresh_words, render; when new words need
    counting, tiktoken and render again, in the same transaction as refresh.render does it).  The render of `big`
    after a 1-file upload (render + count + render again) is compared with its render from scratch: the backfill's
@@ -103,8 +103,8 @@ TARGET_RENDER_RATIO = 0.05             # render after a 1-file upload / render f
 TARGET_RENDER_S = 2.0                  # render after a 1-file upload at 1M chunks
 # what storetopics keeps about the data (the kept novelty of issue 33 included); not the tokenizer's fixed ranks
 # (cl100k), the fit's scratch table (file_means) or the configuration and worker tables
-STATE_TABLES = ("file_terms", "store_terms", "store_state", "clusters", "pending", "catalog_terms", "lexemes",
-                "term_words", "token_counts", "novelty_state", "file_novelty", "novelty_postings")
+STATE_TABLES = ("file_terms", "file_clusters", "store_terms", "store_state", "clusters", "pending", "catalog_terms",
+                "lexemes", "term_words", "token_counts", "novelty_state", "file_novelty", "novelty_postings")
 
 
 def state_bytes(state: dict) -> int:
