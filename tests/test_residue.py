@@ -90,3 +90,20 @@ def test_topics_are_no_pieces_of_sentences(conn, name):
                                  "should", "will"}, phrase
         assert not (len(words) >= 3 and words[1] in {"the", "a", "an", "this", "its", "their", "any"}), phrase
         assert not re.search(r"prev|next", phrase.lower()), phrase
+
+
+# Runs the miner offered as topics of the document family's stores (make eval, bench/results/report.md), and names
+# of topics it must keep offering.
+PIECES = ["used when sending", "useful to adjust", "writing to standard", "automatically installed",
+          "currently running Perl", "Sass makes CSS", "package contains development", "Wget works particularly",
+          "discrete elements like", "sometimes placed", "obviously discrete elements", "elements like packages", "Upon catalog zone", "value is specified", "cover the new", "Specifies the widget"]
+NAMES = ["text editor", "Web Server", "Apache Module", "Object Caching", "Layer Modes", "Gradient Editor menu",
+         "Opening Files", "Alpha Channel", "network interfaces", "Linux kernel", "configuration file", "query type",
+         "Introduction to Apache", "Log files", "shell command", "Debian packages", "MIDI files", "sequence alignment",
+         "Monkey patching", "GNOME Shell extension", "New in GIMP", "Using Apache", "GNU Wget", "dictionary for hunspell", "Web Services", "spinal cord"]
+
+
+@pytest.mark.parametrize("phrase", PIECES + NAMES)
+def test_the_miner_tells_pieces_of_sentences_from_names(conn, phrase):
+    reason = conn.execute("SELECT storetopics._clause_fragment(%s)", (phrase.split(),)).fetchone()[0]
+    assert (reason is not None) == (phrase in PIECES), (phrase, reason)

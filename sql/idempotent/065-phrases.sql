@@ -9,7 +9,10 @@
 -- a verb of being or a modal ("value is specified", "tics may"), a verb with its object ("Specifies the widget",
 -- "loads this function": a determiner second), a passive ("permitted by law", "generated using makeinfo"), two
 -- verbs joined ("clicking and holding"), or that ends where a noun phrase does not ("cover the new", "available
--- locally via") or on a verb that reports ("lighttpd provides", "package contains").
+-- locally via", "elements like") or on a verb that reports ("lighttpd provides", "package contains"); a run with such a
+-- verb inside ("Sass makes CSS"), one that starts with an adverb ("currently running Perl", "automatically
+-- installed") or a preposition ("Upon catalog zone"), and a clause cut short ("used when sending", "useful to
+-- adjust", "writing to standard").
 -- (No SET search_path, not STRICT, no sub-select, and STABLE as array_to_string() is: a SQL-standard body is bound
 -- when it is created, and so the planner inlines it where the miner tests its runs; NULL gives NULL either way.
 -- The words have no space in them: lowered as one string and split again, they are each word lowered.)
@@ -32,6 +35,16 @@ RETURN CASE
        'their', 'his', 'her', 'our', 'your', 'my', 'any', 'each', 'every', 'some', 'all', 'no') THEN 'verb and object'
   WHEN lower(words[1]) ~ '[a-z]ed$' AND lower(words[2]) IN ('by', 'using', 'with', 'from', 'for', 'to', 'in', 'on',
        'as', 'into', 'via', 'at') THEN 'passive'
+  WHEN cardinality(words) >= 3 AND lower(words[2]) IN ('when', 'whenever', 'if', 'unless', 'while', 'where',
+       'because', 'although', 'before', 'after', 'until', 'once', 'whether', 'like', 'unlike')
+       OR lower(words[1]) ~ '[a-z](ed|ing|ful|ble)$' AND lower(words[2]) = 'to' THEN 'clause'
+  WHEN lower(words[1]) IN ('currently', 'automatically', 'usually', 'typically', 'sometimes', 'often', 'always',
+       'never', 'simply', 'easily', 'directly', 'generally', 'normally', 'actually', 'really', 'mostly', 'mainly',
+       'also', 'already', 'still', 'then', 'thus', 'therefore', 'however', 'obviously', 'clearly', 'especially',
+       'particularly', 'possibly', 'probably', 'essentially', 'basically', 'commonly', 'frequently', 'rarely',
+       'previously', 'merely', 'fairly', 'quite', 'rather') THEN 'adverb at its start'
+  WHEN lower(words[1]) IN ('upon', 'of', 'from', 'into', 'onto', 'via', 'by', 'at', 'within', 'without', 'during',
+       'whose', 'which', 'whom') THEN 'preposition at its start'
   WHEN cardinality(words) = 3 AND lower(words[2]) IN ('and', 'or') AND words[1] = lower(words[1])
        AND (words[1] ~ '(ing|ed)$' OR words[3] ~ '(ing|ed)$' OR words[3] = lower(words[3])) THEN 'verbs joined'
   WHEN lower(words[cardinality(words)]) IN ('new', 'old', 'same', 'other', 'such', 'own', 'many', 'much', 'more',
@@ -39,7 +52,11 @@ RETURN CASE
        'just', 'even', 'well', 'very', 'too', 'via', 'available', 'possible', 'able', 'used', 'returned',
        'specified', 'listed', 'provided', 'required', 'needed', 'called', 'named', 'defined', 'shown', 'found',
        'done', 'made', 'see', 'etc', 'except', 'including', 'unless', 'whether', 'instead', 'therefore', 'thus',
-       'however') THEN 'no noun at its end'
+       'however', 'like', 'unlike', 'installed', 'enabled', 'disabled', 'configured', 'loaded', 'compiled',
+       'selected', 'supported', 'placed', 'particularly', 'automatically', 'usually', 'typically', 'currently',
+       'directly', 'simply', 'easily', 'generally', 'normally', 'actually', 'really', 'mostly', 'mainly', 'entirely',
+       'fully', 'quickly', 'correctly', 'properly', 'respectively', 'explicitly', 'manually', 'locally',
+       'globally') THEN 'no noun at its end'
   WHEN lower(words[cardinality(words)]) IN ('provides', 'contains', 'knows', 'allows', 'supports', 'uses',
        'requires', 'includes', 'returns', 'specifies', 'describes', 'explains', 'shows', 'lets', 'makes', 'takes',
        'gives', 'means', 'needs', 'loads', 'evaluates', 'generates', 'creates', 'defines', 'sets', 'gets', 'runs',
@@ -47,6 +64,12 @@ RETURN CASE
        'controls', 'selects', 'changes', 'applies', 'becomes', 'remains', 'follows', 'works', 'handles', 'accepts',
        'expects', 'produces', 'performs', 'tells', 'says', 'states', 'receives', 'sends', 'means', 'tries',
        'checks', 'looks', 'finds', 'keeps', 'adds', 'removes', 'stops', 'starts', 'waits') THEN 'verb at its end'
+  WHEN string_to_array(lower(array_to_string(words[2:cardinality(words) - 1], ' ')), ' ') && ARRAY['provides',
+       'contains', 'allows', 'supports', 'requires', 'includes', 'returns', 'specifies', 'describes', 'explains',
+       'shows', 'lets', 'makes', 'takes', 'gives', 'loads', 'evaluates', 'generates', 'creates', 'defines', 'gets',
+       'enables', 'disables', 'causes', 'determines', 'indicates', 'becomes', 'remains', 'works', 'handles',
+       'accepts', 'expects', 'produces', 'performs', 'tells', 'says', 'receives', 'sends', 'tries', 'finds', 'keeps',
+       'adds', 'removes', 'waits', 'knows', 'uses'] THEN 'verb inside'
   WHEN lower(words[1]) IN ('means', 'provides', 'contains', 'allows', 'requires', 'includes', 'returns', 'specifies',
        'describes', 'explains', 'shows', 'lets', 'makes', 'takes', 'gives', 'loads', 'evaluates', 'generates',
        'creates', 'defines', 'sets', 'gets', 'causes', 'determines', 'indicates', 'controls', 'selects', 'changes',
