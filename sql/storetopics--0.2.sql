@@ -104626,7 +104626,7 @@ RETURN CASE
        OR lower(words[1]) ~ '[a-z](ed|ing|ful|ble)$' AND lower(words[2]) = 'to' THEN 'clause'
   WHEN lower(words[1]) IN ('currently', 'automatically', 'usually', 'typically', 'sometimes', 'often', 'always',
        'never', 'simply', 'easily', 'directly', 'generally', 'normally', 'actually', 'really', 'mostly', 'mainly',
-       'also', 'already', 'still', 'then', 'thus', 'therefore', 'however', 'obviously', 'clearly', 'especially',
+       'also', 'already', 'then', 'thus', 'therefore', 'however', 'obviously', 'clearly', 'especially',
        'particularly', 'possibly', 'probably', 'essentially', 'basically', 'commonly', 'frequently', 'rarely',
        'previously', 'merely', 'fairly', 'quite', 'rather') THEN 'adverb at its start'
   WHEN lower(words[1]) IN ('upon', 'of', 'from', 'into', 'onto', 'via', 'by', 'at', 'within', 'without', 'during',
@@ -107952,4 +107952,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '4040932758') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '3760808066') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -40,7 +40,7 @@ RETURN CASE
        OR lower(words[1]) ~ '[a-z](ed|ing|ful|ble)$' AND lower(words[2]) = 'to' THEN 'clause'
   WHEN lower(words[1]) IN ('currently', 'automatically', 'usually', 'typically', 'sometimes', 'often', 'always',
        'never', 'simply', 'easily', 'directly', 'generally', 'normally', 'actually', 'really', 'mostly', 'mainly',
-       'also', 'already', 'still', 'then', 'thus', 'therefore', 'however', 'obviously', 'clearly', 'especially',
+       'also', 'already', 'then', 'thus', 'therefore', 'however', 'obviously', 'clearly', 'especially',
        'particularly', 'possibly', 'probably', 'essentially', 'basically', 'commonly', 'frequently', 'rarely',
        'previously', 'merely', 'fairly', 'quite', 'rather') THEN 'adverb at its start'
   WHEN lower(words[1]) IN ('upon', 'of', 'from', 'into', 'onto', 'via', 'by', 'at', 'within', 'without', 'during',
