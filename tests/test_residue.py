@@ -96,7 +96,8 @@ def test_topics_are_no_pieces_of_sentences(conn, name):
 # of topics it must keep offering.
 PIECES = ["used when sending", "useful to adjust", "writing to standard", "automatically installed",
           "currently running Perl", "Sass makes CSS", "package contains development", "Wget works particularly",
-          "discrete elements like", "sometimes placed", "obviously discrete elements", "elements like packages", "Upon catalog zone", "value is specified", "cover the new", "Specifies the widget"]
+          "discrete elements like", "sometimes placed", "obviously discrete elements", "elements like packages",
+          "Upon catalog zone", "value is specified", "cover the new", "Specifies the widget"]
 NAMES = ["text editor", "Web Server", "Apache Module", "Object Caching", "Layer Modes", "Gradient Editor menu",
          "Opening Files", "Alpha Channel", "network interfaces", "Linux kernel", "configuration file", "query type",
          "Log files", "shell command", "Debian packages", "MIDI files", "sequence alignment",

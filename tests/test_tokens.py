@@ -67,8 +67,8 @@ def test_a_summary_fills_the_budget_whichever_path_renders_it(conn, path):
 
 
 def test_the_database_counts_only_chunks_not_counted_yet(conn):
-    """A render counts its ~300 chunks again each time it runs: those already in token_counts must cost no byte-pair
-    merge (the count was once taken for every chunk of the text, counted or not)."""
+    """A render passes the database its ~300 chunks each time it runs: those already in token_counts must cost no
+    byte-pair merge (the count was once taken for every chunk of the text, counted or not)."""
     conn.execute("SET track_functions = 'all'")
     text = " ".join(_words(200, seed=2))
     bpe = "pg_stat_get_xact_function_calls('storetopics._bpe_count'::regproc)"
