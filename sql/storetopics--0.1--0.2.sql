@@ -104162,7 +104162,9 @@ BEGIN
 END $$;
 
 -- The offline label: the cluster's first three words (c-TF-IDF order) that say something new: a word is skipped
--- when it repeats one already taken, or is a part or a compound of one ("octave", "forge", "octave-forge").
+-- when it repeats one already taken, or is a part or a compound of one ("octave", "forge", "octave-forge"), or when
+-- no noun phrase ends on it ("used", "lets", "available": storetopics._clause_fragment's words, so "name zone used"
+-- is not shown; that function is STABLE only as array_to_string() is, and of words a function of its words).
 -- Deterministic, no network.
 CREATE OR REPLACE FUNCTION storetopics._offline_label(words text[]) RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
@@ -104172,7 +104174,8 @@ DECLARE
   parts text[] := '{}';
 BEGIN
   FOREACH w IN ARRAY coalesce(words, '{}') LOOP
-    CONTINUE WHEN NOT storetopics._showable_term(w);
+    CONTINUE WHEN NOT storetopics._showable_term(w)
+                  OR storetopics._clause_fragment(ARRAY['a', w]) IN ('no noun at its end', 'verb at its end');
     CONTINUE WHEN lower(w) = ANY (parts) OR regexp_split_to_array(lower(w), '-') && parts;
     taken := taken || w;
     parts := parts || lower(w) || regexp_split_to_array(lower(w), '-');
@@ -107715,4 +107718,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '3760808066') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '821622608') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -109,3 +109,12 @@ NAMES = ["text editor", "Web Server", "Apache Module", "Object Caching", "Layer 
 def test_the_miner_tells_pieces_of_sentences_from_names(conn, phrase):
     reason = conn.execute("SELECT storetopics._clause_fragment(%s)", (phrase.split(),)).fetchone()[0]
     assert (reason is not None) == (phrase in PIECES), (phrase, reason)
+
+
+def test_a_clusters_first_words_shown_as_its_label_end_on_no_dangling_word(conn):
+    """The offline fallback (a cluster whose files share no phrase) shows its first three words: none on which no
+    noun phrase ends ("name zone used", "mouse keyboard lets" were shown)."""
+    got = conn.execute("SELECT storetopics._offline_label(ARRAY['name', 'zone', 'used', 'set']), "
+                       "storetopics._offline_label(ARRAY['mouse', 'keyboard', 'lets', 'marks']), "
+                       "storetopics._offline_label(ARRAY['octave', 'forge', 'octave-forge', 'signal'])").fetchone()
+    assert got == ("name zone set", "mouse keyboard marks", "octave forge signal")

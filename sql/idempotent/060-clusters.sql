@@ -607,7 +607,9 @@ BEGIN
 END $$;
 
 -- The offline label: the cluster's first three words (c-TF-IDF order) that say something new: a word is skipped
--- when it repeats one already taken, or is a part or a compound of one ("octave", "forge", "octave-forge").
+-- when it repeats one already taken, or is a part or a compound of one ("octave", "forge", "octave-forge"), or when
+-- no noun phrase ends on it ("used", "lets", "available": storetopics._clause_fragment's words, so "name zone used"
+-- is not shown; that function is STABLE only as array_to_string() is, and of words a function of its words).
 -- Deterministic, no network.
 CREATE OR REPLACE FUNCTION storetopics._offline_label(words text[]) RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
@@ -617,7 +619,8 @@ DECLARE
   parts text[] := '{}';
 BEGIN
   FOREACH w IN ARRAY coalesce(words, '{}') LOOP
-    CONTINUE WHEN NOT storetopics._showable_term(w);
+    CONTINUE WHEN NOT storetopics._showable_term(w)
+                  OR storetopics._clause_fragment(ARRAY['a', w]) IN ('no noun at its end', 'verb at its end');
     CONTINUE WHEN lower(w) = ANY (parts) OR regexp_split_to_array(lower(w), '-') && parts;
     taken := taken || w;
     parts := parts || lower(w) || regexp_split_to_array(lower(w), '-');
