@@ -608,9 +608,9 @@ END $$;
 
 -- The offline label: the cluster's first three words (c-TF-IDF order) that say something new: a word is skipped
 -- when it repeats one already taken, or is a part or a compound of one ("octave", "forge", "octave-forge"), or when
--- no noun phrase ends on it ("used", "lets", "available": storetopics._clause_fragment's words, so "name zone used"
--- is not shown; that function is STABLE only as array_to_string() is, and of words a function of its words).
--- Deterministic, no network.
+-- no noun phrase ends on it ("used", "lets", "available": the words storetopics._clause_fragment refuses at a run's
+-- end, so "name zone used" is not shown).  Deterministic, no network.  (IMMUTABLE though _clause_fragment is STABLE:
+-- it is so only because array_to_string() is; on text it depends on the words alone.)
 CREATE OR REPLACE FUNCTION storetopics._offline_label(words text[]) RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
