@@ -100601,12 +100601,15 @@ CREATE UNLOGGED TABLE storetopics.file_novelty (
   total     bigint,                 -- sum over its counted terms of count x ln(files holding it), in units of 1e-9
   words     bigint,                 -- its counted terms
   apart     boolean,                -- every chunk of it lies beyond its nearest cluster's radius
+  far       boolean,                -- ... far beyond (storetopics._file_far)
   -- per band of its terms in more than `rare` files, the sum of count / files: a term's ln(files) moves by at most
   -- (how many files it gained or lost) / files, so these bound how far the file's sum moves through those terms
   sensitivity float8[]
 );
 CREATE INDEX file_novelty_store ON storetopics.file_novelty (source_id, store_key, n);
 CREATE INDEX file_novelty_file ON storetopics.file_novelty (source_id, (md5(file_key)::uuid));
+-- (the few far files of a store, looked at whatever their novelty then)
+CREATE INDEX file_novelty_far ON storetopics.file_novelty (source_id, store_key) WHERE far;
 -- The files (by number) and counts of each rare term, as they were: a term whose document frequency moved since
 -- moves the novelty of exactly these files.
 CREATE UNLOGGED TABLE storetopics.novelty_postings (
@@ -100656,7 +100659,11 @@ CREATE TABLE storetopics.file_clusters (
   cluster_ids      int[] NOT NULL,
   cluster_chunks   int[] NOT NULL,
   cluster_outliers int[] NOT NULL,
-  other_dim        int NOT NULL DEFAULT 0   -- chunks with a vector no cluster of the store can take (dimension)
+  other_dim        int NOT NULL DEFAULT 0,  -- chunks with a vector no cluster of the store can take (dimension)
+  -- how far the file lies from the clusters: the least, over its chunks that joined one, of the chunk's distance
+  -- to the centroid over the cluster's radius (above 1: every chunk lies beyond its cluster's radius); NULL when
+  -- not measured (rows that 0.1 kept, until the file is folded again or the store fitted again)
+  distance_ratio   real
 );
 CREATE INDEX file_clusters_file ON storetopics.file_clusters (source_id, (md5(file_key)::uuid));
 CREATE INDEX file_clusters_store ON storetopics.file_clusters (source_id, store_key);
@@ -103097,7 +103104,7 @@ RETURN format($q$
 -- by row, skipping such rows.  (Its terms are a temp table made here.)
 CREATE OR REPLACE FUNCTION storetopics._fold_recount(src storetopics.sources, p_files text[])
 RETURNS TABLE (store_key text, file_key text, chunks int, skipped int, words bigint, term_ids int[], counts int[],
-               cluster_ids int[], cluster_chunks int[], cluster_outliers int[], other_dim int)
+               cluster_ids int[], cluster_chunks int[], cluster_outliers int[], other_dim int, distance_ratio real)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
@@ -103141,7 +103148,7 @@ BEGIN
   PERFORM set_config('enable_sort', 'off', true);
   RETURN QUERY
   SELECT r.*, coalesce(a.cluster_ids, '{}'), coalesce(a.cluster_chunks, '{}'), coalesce(a.cluster_outliers, '{}'),
-         coalesce(a.other_dim, 0)
+         coalesce(a.other_dim, 0), a.distance_ratio
     FROM (SELECT nt.store_key, nt.file_key,
                  max(nt.rows) FILTER (WHERE nt.term IS NULL) AS chunks,
                  max(nt.n) FILTER (WHERE nt.term IS NULL) AS skipped,
@@ -103293,9 +103300,9 @@ BEGIN
   DELETE FROM storetopics.file_clusters c
    WHERE c.source_id = src.id AND md5(c.file_key)::uuid = ANY (v_digests) AND c.file_key = ANY (p_files);
   INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, chunks, words, cluster_ids, cluster_chunks,
-                                         cluster_outliers, other_dim)
+                                         cluster_outliers, other_dim, distance_ratio)
   SELECT src.id, nf.store_key, nf.file_key, nf.chunks, nf.words, nf.cluster_ids, nf.cluster_chunks,
-         nf.cluster_outliers, nf.other_dim
+         nf.cluster_outliers, nf.other_dim, nf.distance_ratio
     FROM pg_temp.storetopics_new_files nf
    WHERE nf.store_key IS NOT NULL AND (cardinality(nf.cluster_ids) > 0 OR nf.other_dim <> 0);
   -- what render keeps of its stores' novelty (storetopics._outlier_files): these files are computed again there,
@@ -103563,8 +103570,9 @@ COMMENT ON FUNCTION storetopics.default_settings() IS
 -- below use it, so distances and radii agree.
 --
 -- Assigns the chunk rows of the files p_files (or of the store p_store) to their store's clusters; returns per
--- (store, file) the chunks per nearest cluster of the store's fit, the outliers among them, and the chunks whose
--- vector no cluster can take (another dimension).
+-- (store, file) the chunks per nearest cluster of the store's fit, the outliers among them, the chunks whose
+-- vector no cluster can take (another dimension), and how far the file lies from the clusters (the least distance
+-- ratio of its chunks, see file_clusters).
 --
 -- Two passes over the rows, both by the source's reader (as the table's owner).  The first gives each file's mean
 -- direction, which goes to storetopics.file_means (a table, because parallel workers cannot read temp tables; the
@@ -103578,7 +103586,7 @@ COMMENT ON FUNCTION storetopics.default_settings() IS
 -- penalised plan is a worse one.
 CREATE OR REPLACE FUNCTION storetopics._assign(src storetopics.sources, p_files text[], p_store text)
 RETURNS TABLE (store_key text, file_key text, cluster_ids int[], cluster_chunks int[], cluster_outliers int[],
-               other_dim int)
+               other_dim int, distance_ratio real)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET jit = off SET enable_nestloop = on
 AS $$
 #variable_conflict use_column
@@ -103606,7 +103614,7 @@ BEGIN
     FROM storetopics.clusters k WHERE k.source_id = src.id AND (p_store IS NULL OR k.store_key = p_store);
   RETURN QUERY EXECUTE format('SELECT * FROM %s(''assign'', $1, $2, $3) '
                  'AS r(store_key text, file_key text, cluster_ids int[], cluster_chunks int[], cluster_outliers int[], '
-                 'other_dim int)', v_reader)
+                 'other_dim int, distance_ratio real)', v_reader)
     USING p_files, p_store, v_clusters;
   DELETE FROM storetopics.file_means WHERE source_id = src.id;
   PERFORM set_config('parallel_setup_cost', v_saved[1], true), set_config('parallel_tuple_cost', v_saved[2], true),
@@ -103701,9 +103709,12 @@ BEGIN
            coalesce(array_agg(x.cluster_id ORDER BY x.cluster_id) FILTER (WHERE x.joined), '{}') AS cluster_ids,
            coalesce(array_agg(x.n ORDER BY x.cluster_id) FILTER (WHERE x.joined), '{}') AS cluster_chunks,
            coalesce(array_agg(x.o ORDER BY x.cluster_id) FILTER (WHERE x.joined), '{}') AS cluster_outliers,
-           coalesce(sum(x.n) FILTER (WHERE x.other_dim), 0)::int AS other_dim
+           coalesce(sum(x.n) FILTER (WHERE x.other_dim), 0)::int AS other_dim,
+           (min(x.r) FILTER (WHERE x.joined))::real AS distance_ratio
       FROM (SELECT y.store_key, y.file_key, y.joined, y.other_dim, y.cluster_id,
-                   count(*)::int AS n, (count(*) FILTER (WHERE y.d > y.radius))::int AS o
+                   count(*)::int AS n, (count(*) FILTER (WHERE y.d > y.radius))::int AS o,
+                   -- (a radius of 0: a chunk at any distance is beyond it, as far as can be)
+                   min(CASE WHEN y.radius > 0 THEN y.d / y.radius WHEN y.d > 0 THEN 'Infinity' ELSE 0 END) AS r
               FROM (SELECT (%1$s)::text AS store_key, (%2$s)::text AS file_key,
                            a.m IS NOT NULL AS joined,
                            a.m IS NULL AND ks.dims IS NOT NULL AND %4$s IS NOT NULL AS other_dim,
@@ -103869,9 +103880,9 @@ BEGIN
   -- changed since, get none: a pending event will recount them)
   DELETE FROM storetopics.file_clusters c WHERE c.source_id = src.id AND c.store_key = p_store;
   INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, chunks, words, cluster_ids, cluster_chunks,
-                                         cluster_outliers, other_dim)
+                                         cluster_outliers, other_dim, distance_ratio)
   SELECT src.id, p_store, a.file_key, f.chunks, f.words, a.cluster_ids, a.cluster_chunks, a.cluster_outliers,
-         a.other_dim
+         a.other_dim, a.distance_ratio
     FROM pg_temp.storetopics_assign a
     JOIN storetopics.file_terms f
       ON f.source_id = src.id AND md5(f.file_key)::uuid = md5(a.file_key)::uuid AND f.file_key = a.file_key
@@ -104779,7 +104790,8 @@ END;
 -- ------------------------------------------------------------------------------------------------------------
 -- A file's novelty is the mean IDF of its counted words: ln(N) - sum(n ln df) / sum(n), N the store's files, df
 -- the files holding a term.  keywords() shows the terms of up to 3 files whose novelty has a robust z-score (median,
--- MAD over all the store's files) of at least 3.5, or 2.5 when the clustering also finds the file apart.
+-- MAD over all the store's files) of at least 3.5, or 2.5 when the clustering also finds the file apart, or 1.0 when
+-- it finds the file far apart (storetopics._file_far).
 --
 -- Computed from scratch, that reads every (file, term) pair of the store at every render.  Here it is kept: each
 -- file's sum(n ln df) as it was (storetopics.file_novelty), the document frequencies then (novelty_state.dfs), and
@@ -104835,9 +104847,14 @@ RETURN CASE WHEN about IS NULL THEN CASE WHEN upper THEN hi ELSE lo END
             WHEN lo > about THEN lo - about WHEN hi < about THEN about - hi ELSE 0 END;
 
 -- Whether a novelty passes the outlier test (robust z-score against the store's median and MAD).  Monotone in x.
-CREATE OR REPLACE FUNCTION storetopics._novel(x float8, apart boolean, med float8, mad float8) RETURNS boolean
+-- The two signals vouch for each other: the farther the clustering finds the file from every cluster, the less its
+-- words need to stand out.  A short page of another manual uses common words (a gnumeric page among gimp's help:
+-- z 1.4, 1.6 times beyond the nearest radius), and the file of a store farthest from its clusters seldom lies that
+-- far (figures in bench/README.md).
+CREATE OR REPLACE FUNCTION storetopics._novel(x float8, apart boolean, far boolean, med float8, mad float8)
+RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN (x - med) / (1.4826 * mad + 1e-9) >= CASE WHEN apart THEN 2.5 ELSE 3.5 END;
+RETURN (x - med) / (1.4826 * mad + 1e-9) >= CASE WHEN far THEN 1.0 WHEN apart THEN 2.5 ELSE 3.5 END;
 
 -- The document frequency of each term of a store (p_files: only the terms of these files), by term id: an array
 -- that the sums below index, 0 for a term the store does not hold.  The files' terms are looked up as an array of
@@ -104878,9 +104895,15 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN cardinality(chunks) > 0
        AND (SELECT sum(o) FROM unnest(outliers) o) = (SELECT sum(c) FROM unnest(chunks) c);
 
--- The sums of some files of a store at the current document frequencies, and whether each is apart.
+-- Whether the clustering finds a file far apart: every one of its chunks lies at least 1.5 times its nearest
+-- cluster's radius from its centroid (distance_ratio in file_clusters; NULL: not measured, not far).
+CREATE OR REPLACE FUNCTION storetopics._file_far(distance_ratio real) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN coalesce(distance_ratio >= 1.5, false);
+
+-- The sums of some files of a store at the current document frequencies, and whether each is apart (far apart).
 CREATE OR REPLACE FUNCTION storetopics._novelty_sums(p_source int, p_store text, p_files text[])
-RETURNS TABLE (file_key text, total bigint, words bigint, apart boolean)
+RETURNS TABLE (file_key text, total bigint, words bigint, apart boolean, far boolean)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
   v_dfs int[];
@@ -104893,9 +104916,10 @@ BEGIN
   SELECT f.file_key,
          coalesce((SELECT sum(u.c::bigint * storetopics._ln9(v_dfs[u.t]))
                      FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u), 0)::bigint,
-         f.words, coalesce(storetopics._file_apart(c.cluster_chunks, c.cluster_outliers), false)
+         f.words, coalesce(storetopics._file_apart(c.cluster_chunks, c.cluster_outliers), false),
+         storetopics._file_far(c.distance_ratio)
     FROM storetopics.file_terms f
-    LEFT JOIN LATERAL (SELECT c.cluster_chunks, c.cluster_outliers FROM storetopics.file_clusters c
+    LEFT JOIN LATERAL (SELECT c.cluster_chunks, c.cluster_outliers, c.distance_ratio FROM storetopics.file_clusters c
                         WHERE c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
                           AND c.file_key = f.file_key AND c.store_key = f.store_key OFFSET 0) c
            ON true   -- (as in _keep_novelty)
@@ -104957,12 +104981,12 @@ BEGIN
                                       DESC NULLS LAST, f.file_key))::int AS n,
          f.file_key, coalesce(s.total, 0)::bigint AS total, f.words,
          coalesce(storetopics._file_apart(c.cluster_chunks, c.cluster_outliers), false) AS apart,
-         s.sensitivity, s.rare
+         storetopics._file_far(c.distance_ratio) AS far, s.sensitivity, s.rare
     FROM storetopics.file_terms f
     -- (probed per file by its key, OFFSET 0, the store's key not a constant there: a join planned on stale
     -- statistics of file_clusters, right after a fit, read all the store's rows for each file: 30-60 s a store of
     -- 6,700 files at 1M chunks)
-    LEFT JOIN LATERAL (SELECT c.cluster_chunks, c.cluster_outliers FROM storetopics.file_clusters c
+    LEFT JOIN LATERAL (SELECT c.cluster_chunks, c.cluster_outliers, c.distance_ratio FROM storetopics.file_clusters c
                         WHERE c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
                           AND c.file_key = f.file_key AND c.store_key = f.store_key OFFSET 0) c ON true
    CROSS JOIN LATERAL (SELECT sum(u.c::bigint * u.ln9) AS total,
@@ -104975,8 +104999,8 @@ BEGIN
                          FROM (SELECT x.t, x.c, v_ln9[x.t] AS ln9, v_inv[x.t] AS inv, v_band[x.t] AS b
                                  FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) x OFFSET 0) u) s
    WHERE f.source_id = p_source AND f.store_key = p_store;
-  INSERT INTO storetopics.file_novelty (source_id, store_key, file_key, n, total, words, apart, sensitivity)
-  SELECT p_source, p_store, k.file_key, k.n, k.total, k.words, k.apart, k.sensitivity
+  INSERT INTO storetopics.file_novelty (source_id, store_key, file_key, n, total, words, apart, far, sensitivity)
+  SELECT p_source, p_store, k.file_key, k.n, k.total, k.words, k.apart, k.far, k.sensitivity
     FROM pg_temp.storetopics_keep k;
   -- (unnested in the select list, which streams the pairs)
   INSERT INTO storetopics.novelty_postings (source_id, store_key, term_id, file_ns, counts)
@@ -105138,7 +105162,8 @@ RETURN CASE WHEN most = 0 THEN storetopics._novelty(ln_n, total, words)
 -- The ranked files of ranks a .. b, with their rank and bounds.
 CREATE OR REPLACE FUNCTION storetopics._kept_ranked(p_source int, p_store text, x int[], a bigint, b bigint,
                                                     ln_n float8, most bigint, ratio float8[])
-RETURNS TABLE (rk bigint, file_key text, lo float8, hi float8, apart boolean, total bigint, words bigint)
+RETURNS TABLE (rk bigint, file_key text, lo float8, hi float8, apart boolean, far boolean, total bigint,
+               words bigint)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   na bigint := storetopics._kept_number(x, a);
@@ -105152,7 +105177,7 @@ BEGIN
     SELECT a - 1 + row_number() OVER (ORDER BY f.n), f.file_key,
            storetopics._kept_bound(ln_n, f.total, f.words, f.sensitivity, most, ratio, false),
            storetopics._kept_bound(ln_n, f.total, f.words, f.sensitivity, most, ratio, true),
-           f.apart, f.total, f.words
+           f.apart, f.far, f.total, f.words
       FROM storetopics.file_novelty f
      WHERE f.source_id = p_source AND f.store_key = p_store AND f.n BETWEEN na AND nb AND f.n <> ALL (v_out);
 END $$;
@@ -105258,20 +105283,20 @@ BEGIN
            END / 1e9 + 2e-9;
     IF to_regclass('pg_temp.storetopics_nov') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_nov; END IF;
     CREATE TEMP TABLE storetopics_nov (rk bigint UNIQUE, file_key text, lo float8, hi float8, apart boolean,
-                                       total bigint, words bigint) ON COMMIT DROP;
+                                       far boolean, total bigint, words bigint) ON COMMIT DROP;
     -- the kept files the rare terms moved (their bounds with that move), and the files folded since (exact)
     INSERT INTO pg_temp.storetopics_nov
     SELECT NULL, f.file_key,
            storetopics._kept_bound(v_ln, f.total + v_file_moves[f.n], f.words, f.sensitivity, v_most, v_ratio, false),
            storetopics._kept_bound(v_ln, f.total + v_file_moves[f.n], f.words, f.sensitivity, v_most, v_ratio, true),
-           f.apart, f.total, f.words
+           f.apart, f.far, f.total, f.words
       FROM storetopics.file_novelty f
      WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0
        AND f.n = ANY (ARRAY(SELECT i FROM unnest(v_moved) i EXCEPT SELECT g FROM unnest(k.gone) g));
     IF cardinality(v_new) > 0 THEN
       INSERT INTO pg_temp.storetopics_nov
       SELECT NULL, s.file_key, storetopics._novelty(v_ln, s.total, s.words),
-             storetopics._novelty(v_ln, s.total, s.words), s.apart, s.total, s.words
+             storetopics._novelty(v_ln, s.total, s.words), s.apart, s.far, s.total, s.words
         FROM storetopics._novelty_sums(p_source, p_store, v_new) s WHERE s.words > 0;
     END IF;
     v_e := (SELECT count(*) FROM pg_temp.storetopics_nov);
@@ -105367,16 +105392,25 @@ BEGIN
                                           v_med + 2.5 * (1.4826 * v_mad + 1e-9) * (1 - 1e-12) - 2 * v_w, false) + 1,
                   v_kn, v_ln, v_most, v_ratio)
   ON CONFLICT (rk) DO NOTHING;
+  -- and the ranked files found far apart, whatever their novelty (a lower bar: few files, by their own index)
+  INSERT INTO pg_temp.storetopics_nov
+  SELECT f.n - storetopics._count_le(v_x, f.n), f.file_key,
+         storetopics._kept_bound(v_ln, f.total, f.words, f.sensitivity, v_most, v_ratio, false),
+         storetopics._kept_bound(v_ln, f.total, f.words, f.sensitivity, v_most, v_ratio, true),
+         f.apart, f.far, f.total, f.words
+    FROM storetopics.file_novelty f
+   WHERE f.source_id = p_source AND f.store_key = p_store AND f.far AND f.n <= k.ranked AND f.n <> ALL (v_x)
+  ON CONFLICT (rk) DO NOTHING;
   -- The files that pass for sure (lower bound) rank below the third best of them for sure, unless better: of the
   -- others, only those that may pass and may rank among the first three are made exact, then tested.
   SELECT v.apart, v.lo INTO v_s_apart, v_s_lo FROM pg_temp.storetopics_nov v
-   WHERE storetopics._novel(v.lo, v.apart, v_med, v_mad)
+   WHERE storetopics._novel(v.lo, v.apart, v.far, v_med, v_mad)
    ORDER BY v.apart DESC, v.lo DESC OFFSET 2 LIMIT 1;
   UPDATE pg_temp.storetopics_nov v SET lo = storetopics._novelty(v_ln, v.total + x.moved, v.words),
                                        hi = storetopics._novelty(v_ln, v.total + x.moved, v.words)
     FROM storetopics._novelty_moved(p_source, p_store, ARRAY(
            SELECT w.file_key FROM pg_temp.storetopics_nov w
-            WHERE w.lo < w.hi AND storetopics._novel(w.hi, w.apart, v_med, v_mad)
+            WHERE w.lo < w.hi AND storetopics._novel(w.hi, w.apart, w.far, v_med, v_mad)
               AND (v_s_lo IS NULL
                    OR NOT ((v_s_apart AND NOT w.apart) OR (v_s_apart = w.apart AND w.hi < v_s_lo)))),
            v_moves) x
@@ -105386,7 +105420,7 @@ BEGIN
   -- (the others rank below those three, exact, whatever their bounds)
   RETURN QUERY
     SELECT (row_number() OVER (ORDER BY o.apart DESC, o.lo DESC, o.file_key))::int, o.file_key, o.lo
-      FROM (SELECT v.* FROM pg_temp.storetopics_nov v WHERE storetopics._novel(v.lo, v.apart, v_med, v_mad)
+      FROM (SELECT v.* FROM pg_temp.storetopics_nov v WHERE storetopics._novel(v.lo, v.apart, v.far, v_med, v_mad)
              ORDER BY v.apart DESC, v.lo DESC, v.file_key LIMIT 3) o
      ORDER BY 1;
   DROP TABLE pg_temp.storetopics_nov;
@@ -105492,7 +105526,8 @@ END;
 --       file among 100k renovation files surfaces: ranked per file, not on store-wide sums.  A file the clustering also
 --       finds apart (every chunk beyond its nearest cluster's radius) needs only z >= 2.5: two independent signals,
 --       each moderately extreme: a file planted from elsewhere usually shows both, a store's own file rarely does
---       (bench/README.md).  Up to 3 such files are shown, those both signals find apart first, then the most
+--       (bench/README.md); one it finds far apart (every chunk 1.5 radii out or more) needs z >= 1.0
+--       (storetopics._novel).  Up to 3 such files are shown, those both signals find apart first, then the most
 --       novel.  A store made of one-off tokens (names) has no outlier file, so its names do not flood the list;
 --     * recurring dense terms: (total_sq / total) x IDF, for terms in at least three files whose occurrences come
 --       in clusters (total_sq / total >= 2, i.e. one-off mentions are ignored; a name two files share is not a
@@ -107718,4 +107753,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '4264707634') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1016992966') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -321,6 +321,40 @@ def test_a_moderately_novel_file_surfaces_when_the_clusters_find_it_apart(make_d
             assert attributed == [] and "gambit" not in text_, (attributed, text_)
 
 
+@pytest.mark.parametrize("far", [True, False])
+def test_a_barely_novel_file_surfaces_when_the_clusters_find_it_far_apart(make_db, far):
+    """A file whose words hardly stand out (robust z between 1.0 and 2.5: a short page of another manual, in common
+    words) is shown among the distinctive terms when every one of its chunks lies 1.5 radii or more from its nearest
+    cluster, and not when its chunks sit inside one."""
+    from lab.evaluation.needle import novelty
+
+    with psycopg.connect(make_db(plpython=True), autocommit=True) as conn:
+        source = setup_table(conn)
+        rng = np.random.default_rng(11)
+        rows = []
+        for t in TOPICS:
+            for f in range(30):
+                for _ in range(3):
+                    words = list(rng.choice(TOPICS[t].split(), 40)) + ["common"] * (1 + f % 10)
+                    rows.append(("s1", f"{t}-{f}", " ".join(words), vec(t, rng)))
+        insert(conn, rows)
+        conn.execute("SELECT * FROM storetopics.backfill()")
+        rng = np.random.default_rng(12)
+        needle = [("s1", "needle", " ".join(list(rng.choice(TOPICS["kitchen"].split(), 40)) + ["gambit"] * 1),
+                   vec("chess", rng) if far else vec("kitchen", rng, spread=0.01)) for _ in range(3)]
+        insert(conn, needle)
+        conn.execute("SELECT * FROM storetopics.backfill()")
+        nov = novelty(conn, source, "s1", "needle")
+        assert 1.0 <= nov["z"] < 2.5 and nov["far"] is far and nov["passes"] is far, nov
+        assert nov["distance_ratio"] >= 1.5 if far else nov["distance_ratio"] < 1.0, nov
+        text_, topics = summary(conn)
+        attributed = [d["term"] for d in topics["distinctive"] if d["file"] == "needle"]
+        if far:   # its top words (kitchen words, as dense in it as anywhere) are the needle's
+            assert attributed and any(w in text_ for w in attributed), (attributed, text_)
+        else:
+            assert attributed == [], (attributed, text_)
+
+
 def test_an_outlier_files_words_show_though_a_cluster_holds_them(make_db):
     """An outlier file's top words are what it is about: one that is also among a cluster's words (which the text does
     not show) still shows among the distinctive words."""

@@ -82,22 +82,24 @@ def from_scratch(conn, src: int, store: str) -> tuple[list[tuple], tuple[str, ob
 def oracle(conn, src: int, store: str) -> list[tuple]:
     """The outlier files by the formula, from the state tables: novelty = round(ln N - sum(n round(ln df 1e9)) /
     1e9 / W, 9), robust z-score over the files with words (median, MAD as percentile_cont takes them) >= 3.5, or
-    >= 2.5 when every chunk of the file lies beyond its cluster's radius; up to 3, apart first, then by novelty."""
+    >= 2.5 when every chunk of the file lies beyond its cluster's radius, or >= 1.0 when every chunk lies 1.5
+    radii out or more; up to 3, apart first, then by novelty."""
     n_files = conn.execute("SELECT files FROM storetopics.store_state WHERE source_id = %s AND store_key = %s",
                            (src, store)).fetchone()[0]
     ln_n = conn.execute("SELECT ln(greatest(%s, 1)::float8)", (n_files,)).fetchone()[0]
     ln9 = dict(conn.execute("SELECT term_id, round(ln(files::float8) * 1e9)::bigint FROM storetopics.store_terms "
                             "WHERE source_id = %s AND store_key = %s", (src, store)).fetchall())
     files = []
-    for key, terms, counts, chunks, outl in conn.execute(
+    for key, terms, counts, chunks, outl, ratio in conn.execute(
             "SELECT f.file_key, f.term_ids, f.counts, coalesce(c.cluster_chunks, '{}'), "
-            "coalesce(c.cluster_outliers, '{}') FROM storetopics.file_terms f LEFT JOIN storetopics.file_clusters c "
+            "coalesce(c.cluster_outliers, '{}'), c.distance_ratio "
+            "FROM storetopics.file_terms f LEFT JOIN storetopics.file_clusters c "
             "ON c.source_id = f.source_id AND c.store_key = f.store_key AND c.file_key = f.file_key "
             "WHERE f.source_id = %s AND f.store_key = %s AND f.words > 0", (src, store)):
         total, w = sum(c * ln9[t] for t, c in zip(terms, counts)), sum(counts)
         x = ln_n - total / 1e9 / w
         nov = float(Decimal(f"{x:.15g}").quantize(Decimal("1e-9"), rounding=ROUND_HALF_UP))   # numeric round()
-        files.append((key, nov, len(chunks) > 0 and sum(outl) == sum(chunks)))
+        files.append((key, nov, len(chunks) > 0 and sum(outl) == sum(chunks), ratio is not None and ratio >= 1.5))
     if not files:
         return []
 
@@ -109,7 +111,7 @@ def oracle(conn, src: int, store: str) -> list[tuple]:
 
     med = cont([f[1] for f in files])
     mad = cont([abs(f[1] - med) for f in files])
-    passing = [f for f in files if (f[1] - med) / (1.4826 * mad + 1e-9) >= (2.5 if f[2] else 3.5)]
+    passing = [f for f in files if (f[1] - med) / (1.4826 * mad + 1e-9) >= (1.0 if f[3] else 2.5 if f[2] else 3.5)]
     passing.sort(key=lambda f: (not f[2], -f[1], f[0]))
     return [(i + 1, f[0], f[1]) for i, f in enumerate(passing[:3])]
 

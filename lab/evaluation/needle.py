@@ -82,17 +82,19 @@ WITH st AS (SELECT greatest(files, 1)::float8 AS n FROM storetopics.store_state
                FROM storetopics.file_terms f CROSS JOIN LATERAL unnest(f.term_ids, f.counts) AS u(term_id, n)
                JOIN terms t ON t.term_id = u.term_id
               WHERE f.source_id = %(src)s AND f.store_key = %(store)s AND f.words > 0 GROUP BY f.file_key),
-     apart AS (SELECT f.file_key FROM storetopics.file_clusters f
-                WHERE f.source_id = %(src)s AND f.store_key = %(store)s AND cardinality(f.cluster_chunks) > 0
-                  AND (SELECT sum(o) FROM unnest(f.cluster_outliers) o) = (SELECT sum(c) FROM unnest(f.cluster_chunks) c)),
+     clus AS (SELECT f.file_key, storetopics._file_apart(f.cluster_chunks, f.cluster_outliers) AS apart,
+                     storetopics._file_far(f.distance_ratio) AS far, f.distance_ratio
+                FROM storetopics.file_clusters f WHERE f.source_id = %(src)s AND f.store_key = %(store)s),
      med AS (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY nov) AS med FROM nov),
      mad AS (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY abs(nov - med)) AS mad, med FROM nov, med
               GROUP BY med),
-     ranked AS (SELECT nov.file_key, (nov - med) / (1.4826 * mad + 1e-9) AS z, a.file_key IS NOT NULL AS apart,
+     ranked AS (SELECT nov.file_key, (nov - med) / (1.4826 * mad + 1e-9) AS z, coalesce(a.apart, false) AS apart,
+                       coalesce(a.far, false) AS far, a.distance_ratio,
                        rank() OVER (ORDER BY nov DESC) AS r, count(*) OVER () AS n
-                  FROM nov CROSS JOIN mad LEFT JOIN apart a ON a.file_key = nov.file_key),
-     gated AS (SELECT *, z >= CASE WHEN apart THEN 2.5 ELSE 3.5 END AS passes FROM ranked)
-SELECT z, r, n, apart, passes, (SELECT count(*) FROM gated WHERE passes AND file_key <> %(file)s)
+                  FROM nov CROSS JOIN mad LEFT JOIN clus a ON a.file_key = nov.file_key),
+     gated AS (SELECT *, z >= CASE WHEN far THEN 1.0 WHEN apart THEN 2.5 ELSE 3.5 END AS passes FROM ranked)
+SELECT z, r, n, apart, passes, (SELECT count(*) FROM gated WHERE passes AND file_key <> %(file)s), far,
+       distance_ratio
   FROM gated WHERE file_key = %(file)s
 """
 
@@ -108,8 +110,10 @@ def subject_words_new(before: set[str], after: set[str], subject: set[str]) -> l
 def novelty(conn, source_id: int, store: str, file: str) -> dict | None:
     """Diagnostic: the needle file as the keyword ranking sees it, read from the extension's state tables: its
     novelty (mean IDF of its words) as a robust z-score and its rank among the store's files; whether all its chunks
-    lie outside the clusters (`apart`); whether it passes keywords()'s outlier gate (z >= 3.5, or >= 2.5 when apart)
-    and how many other files pass it (the keyword list shows the 3 most novel that pass).  None if the state tables
+    lie outside the clusters (`apart`), at least 1.5 radii out (`far`; `distance_ratio`: the least of its chunks'
+    distance to their cluster's centroid over the cluster's radius); whether it passes keywords()'s outlier gate
+    (z >= 3.5, or >= 2.5 when apart, or >= 1.0 when far) and how many other files pass it (the keyword list shows
+    the 3 most novel that pass).  None if the state tables
     differ from what this expects."""
     try:
         with conn.transaction():
@@ -119,7 +123,8 @@ def novelty(conn, source_id: int, store: str, file: str) -> dict | None:
     if not row:
         return None
     return {"z": float(row[0]), "rank": int(row[1]), "files": int(row[2]), "apart": bool(row[3]),
-            "passes": bool(row[4]), "files_over_gate": int(row[5])}
+            "passes": bool(row[4]), "files_over_gate": int(row[5]), "far": bool(row[6]),
+            "distance_ratio": None if row[7] is None else float(row[7])}
 
 
 def isolation_rank(store_files: np.ndarray, needle: np.ndarray) -> int:
@@ -293,7 +298,7 @@ def _novelty_summary(trials: list[dict]) -> dict | None:
     if not nv:
         return None
     return {"trials": len(nv), "z_median": float(np.median([x["z"] for x in nv])),
-            "apart": sum(x.get("apart", False) for x in nv),
+            "apart": sum(x.get("apart", False) for x in nv), "far": sum(x.get("far", False) for x in nv),
             "over_gate": sum(x.get("passes", x["z"] >= 3.5) for x in nv), "in_top3": sum(x["rank"] <= 3 for x in nv),
             "rank_median": float(np.median([x["rank"] for x in nv])),
             "files_over_gate_median": float(np.median([x["files_over_gate"] for x in nv]))}

@@ -459,7 +459,8 @@ def needle_docs_section(res: dict) -> list[str]:
     nv, iso = dd.get("novelty"), dd.get("isolation")
     if nv:
         L += [f"Diagnostics as for Debian: the page's median novelty z-score {nv['z_median']:.1f}; all its chunks "
-              f"outside the clusters in {nv['apart']}/{nv['trials']} trials; over the outlier gate in "
+              f"outside the clusters in {nv['apart']}/{nv['trials']} trials"
+              + (f", 1.5 radii out or more in {nv['far']}/{nv['trials']}" if "far" in nv else "") + "; over the outlier gate in "
               f"{nv['over_gate']}/{nv['trials']}, among the 3 most novel files in {nv['in_top3']}/{nv['trials']}"
               + (f"; the most isolated file of its host by embedding in {iso['most_isolated']}/{iso['trials']}, "
                  f"among the 3 most isolated in {iso['top3']}/{iso['trials']}" if iso else "") + ".", ""]
@@ -838,9 +839,11 @@ def markdown(res: dict, images: list[str]) -> str:
             L += [f"How (diagnostic, from the extension's state tables): the keyword side shows the terms of up to 3 "
                   f"outlier files, the most novel (mean IDF of their words) of those whose novelty has a robust "
                   f"z-score ≥ 3.5, or ≥ 2.5 when every chunk of the file lies outside the clusters (beyond its "
-                  f"nearest cluster's radius). The planted needle's median z-score was {nv['z_median']:.1f}; "
+                  f"nearest cluster's radius), or ≥ 1.0 when every chunk lies 1.5 radii out or more. The planted "
+                  f"needle's median z-score was {nv['z_median']:.1f}; "
                   + (f"all its chunks lay outside the clusters in {nv['apart']}/{nv['trials']} trials; "
                      if "apart" in nv else "")
+                  + (f"1.5 radii out or more in {nv['far']}/{nv['trials']}; " if "far" in nv else "")
                   + f"it passed the gate in {nv['over_gate']}/{nv['trials']} trials and was among the 3 most novel "
                   f"files in {nv['in_top3']}/{nv['trials']} (median rank {nv['rank_median']:.0f}); the stores have a "
                   f"median of {nv['files_over_gate_median']:.0f} files of their own passing the gate.", ""]

@@ -261,7 +261,7 @@ RETURN format($q$
 -- by row, skipping such rows.  (Its terms are a temp table made here.)
 CREATE OR REPLACE FUNCTION storetopics._fold_recount(src storetopics.sources, p_files text[])
 RETURNS TABLE (store_key text, file_key text, chunks int, skipped int, words bigint, term_ids int[], counts int[],
-               cluster_ids int[], cluster_chunks int[], cluster_outliers int[], other_dim int)
+               cluster_ids int[], cluster_chunks int[], cluster_outliers int[], other_dim int, distance_ratio real)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
@@ -305,7 +305,7 @@ BEGIN
   PERFORM set_config('enable_sort', 'off', true);
   RETURN QUERY
   SELECT r.*, coalesce(a.cluster_ids, '{}'), coalesce(a.cluster_chunks, '{}'), coalesce(a.cluster_outliers, '{}'),
-         coalesce(a.other_dim, 0)
+         coalesce(a.other_dim, 0), a.distance_ratio
     FROM (SELECT nt.store_key, nt.file_key,
                  max(nt.rows) FILTER (WHERE nt.term IS NULL) AS chunks,
                  max(nt.n) FILTER (WHERE nt.term IS NULL) AS skipped,
@@ -457,9 +457,9 @@ BEGIN
   DELETE FROM storetopics.file_clusters c
    WHERE c.source_id = src.id AND md5(c.file_key)::uuid = ANY (v_digests) AND c.file_key = ANY (p_files);
   INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, chunks, words, cluster_ids, cluster_chunks,
-                                         cluster_outliers, other_dim)
+                                         cluster_outliers, other_dim, distance_ratio)
   SELECT src.id, nf.store_key, nf.file_key, nf.chunks, nf.words, nf.cluster_ids, nf.cluster_chunks,
-         nf.cluster_outliers, nf.other_dim
+         nf.cluster_outliers, nf.other_dim, nf.distance_ratio
     FROM pg_temp.storetopics_new_files nf
    WHERE nf.store_key IS NOT NULL AND (cardinality(nf.cluster_ids) > 0 OR nf.other_dim <> 0);
   -- what render keeps of its stores' novelty (storetopics._outlier_files): these files are computed again there,

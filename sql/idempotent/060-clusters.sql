@@ -8,8 +8,9 @@
 -- below use it, so distances and radii agree.
 --
 -- Assigns the chunk rows of the files p_files (or of the store p_store) to their store's clusters; returns per
--- (store, file) the chunks per nearest cluster of the store's fit, the outliers among them, and the chunks whose
--- vector no cluster can take (another dimension).
+-- (store, file) the chunks per nearest cluster of the store's fit, the outliers among them, the chunks whose
+-- vector no cluster can take (another dimension), and how far the file lies from the clusters (the least distance
+-- ratio of its chunks, see file_clusters).
 --
 -- Two passes over the rows, both by the source's reader (as the table's owner).  The first gives each file's mean
 -- direction, which goes to storetopics.file_means (a table, because parallel workers cannot read temp tables; the
@@ -23,7 +24,7 @@
 -- penalised plan is a worse one.
 CREATE OR REPLACE FUNCTION storetopics._assign(src storetopics.sources, p_files text[], p_store text)
 RETURNS TABLE (store_key text, file_key text, cluster_ids int[], cluster_chunks int[], cluster_outliers int[],
-               other_dim int)
+               other_dim int, distance_ratio real)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' SET jit = off SET enable_nestloop = on
 AS $$
 #variable_conflict use_column
@@ -51,7 +52,7 @@ BEGIN
     FROM storetopics.clusters k WHERE k.source_id = src.id AND (p_store IS NULL OR k.store_key = p_store);
   RETURN QUERY EXECUTE format('SELECT * FROM %s(''assign'', $1, $2, $3) '
                  'AS r(store_key text, file_key text, cluster_ids int[], cluster_chunks int[], cluster_outliers int[], '
-                 'other_dim int)', v_reader)
+                 'other_dim int, distance_ratio real)', v_reader)
     USING p_files, p_store, v_clusters;
   DELETE FROM storetopics.file_means WHERE source_id = src.id;
   PERFORM set_config('parallel_setup_cost', v_saved[1], true), set_config('parallel_tuple_cost', v_saved[2], true),
@@ -146,9 +147,12 @@ BEGIN
            coalesce(array_agg(x.cluster_id ORDER BY x.cluster_id) FILTER (WHERE x.joined), '{}') AS cluster_ids,
            coalesce(array_agg(x.n ORDER BY x.cluster_id) FILTER (WHERE x.joined), '{}') AS cluster_chunks,
            coalesce(array_agg(x.o ORDER BY x.cluster_id) FILTER (WHERE x.joined), '{}') AS cluster_outliers,
-           coalesce(sum(x.n) FILTER (WHERE x.other_dim), 0)::int AS other_dim
+           coalesce(sum(x.n) FILTER (WHERE x.other_dim), 0)::int AS other_dim,
+           (min(x.r) FILTER (WHERE x.joined))::real AS distance_ratio
       FROM (SELECT y.store_key, y.file_key, y.joined, y.other_dim, y.cluster_id,
-                   count(*)::int AS n, (count(*) FILTER (WHERE y.d > y.radius))::int AS o
+                   count(*)::int AS n, (count(*) FILTER (WHERE y.d > y.radius))::int AS o,
+                   -- (a radius of 0: a chunk at any distance is beyond it, as far as can be)
+                   min(CASE WHEN y.radius > 0 THEN y.d / y.radius WHEN y.d > 0 THEN 'Infinity' ELSE 0 END) AS r
               FROM (SELECT (%1$s)::text AS store_key, (%2$s)::text AS file_key,
                            a.m IS NOT NULL AS joined,
                            a.m IS NULL AND ks.dims IS NOT NULL AND %4$s IS NOT NULL AS other_dim,
@@ -314,9 +318,9 @@ BEGIN
   -- changed since, get none: a pending event will recount them)
   DELETE FROM storetopics.file_clusters c WHERE c.source_id = src.id AND c.store_key = p_store;
   INSERT INTO storetopics.file_clusters (source_id, store_key, file_key, chunks, words, cluster_ids, cluster_chunks,
-                                         cluster_outliers, other_dim)
+                                         cluster_outliers, other_dim, distance_ratio)
   SELECT src.id, p_store, a.file_key, f.chunks, f.words, a.cluster_ids, a.cluster_chunks, a.cluster_outliers,
-         a.other_dim
+         a.other_dim, a.distance_ratio
     FROM pg_temp.storetopics_assign a
     JOIN storetopics.file_terms f
       ON f.source_id = src.id AND md5(f.file_key)::uuid = md5(a.file_key)::uuid AND f.file_key = a.file_key

@@ -3,7 +3,8 @@
 -- ------------------------------------------------------------------------------------------------------------
 -- A file's novelty is the mean IDF of its counted words: ln(N) - sum(n ln df) / sum(n), N the store's files, df
 -- the files holding a term.  keywords() shows the terms of up to 3 files whose novelty has a robust z-score (median,
--- MAD over all the store's files) of at least 3.5, or 2.5 when the clustering also finds the file apart.
+-- MAD over all the store's files) of at least 3.5, or 2.5 when the clustering also finds the file apart, or 1.0 when
+-- it finds the file far apart (storetopics._file_far).
 --
 -- Computed from scratch, that reads every (file, term) pair of the store at every render.  Here it is kept: each
 -- file's sum(n ln df) as it was (storetopics.file_novelty), the document frequencies then (novelty_state.dfs), and
@@ -59,9 +60,14 @@ RETURN CASE WHEN about IS NULL THEN CASE WHEN upper THEN hi ELSE lo END
             WHEN lo > about THEN lo - about WHEN hi < about THEN about - hi ELSE 0 END;
 
 -- Whether a novelty passes the outlier test (robust z-score against the store's median and MAD).  Monotone in x.
-CREATE OR REPLACE FUNCTION storetopics._novel(x float8, apart boolean, med float8, mad float8) RETURNS boolean
+-- The two signals vouch for each other: the farther the clustering finds the file from every cluster, the less its
+-- words need to stand out.  A short page of another manual uses common words (a gnumeric page among gimp's help:
+-- z 1.4, 1.6 times beyond the nearest radius), and the file of a store farthest from its clusters seldom lies that
+-- far (figures in bench/README.md).
+CREATE OR REPLACE FUNCTION storetopics._novel(x float8, apart boolean, far boolean, med float8, mad float8)
+RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN (x - med) / (1.4826 * mad + 1e-9) >= CASE WHEN apart THEN 2.5 ELSE 3.5 END;
+RETURN (x - med) / (1.4826 * mad + 1e-9) >= CASE WHEN far THEN 1.0 WHEN apart THEN 2.5 ELSE 3.5 END;
 
 -- The document frequency of each term of a store (p_files: only the terms of these files), by term id: an array
 -- that the sums below index, 0 for a term the store does not hold.  The files' terms are looked up as an array of
@@ -102,9 +108,15 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN cardinality(chunks) > 0
        AND (SELECT sum(o) FROM unnest(outliers) o) = (SELECT sum(c) FROM unnest(chunks) c);
 
--- The sums of some files of a store at the current document frequencies, and whether each is apart.
+-- Whether the clustering finds a file far apart: every one of its chunks lies at least 1.5 times its nearest
+-- cluster's radius from its centroid (distance_ratio in file_clusters; NULL: not measured, not far).
+CREATE OR REPLACE FUNCTION storetopics._file_far(distance_ratio real) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN coalesce(distance_ratio >= 1.5, false);
+
+-- The sums of some files of a store at the current document frequencies, and whether each is apart (far apart).
 CREATE OR REPLACE FUNCTION storetopics._novelty_sums(p_source int, p_store text, p_files text[])
-RETURNS TABLE (file_key text, total bigint, words bigint, apart boolean)
+RETURNS TABLE (file_key text, total bigint, words bigint, apart boolean, far boolean)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
   v_dfs int[];
@@ -117,9 +129,10 @@ BEGIN
   SELECT f.file_key,
          coalesce((SELECT sum(u.c::bigint * storetopics._ln9(v_dfs[u.t]))
                      FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u), 0)::bigint,
-         f.words, coalesce(storetopics._file_apart(c.cluster_chunks, c.cluster_outliers), false)
+         f.words, coalesce(storetopics._file_apart(c.cluster_chunks, c.cluster_outliers), false),
+         storetopics._file_far(c.distance_ratio)
     FROM storetopics.file_terms f
-    LEFT JOIN LATERAL (SELECT c.cluster_chunks, c.cluster_outliers FROM storetopics.file_clusters c
+    LEFT JOIN LATERAL (SELECT c.cluster_chunks, c.cluster_outliers, c.distance_ratio FROM storetopics.file_clusters c
                         WHERE c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
                           AND c.file_key = f.file_key AND c.store_key = f.store_key OFFSET 0) c
            ON true   -- (as in _keep_novelty)
@@ -181,12 +194,12 @@ BEGIN
                                       DESC NULLS LAST, f.file_key))::int AS n,
          f.file_key, coalesce(s.total, 0)::bigint AS total, f.words,
          coalesce(storetopics._file_apart(c.cluster_chunks, c.cluster_outliers), false) AS apart,
-         s.sensitivity, s.rare
+         storetopics._file_far(c.distance_ratio) AS far, s.sensitivity, s.rare
     FROM storetopics.file_terms f
     -- (probed per file by its key, OFFSET 0, the store's key not a constant there: a join planned on stale
     -- statistics of file_clusters, right after a fit, read all the store's rows for each file: 30-60 s a store of
     -- 6,700 files at 1M chunks)
-    LEFT JOIN LATERAL (SELECT c.cluster_chunks, c.cluster_outliers FROM storetopics.file_clusters c
+    LEFT JOIN LATERAL (SELECT c.cluster_chunks, c.cluster_outliers, c.distance_ratio FROM storetopics.file_clusters c
                         WHERE c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
                           AND c.file_key = f.file_key AND c.store_key = f.store_key OFFSET 0) c ON true
    CROSS JOIN LATERAL (SELECT sum(u.c::bigint * u.ln9) AS total,
@@ -199,8 +212,8 @@ BEGIN
                          FROM (SELECT x.t, x.c, v_ln9[x.t] AS ln9, v_inv[x.t] AS inv, v_band[x.t] AS b
                                  FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) x OFFSET 0) u) s
    WHERE f.source_id = p_source AND f.store_key = p_store;
-  INSERT INTO storetopics.file_novelty (source_id, store_key, file_key, n, total, words, apart, sensitivity)
-  SELECT p_source, p_store, k.file_key, k.n, k.total, k.words, k.apart, k.sensitivity
+  INSERT INTO storetopics.file_novelty (source_id, store_key, file_key, n, total, words, apart, far, sensitivity)
+  SELECT p_source, p_store, k.file_key, k.n, k.total, k.words, k.apart, k.far, k.sensitivity
     FROM pg_temp.storetopics_keep k;
   -- (unnested in the select list, which streams the pairs)
   INSERT INTO storetopics.novelty_postings (source_id, store_key, term_id, file_ns, counts)
@@ -362,7 +375,8 @@ RETURN CASE WHEN most = 0 THEN storetopics._novelty(ln_n, total, words)
 -- The ranked files of ranks a .. b, with their rank and bounds.
 CREATE OR REPLACE FUNCTION storetopics._kept_ranked(p_source int, p_store text, x int[], a bigint, b bigint,
                                                     ln_n float8, most bigint, ratio float8[])
-RETURNS TABLE (rk bigint, file_key text, lo float8, hi float8, apart boolean, total bigint, words bigint)
+RETURNS TABLE (rk bigint, file_key text, lo float8, hi float8, apart boolean, far boolean, total bigint,
+               words bigint)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   na bigint := storetopics._kept_number(x, a);
@@ -376,7 +390,7 @@ BEGIN
     SELECT a - 1 + row_number() OVER (ORDER BY f.n), f.file_key,
            storetopics._kept_bound(ln_n, f.total, f.words, f.sensitivity, most, ratio, false),
            storetopics._kept_bound(ln_n, f.total, f.words, f.sensitivity, most, ratio, true),
-           f.apart, f.total, f.words
+           f.apart, f.far, f.total, f.words
       FROM storetopics.file_novelty f
      WHERE f.source_id = p_source AND f.store_key = p_store AND f.n BETWEEN na AND nb AND f.n <> ALL (v_out);
 END $$;
@@ -482,20 +496,20 @@ BEGIN
            END / 1e9 + 2e-9;
     IF to_regclass('pg_temp.storetopics_nov') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_nov; END IF;
     CREATE TEMP TABLE storetopics_nov (rk bigint UNIQUE, file_key text, lo float8, hi float8, apart boolean,
-                                       total bigint, words bigint) ON COMMIT DROP;
+                                       far boolean, total bigint, words bigint) ON COMMIT DROP;
     -- the kept files the rare terms moved (their bounds with that move), and the files folded since (exact)
     INSERT INTO pg_temp.storetopics_nov
     SELECT NULL, f.file_key,
            storetopics._kept_bound(v_ln, f.total + v_file_moves[f.n], f.words, f.sensitivity, v_most, v_ratio, false),
            storetopics._kept_bound(v_ln, f.total + v_file_moves[f.n], f.words, f.sensitivity, v_most, v_ratio, true),
-           f.apart, f.total, f.words
+           f.apart, f.far, f.total, f.words
       FROM storetopics.file_novelty f
      WHERE f.source_id = p_source AND f.store_key = p_store AND f.words > 0
        AND f.n = ANY (ARRAY(SELECT i FROM unnest(v_moved) i EXCEPT SELECT g FROM unnest(k.gone) g));
     IF cardinality(v_new) > 0 THEN
       INSERT INTO pg_temp.storetopics_nov
       SELECT NULL, s.file_key, storetopics._novelty(v_ln, s.total, s.words),
-             storetopics._novelty(v_ln, s.total, s.words), s.apart, s.total, s.words
+             storetopics._novelty(v_ln, s.total, s.words), s.apart, s.far, s.total, s.words
         FROM storetopics._novelty_sums(p_source, p_store, v_new) s WHERE s.words > 0;
     END IF;
     v_e := (SELECT count(*) FROM pg_temp.storetopics_nov);
@@ -591,16 +605,25 @@ BEGIN
                                           v_med + 2.5 * (1.4826 * v_mad + 1e-9) * (1 - 1e-12) - 2 * v_w, false) + 1,
                   v_kn, v_ln, v_most, v_ratio)
   ON CONFLICT (rk) DO NOTHING;
+  -- and the ranked files found far apart, whatever their novelty (a lower bar: few files, by their own index)
+  INSERT INTO pg_temp.storetopics_nov
+  SELECT f.n - storetopics._count_le(v_x, f.n), f.file_key,
+         storetopics._kept_bound(v_ln, f.total, f.words, f.sensitivity, v_most, v_ratio, false),
+         storetopics._kept_bound(v_ln, f.total, f.words, f.sensitivity, v_most, v_ratio, true),
+         f.apart, f.far, f.total, f.words
+    FROM storetopics.file_novelty f
+   WHERE f.source_id = p_source AND f.store_key = p_store AND f.far AND f.n <= k.ranked AND f.n <> ALL (v_x)
+  ON CONFLICT (rk) DO NOTHING;
   -- The files that pass for sure (lower bound) rank below the third best of them for sure, unless better: of the
   -- others, only those that may pass and may rank among the first three are made exact, then tested.
   SELECT v.apart, v.lo INTO v_s_apart, v_s_lo FROM pg_temp.storetopics_nov v
-   WHERE storetopics._novel(v.lo, v.apart, v_med, v_mad)
+   WHERE storetopics._novel(v.lo, v.apart, v.far, v_med, v_mad)
    ORDER BY v.apart DESC, v.lo DESC OFFSET 2 LIMIT 1;
   UPDATE pg_temp.storetopics_nov v SET lo = storetopics._novelty(v_ln, v.total + x.moved, v.words),
                                        hi = storetopics._novelty(v_ln, v.total + x.moved, v.words)
     FROM storetopics._novelty_moved(p_source, p_store, ARRAY(
            SELECT w.file_key FROM pg_temp.storetopics_nov w
-            WHERE w.lo < w.hi AND storetopics._novel(w.hi, w.apart, v_med, v_mad)
+            WHERE w.lo < w.hi AND storetopics._novel(w.hi, w.apart, w.far, v_med, v_mad)
               AND (v_s_lo IS NULL
                    OR NOT ((v_s_apart AND NOT w.apart) OR (v_s_apart = w.apart AND w.hi < v_s_lo)))),
            v_moves) x
@@ -610,7 +633,7 @@ BEGIN
   -- (the others rank below those three, exact, whatever their bounds)
   RETURN QUERY
     SELECT (row_number() OVER (ORDER BY o.apart DESC, o.lo DESC, o.file_key))::int, o.file_key, o.lo
-      FROM (SELECT v.* FROM pg_temp.storetopics_nov v WHERE storetopics._novel(v.lo, v.apart, v_med, v_mad)
+      FROM (SELECT v.* FROM pg_temp.storetopics_nov v WHERE storetopics._novel(v.lo, v.apart, v.far, v_med, v_mad)
              ORDER BY v.apart DESC, v.lo DESC, v.file_key LIMIT 3) o
      ORDER BY 1;
   DROP TABLE pg_temp.storetopics_nov;

@@ -97,7 +97,8 @@ END;
 --       file among 100k renovation files surfaces: ranked per file, not on store-wide sums.  A file the clustering also
 --       finds apart (every chunk beyond its nearest cluster's radius) needs only z >= 2.5: two independent signals,
 --       each moderately extreme: a file planted from elsewhere usually shows both, a store's own file rarely does
---       (bench/README.md).  Up to 3 such files are shown, those both signals find apart first, then the most
+--       (bench/README.md); one it finds far apart (every chunk 1.5 radii out or more) needs z >= 1.0
+--       (storetopics._novel).  Up to 3 such files are shown, those both signals find apart first, then the most
 --       novel.  A store made of one-off tokens (names) has no outlier file, so its names do not flood the list;
 --     * recurring dense terms: (total_sq / total) x IDF, for terms in at least three files whose occurrences come
 --       in clusters (total_sq / total >= 2, i.e. one-off mentions are ignored; a name two files share is not a

@@ -24,12 +24,15 @@ CREATE UNLOGGED TABLE storetopics.file_novelty (
   total     bigint,                 -- sum over its counted terms of count x ln(files holding it), in units of 1e-9
   words     bigint,                 -- its counted terms
   apart     boolean,                -- every chunk of it lies beyond its nearest cluster's radius
+  far       boolean,                -- ... far beyond (storetopics._file_far)
   -- per band of its terms in more than `rare` files, the sum of count / files: a term's ln(files) moves by at most
   -- (how many files it gained or lost) / files, so these bound how far the file's sum moves through those terms
   sensitivity float8[]
 );
 CREATE INDEX file_novelty_store ON storetopics.file_novelty (source_id, store_key, n);
 CREATE INDEX file_novelty_file ON storetopics.file_novelty (source_id, (md5(file_key)::uuid));
+-- (the few far files of a store, looked at whatever their novelty then)
+CREATE INDEX file_novelty_far ON storetopics.file_novelty (source_id, store_key) WHERE far;
 -- The files (by number) and counts of each rare term, as they were: a term whose document frequency moved since
 -- moves the novelty of exactly these files.
 CREATE UNLOGGED TABLE storetopics.novelty_postings (

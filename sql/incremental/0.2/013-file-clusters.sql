@@ -16,7 +16,11 @@ CREATE TABLE storetopics.file_clusters (
   cluster_ids      int[] NOT NULL,
   cluster_chunks   int[] NOT NULL,
   cluster_outliers int[] NOT NULL,
-  other_dim        int NOT NULL DEFAULT 0   -- chunks with a vector no cluster of the store can take (dimension)
+  other_dim        int NOT NULL DEFAULT 0,  -- chunks with a vector no cluster of the store can take (dimension)
+  -- how far the file lies from the clusters: the least, over its chunks that joined one, of the chunk's distance
+  -- to the centroid over the cluster's radius (above 1: every chunk lies beyond its cluster's radius); NULL when
+  -- not measured (rows that 0.1 kept, until the file is folded again or the store fitted again)
+  distance_ratio   real
 );
 CREATE INDEX file_clusters_file ON storetopics.file_clusters (source_id, (md5(file_key)::uuid));
 CREATE INDEX file_clusters_store ON storetopics.file_clusters (source_id, store_key);
