@@ -113,8 +113,7 @@ def novelty(conn, source_id: int, store: str, file: str) -> dict | None:
     lie outside the clusters (`apart`), at least 1.5 radii out (`far`; `distance_ratio`: the least of its chunks'
     distance to their cluster's centroid over the cluster's radius); whether it passes keywords()'s outlier gate
     (z >= 3.5, or >= 2.5 when apart, or >= 1.0 when far) and how many other files pass it (the keyword list shows
-    the 3 most novel that pass).  None if the state tables
-    differ from what this expects."""
+    the 3 most novel that pass).  None if the state tables differ from what this expects."""
     try:
         with conn.transaction():
             row = conn.execute(NOVELTY_SQL, {"src": source_id, "store": store, "file": file}).fetchone()
