@@ -235,8 +235,10 @@ END $$;
 -- in units of 1e-9: by term id (0: not moved, or held by no kept file); the terms that were in at most p_rare files
 -- and their moves; of the others, the largest move and, per band (p_bands), the largest (files gained or lost) x
 -- files then / the smaller of files then and now: a term's ln moved by at most that over its files then.
+-- p_touched: the terms fold changed since (novelty_state.touched), each looked up by its key; NULL: every term of
+-- the store is compared (a scan of its terms: 38 ms of a 330 ms render after an upload at 100k realistic chunks).
 CREATE OR REPLACE FUNCTION storetopics._novelty_moves(p_source int, p_store text, p_dfs int[], p_rare int,
-                                                      p_bands int[],
+                                                      p_bands int[], p_touched int[],
                                                       OUT moves bigint[], OUT rare int[], OUT rare_moves bigint[],
                                                       OUT most bigint, OUT ratio float8[])
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -249,7 +251,11 @@ BEGIN
   -- (from the highest id down, into an expanded array; a term no kept file held moves none of them)
   FOR r IN SELECT m.term_id, m.was, m.files, storetopics._ln9(m.files) - storetopics._ln9(m.was) AS move
              FROM (SELECT t.term_id, t.files, coalesce(p_dfs[t.term_id], 0) AS was FROM storetopics.store_terms t
-                    WHERE t.source_id = p_source AND t.store_key = p_store) m
+                    WHERE t.source_id = p_source AND t.store_key = p_store AND p_touched IS NULL
+                   UNION ALL   -- (the touched terms, each found by the index)
+                   SELECT t.term_id, t.files, coalesce(p_dfs[t.term_id], 0) FROM storetopics.store_terms t
+                    WHERE t.source_id = p_source AND t.store_key = p_store AND p_touched IS NOT NULL
+                      AND t.term_id = ANY (ARRAY(SELECT DISTINCT x FROM unnest(p_touched) x))) m
             WHERE m.files <> m.was AND m.was > 0
             ORDER BY m.term_id DESC
   LOOP
@@ -458,7 +464,7 @@ BEGIN
                       WHERE f.source_id = p_source AND f.store_key = p_store AND f.n IS NULL);
       v_rows := k.numbered - cardinality(k.gone) + cardinality(v_new);
       SELECT * INTO v_moves, v_rare, v_rare_moves, v_most, v_ratio
-        FROM storetopics._novelty_moves(p_source, p_store, k.dfs, k.rare, k.bands);
+        FROM storetopics._novelty_moves(p_source, p_store, k.dfs, k.rare, k.bands, k.touched);
     END IF;
     -- computed again when nothing is kept, when the kept rows do not add up to the store's files, when many files
     -- changed, or (a second attempt) when the bounds leave too many files to compute again: a tenth of them, whose

@@ -12,6 +12,8 @@ CREATE UNLOGGED TABLE storetopics.novelty_state (
   bands     int[] NOT NULL,         -- the other terms' bands by their files then (storetopics._novelty_bands())
   per_word  float8[] NOT NULL,      -- per band, the largest sensitivity per counted word of those files
   gone      int[] NOT NULL DEFAULT '{}',   -- the numbers of the files folded since (changed, moved or deleted)
+  -- the terms whose files fold changed since, with repeats (NULL: too many to list; every term is compared)
+  touched   int[] DEFAULT '{}',
   PRIMARY KEY (source_id, store_key)
 );
 -- One row per file of a store that has a novelty_state: its sums as they were then (n NULL: the file was folded
