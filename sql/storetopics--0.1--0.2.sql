@@ -103240,12 +103240,14 @@ BEGIN
            GROUP BY 1) x;
   PERFORM storetopics._catalog_apply(storetopics._catalog(src.id), v_terms, v_totals, v_stores, v_files);
   -- the terms whose files moved, for what render keeps of the store's novelty (storetopics._novelty_moves compares
-  -- only those; past 100k of them, every term)
-  UPDATE storetopics.novelty_state k
-     SET touched = CASE WHEN cardinality(k.touched) + cardinality(d.ids) <= 100000 THEN k.touched || d.ids END
-    FROM (SELECT d.store_key, array_agg(d.term_id) AS ids FROM pg_temp.storetopics_delta d WHERE d.df <> 0
-           GROUP BY 1) d
-   WHERE k.source_id = src.id AND k.store_key = d.store_key;
+  -- only those; past 100k of them, every term); nothing to list before a store's first render
+  IF EXISTS (SELECT 1 FROM storetopics.novelty_state k WHERE k.source_id = src.id) THEN
+    UPDATE storetopics.novelty_state k
+       SET touched = CASE WHEN cardinality(k.touched) + cardinality(d.ids) <= 100000 THEN k.touched || d.ids END
+      FROM (SELECT d.store_key, array_agg(d.term_id) AS ids FROM pg_temp.storetopics_delta d WHERE d.df <> 0
+             GROUP BY 1) d
+     WHERE k.source_id = src.id AND k.store_key = d.store_key;
+  END IF;
   DROP TABLE pg_temp.storetopics_delta;
 
   -- the clusters' sizes: the files' old cluster arrays subtracted, the new ones added
@@ -104857,9 +104859,8 @@ RETURN CASE WHEN about IS NULL THEN CASE WHEN upper THEN hi ELSE lo END
 
 -- Whether a novelty passes the outlier test (robust z-score against the store's median and MAD).  Monotone in x.
 -- The two signals vouch for each other: the farther the clustering finds the file from every cluster, the less its
--- words need to stand out.  A short page of another manual uses common words (a gnumeric page among gimp's help:
--- z 1.4, 1.6 times beyond the nearest radius), and the file of a store farthest from its clusters seldom lies that
--- far (figures in bench/README.md).
+-- words need to stand out.  A short page of another manual may use common words and lie far from every cluster; a
+-- store's own file seldom lies that far (figures in bench/README.md).
 CREATE OR REPLACE FUNCTION storetopics._novel(x float8, apart boolean, far boolean, med float8, mad float8)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -105032,7 +105033,7 @@ END $$;
 -- and their moves; of the others, the largest move and, per band (p_bands), the largest (files gained or lost) x
 -- files then / the smaller of files then and now: a term's ln moved by at most that over its files then.
 -- p_touched: the terms fold changed since (novelty_state.touched), each looked up by its key; NULL: every term of
--- the store is compared (a scan of its terms: 38 ms of a 330 ms render after an upload at 100k realistic chunks).
+-- the store is compared, a scan of its terms at every render (bench/README.md).
 CREATE OR REPLACE FUNCTION storetopics._novelty_moves(p_source int, p_store text, p_dfs int[], p_rare int,
                                                       p_bands int[], p_touched int[],
                                                       OUT moves bigint[], OUT rare int[], OUT rare_moves bigint[],
@@ -107768,4 +107769,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '320190504') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '849662634') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -61,9 +61,8 @@ RETURN CASE WHEN about IS NULL THEN CASE WHEN upper THEN hi ELSE lo END
 
 -- Whether a novelty passes the outlier test (robust z-score against the store's median and MAD).  Monotone in x.
 -- The two signals vouch for each other: the farther the clustering finds the file from every cluster, the less its
--- words need to stand out.  A short page of another manual uses common words (a gnumeric page among gimp's help:
--- z 1.4, 1.6 times beyond the nearest radius), and the file of a store farthest from its clusters seldom lies that
--- far (figures in bench/README.md).
+-- words need to stand out.  A short page of another manual may use common words and lie far from every cluster; a
+-- store's own file seldom lies that far (figures in bench/README.md).
 CREATE OR REPLACE FUNCTION storetopics._novel(x float8, apart boolean, far boolean, med float8, mad float8)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -236,7 +235,7 @@ END $$;
 -- and their moves; of the others, the largest move and, per band (p_bands), the largest (files gained or lost) x
 -- files then / the smaller of files then and now: a term's ln moved by at most that over its files then.
 -- p_touched: the terms fold changed since (novelty_state.touched), each looked up by its key; NULL: every term of
--- the store is compared (a scan of its terms: 38 ms of a 330 ms render after an upload at 100k realistic chunks).
+-- the store is compared, a scan of its terms at every render (bench/README.md).
 CREATE OR REPLACE FUNCTION storetopics._novelty_moves(p_source int, p_store text, p_dfs int[], p_rare int,
                                                       p_bands int[], p_touched int[],
                                                       OUT moves bigint[], OUT rare int[], OUT rare_moves bigint[],
