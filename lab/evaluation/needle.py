@@ -88,11 +88,12 @@ WITH st AS (SELECT greatest(files, 1)::float8 AS n FROM storetopics.store_state
      med AS (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY nov) AS med FROM nov),
      mad AS (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY abs(nov - med)) AS mad, med FROM nov, med
               GROUP BY med),
-     ranked AS (SELECT nov.file_key, (nov - med) / (1.4826 * mad + 1e-9) AS z, coalesce(a.apart, false) AS apart,
-                       coalesce(a.far, false) AS far, a.distance_ratio,
+     ranked AS (SELECT nov.file_key, nov.nov, mad.med, mad.mad, (nov - med) / (1.4826 * mad + 1e-9) AS z,
+                       coalesce(a.apart, false) AS apart, coalesce(a.far, false) AS far, a.distance_ratio,
                        rank() OVER (ORDER BY nov DESC) AS r, count(*) OVER () AS n
                   FROM nov CROSS JOIN mad LEFT JOIN clus a ON a.file_key = nov.file_key),
-     gated AS (SELECT *, z >= CASE WHEN far THEN 1.0 WHEN apart THEN 2.5 ELSE 3.5 END AS passes FROM ranked)
+     -- (keywords()'s own outlier test)
+     gated AS (SELECT *, storetopics._novel(nov, apart, far, med, mad) AS passes FROM ranked)
 SELECT z, r, n, apart, passes, (SELECT count(*) FROM gated WHERE passes AND file_key <> %(file)s), far,
        distance_ratio
   FROM gated WHERE file_key = %(file)s
