@@ -288,33 +288,40 @@ def test_a_needle_that_joins_a_cluster_leaves_no_trace_once_deleted(make_db):
         assert [c["keywords"] for c in after[1]["clusters"]] == [c["keywords"] for c in before[1]["clusters"]]
 
 
+def plant_kitchen_words(conn, gambits: int, outside: bool):
+    """A store of 5 topics x 30 files of 3 chunks, each with 1..10 filler words per chunk (a spread of novelty),
+    backfilled; then one file planted: kitchen words and `gambits` times a word no other file has per chunk, with
+    the chess vectors (outside the clusters) or the kitchen ones (inside one), backfilled again.  Returns keywords()'s
+    novelty and gate for it (read back), the store's text, and the distinctive terms attributed to it."""
+    from lab.evaluation.needle import novelty
+
+    source = setup_table(conn)
+    rng = np.random.default_rng(11)
+    rows = []
+    for t in TOPICS:
+        for f in range(30):
+            for _ in range(3):
+                words = list(rng.choice(TOPICS[t].split(), 40)) + ["common"] * (1 + f % 10)
+                rows.append(("s1", f"{t}-{f}", " ".join(words), vec(t, rng)))
+    insert(conn, rows)
+    conn.execute("SELECT * FROM storetopics.backfill()")
+    rng = np.random.default_rng(12)
+    insert(conn, [("s1", "needle", " ".join(list(rng.choice(TOPICS["kitchen"].split(), 40)) + ["gambit"] * gambits),
+                   vec("chess", rng) if outside else vec("kitchen", rng, spread=0.01)) for _ in range(3)])
+    conn.execute("SELECT * FROM storetopics.backfill()")
+    text_, topics = summary(conn)
+    return (novelty(conn, source, "s1", "needle"), text_,
+            [d["term"] for d in topics["distinctive"] if d["file"] == "needle"])
+
+
 @pytest.mark.parametrize("apart", [True, False])
 def test_a_moderately_novel_file_surfaces_when_the_clusters_find_it_apart(make_db, apart):
     """A file whose words stand out only moderately (robust z between 2.5 and 3.5) is shown among the distinctive
     terms when every one of its chunks lies outside the clusters, and not when its chunks sit inside one."""
-    from lab.evaluation.needle import novelty  # keywords()'s novelty and outlier gate, read back
-
     with psycopg.connect(make_db(plpython=True), autocommit=True) as conn:
-        source = setup_table(conn)
-        rng = np.random.default_rng(11)
-        rows = []
-        for t in TOPICS:
-            for f in range(30):  # novelty spread: 1..10 filler words (in every file) per chunk
-                for _ in range(3):
-                    words = list(rng.choice(TOPICS[t].split(), 40)) + ["common"] * (1 + f % 10)
-                    rows.append(("s1", f"{t}-{f}", " ".join(words), vec(t, rng)))
-        insert(conn, rows)
-        conn.execute("SELECT * FROM storetopics.backfill()")
         # the same words either way: kitchen words and a word no other file has, 3 times in 43 words per chunk
-        rng = np.random.default_rng(12)
-        needle = [("s1", "needle", " ".join(list(rng.choice(TOPICS["kitchen"].split(), 40)) + ["gambit"] * 3),
-                   vec("chess", rng) if apart else vec("kitchen", rng, spread=0.01)) for _ in range(3)]
-        insert(conn, needle)
-        conn.execute("SELECT * FROM storetopics.backfill()")
-        nov = novelty(conn, source, "s1", "needle")
+        nov, text_, attributed = plant_kitchen_words(conn, 3, outside=apart)
         assert 2.5 <= nov["z"] < 3.5 and nov["apart"] is apart and nov["passes"] is apart, nov
-        text_, topics = summary(conn)
-        attributed = [d["term"] for d in topics["distinctive"] if d["file"] == "needle"]
         if apart:
             assert "gambit" in attributed and "gambit" in text_, (attributed, text_)
         else:
@@ -326,29 +333,10 @@ def test_a_barely_novel_file_surfaces_when_the_clusters_find_it_far_apart(make_d
     """A file whose words hardly stand out (robust z between 1.0 and 2.5: a short page of another manual, in common
     words) is shown among the distinctive terms when every one of its chunks lies 1.5 radii or more from its nearest
     cluster, and not when its chunks sit inside one."""
-    from lab.evaluation.needle import novelty
-
     with psycopg.connect(make_db(plpython=True), autocommit=True) as conn:
-        source = setup_table(conn)
-        rng = np.random.default_rng(11)
-        rows = []
-        for t in TOPICS:
-            for f in range(30):
-                for _ in range(3):
-                    words = list(rng.choice(TOPICS[t].split(), 40)) + ["common"] * (1 + f % 10)
-                    rows.append(("s1", f"{t}-{f}", " ".join(words), vec(t, rng)))
-        insert(conn, rows)
-        conn.execute("SELECT * FROM storetopics.backfill()")
-        rng = np.random.default_rng(12)
-        needle = [("s1", "needle", " ".join(list(rng.choice(TOPICS["kitchen"].split(), 40)) + ["gambit"] * 1),
-                   vec("chess", rng) if far else vec("kitchen", rng, spread=0.01)) for _ in range(3)]
-        insert(conn, needle)
-        conn.execute("SELECT * FROM storetopics.backfill()")
-        nov = novelty(conn, source, "s1", "needle")
+        nov, text_, attributed = plant_kitchen_words(conn, 1, outside=far)
         assert 1.0 <= nov["z"] < 2.5 and nov["far"] is far and nov["passes"] is far, nov
         assert nov["distance_ratio"] >= 1.5 if far else nov["distance_ratio"] < 1.0, nov
-        text_, topics = summary(conn)
-        attributed = [d["term"] for d in topics["distinctive"] if d["file"] == "needle"]
         if far:   # its top words (kitchen words, as dense in it as anywhere) are the needle's
             assert attributed and any(w in text_ for w in attributed), (attributed, text_)
         else:
