@@ -170,7 +170,18 @@ def test_outlier_files_and_summary_after_random_changes_equal_a_computation_from
                 conn.execute("DELETE FROM chunks WHERE file_id = 7")
                 insert(conn, file_rows(rng, "a", 4000))
             for _ in range(rng.randint(1, 2) if step not in (4, 5) else 0):
-                op = rng.choice(["upload", "upload", "edit", "delete", "move"])
+                op = rng.choice(["upload", "upload", "edit", "delete", "move", "burst", "spread"])
+                store = rng.choice("ab") if t == "one" else "c"
+                if op in ("burst", "spread"):   # a word from far down the rankings, many times or in many files
+                    word = WIDE[rng.randrange(200, 1500)]
+                    n_files, repeat = (1, 1500) if op == "burst" else (20, 1)
+                    with conn.cursor() as cur:
+                        cur.executemany(f"INSERT INTO {t} (store_id, file_id, content, embedding) "
+                                        "VALUES (%s, %s, %s, %s)",
+                                        [(store, next_file + i, " ".join([word] * repeat + [r[2][:60]]), r[3])
+                                         for i in range(n_files) for r in wide_rows(rng, store, 0)[:1]])
+                    next_file += n_files
+                    continue
                 if op == "upload":
                     insert(conn, file_rows(rng, rng.choice("aab"), next_file, apart=rng.random() < 0.2,
                                            extra=[rng.choice(VOCAB[-50:])] * rng.randint(0, 6)))
@@ -297,3 +308,134 @@ def test_outlier_files_read_from_the_kept_ranking_near_the_median_mad_and_tail_a
         assert inc == oracle(conn, src, "s"), step
     # (the others kept the novelty afresh: their bounds left more than a tenth of the files around the median)
     assert incremental >= 6
+
+
+# A vocabulary of thousands of words, so that the heads render keeps of the rankings of a store's terms (by total,
+# by files, by contrast: the 400 first) leave most terms out and their cuts are used.
+WIDE = ["".join(chr(ord("a") + (i // 26 ** k * (k + 5)) % 26) for k in range(4)) + "q" for i in range(6000)]
+
+
+def wide_rows(rng: random.Random, store: str, file: int):
+    return [(store, file, " ".join(WIDE[min(len(WIDE) - 1, int(math.exp(rng.random() * math.log(len(WIDE)))) - 1)]
+                                   for _ in range(40)), vector(rng)) for _ in range(2)]
+
+
+def term_lists(conn, src: int, store: str) -> tuple:
+    """The dominant terms, the store's script and its contrastive terms (60 and 200 of them): what the kept heads
+    serve."""
+    return (conn.execute("SELECT kind, rank, lexeme, score, files, total FROM storetopics._keywords(%s, %s, '{}', "
+                         "'{}', 10, 8, 'latin') WHERE kind = 'dominant'", (src, store)).fetchall(),
+            conn.execute("SELECT storetopics._store_script(%s, %s)", (src, store)).fetchone()[0],
+            conn.execute("SELECT * FROM storetopics._contrast_terms(%s, %s, 60, 'latin')", (src, store)).fetchall(),
+            conn.execute("SELECT * FROM storetopics._contrast_terms(%s, %s, 200, 'latin')", (src, store)).fetchall())
+
+
+def lists_from_scratch(conn, src: int, store: str) -> tuple:
+    """The same with nothing kept to start from (in a transaction rolled back)."""
+    got = None
+    try:
+        with conn.transaction():
+            conn.execute("UPDATE storetopics.novelty_state SET touched = NULL WHERE source_id = %s AND store_key = %s",
+                         (src, store))
+            got = term_lists(conn, src, store)
+            raise _Rollback
+    except _Rollback:
+        pass
+    return got
+
+
+def kept_heads_used(conn, src: int, store: str) -> tuple[bool, bool]:
+    """Whether the kept heads vouch for the ranking by total (with a cut: not every term listed) and by contrast."""
+    by_total = conn.execute("SELECT cut IS NOT NULL FROM storetopics._kept_head(%s, %s, 'total')",
+                            (src, store)).fetchone()
+    by_contrast = conn.execute("""
+        SELECT count(*) FROM storetopics.store_state st, storetopics._catalog_size(storetopics._catalog(%s)) c,
+               storetopics._kept_contrast(%s, %s, storetopics._catalog(%s), greatest(st.files, 1), c.files, c.stores)
+         WHERE st.source_id = %s AND st.store_key = %s""", (src, src, store, src, src, store)).fetchone()[0]
+    return bool(by_total and by_total[0]), by_contrast == 1
+
+
+def test_kept_heads_of_term_rankings_give_the_lists_of_a_computation_from_scratch(make_db):
+    """Render keeps the heads of three rankings of a store's terms with its novelty and, after a change, ranks only
+    them and the terms that changed (in the store, or in its catalog: here two tables share one).  Through uploads,
+    edits, deletes and moves in both tables, the catalog's list of changed terms starting again, and a table moving
+    to another catalog and back, the lists and the rendered text are those of a computation from scratch."""
+    rng = random.Random(34)
+    with psycopg.connect(make_db(plpython=True), autocommit=True) as conn:
+        conn.execute("SET client_min_messages = warning")
+        src = {}
+        for t, stores, n in (("one", "ab", 240), ("two", "c", 120)):
+            conn.execute(f"CREATE TABLE {t} (id serial PRIMARY KEY, store_id text, file_id int, content text, "
+                         f"embedding vector({DIM}))")
+            with conn.cursor() as cur:
+                cur.executemany(f"INSERT INTO {t} (store_id, file_id, content, embedding) VALUES (%s, %s, %s, %s)",
+                                [r for f in range(n) for r in wide_rows(rng, stores[f % len(stores)], f)])
+            src[t] = conn.execute(f"SELECT storetopics.attach('{t}', 'store_id', 'file_id', 'content', "
+                                  "'embedding')").fetchone()[0]
+            conn.execute(f"""SELECT storetopics.configure('{t}', '{{"catalog": "shared"}}')""")
+        conn.execute("SELECT * FROM storetopics.backfill()")
+        used = {"total": 0, "contrast": 0, "checks": 0}
+
+        def check(rekept: bool = False):
+            for t, store in (("one", "a"), ("one", "b"), ("two", "c")):
+                text = rendered(conn, src[t], store)
+                by_total, by_contrast = kept_heads_used(conn, src[t], store)
+                assert by_contrast or not rekept, (t, store)   # the render kept the contrast head again
+                used["total"] += by_total
+                used["contrast"] += by_contrast
+                used["checks"] += 1
+                assert term_lists(conn, src[t], store) == lists_from_scratch(conn, src[t], store), (t, store)
+                assert text == from_scratch(conn, src[t], store)[1], (t, store)
+                # shorter heads from here on, so that a change can lift a term from outside one into the lists
+                conn.execute("SELECT storetopics._keep_heads(%s, %s, 210), storetopics._keep_contrast(%s, %s, 70)",
+                             (src[t], store, src[t], store))
+
+        check()
+        next_file = 1000
+        for step in range(14):
+            for _ in range(rng.randint(1, 3)):
+                t = rng.choice(["one", "one", "two"])
+                op = rng.choice(["upload", "upload", "edit", "delete", "move", "burst", "spread"])
+                store = rng.choice("ab") if t == "one" else "c"
+                if op in ("burst", "spread"):   # a word from far down the rankings, many times or in many files
+                    word = WIDE[rng.randrange(200, 1500)]
+                    n_files, repeat = (1, 1500) if op == "burst" else (20, 1)
+                    with conn.cursor() as cur:
+                        cur.executemany(f"INSERT INTO {t} (store_id, file_id, content, embedding) "
+                                        "VALUES (%s, %s, %s, %s)",
+                                        [(store, next_file + i, " ".join([word] * repeat + [r[2][:60]]), r[3])
+                                         for i in range(n_files) for r in wide_rows(rng, store, 0)[:1]])
+                    next_file += n_files
+                    continue
+                if op == "upload":
+                    with conn.cursor() as cur:
+                        cur.executemany(f"INSERT INTO {t} (store_id, file_id, content, embedding) "
+                                        "VALUES (%s, %s, %s, %s)",
+                                        wide_rows(rng, store, next_file))
+                    next_file += 1
+                    continue
+                (f,) = conn.execute(f"SELECT file_id FROM {t} ORDER BY file_id OFFSET %s LIMIT 1",
+                                    (rng.randrange(100),)).fetchone()
+                if op == "edit" and rng.random() < 0.5:   # its counts only: a word it has, many times more
+                    conn.execute(f"UPDATE {t} SET content = content || repeat(' ' || split_part(content, ' ', 40), "
+                                 "1500) WHERE file_id = %s", (f,))
+                elif op == "edit":
+                    conn.execute(f"UPDATE {t} SET content = %s WHERE file_id = %s",
+                                 (wide_rows(rng, "a", 0)[0][2], f))
+                elif op == "delete":
+                    conn.execute(f"DELETE FROM {t} WHERE file_id = %s", (f,))
+                elif t == "one":
+                    conn.execute("UPDATE one SET store_id = CASE store_id WHEN 'a' THEN 'b' ELSE 'a' END "
+                                 "WHERE file_id = %s", (f,))
+            if step == 6:   # the catalog's list of changed terms started again: every head is kept again
+                conn.execute("UPDATE storetopics.catalog_touched SET generation = generation + 1, touched = '{}'")
+            if step == 9:   # a table leaves the catalog ...
+                conn.execute("""SELECT storetopics.configure('two', '{"catalog": "other"}')""")
+            if step == 11:  # ... and comes back
+                conn.execute("""SELECT storetopics.configure('two', '{"catalog": "shared"}')""")
+            for s in src.values():
+                while conn.execute("SELECT storetopics._fold(%s)", (s,)).fetchone()[0]:
+                    pass
+            check(rekept=step in (6, 9, 11))
+        # the kept heads served most of the lists (not the fallback of ranking every term)
+        assert used["total"] >= used["checks"] * 0.7 and used["contrast"] >= used["checks"] * 0.7, used

@@ -394,13 +394,13 @@ BEGIN
             FROM (SELECT * FROM gone UNION ALL SELECT * FROM changed UNION ALL SELECT * FROM added) y
            GROUP BY 1) x;
   PERFORM storetopics._catalog_apply(storetopics._catalog(src.id), v_terms, v_totals, v_stores, v_files);
-  -- the terms whose files moved, for what render keeps of the store's novelty (storetopics._novelty_moves compares
-  -- only those; past 100k of them, every term); nothing to list before a store's first render
+  -- the terms whose counts moved, for what render keeps of the store (storetopics._novelty_moves compares only
+  -- those, storetopics._kept_head ranks only those and its head; past 100k of them, every term is read again);
+  -- nothing to list before a store's first render
   IF EXISTS (SELECT 1 FROM storetopics.novelty_state k WHERE k.source_id = src.id) THEN
     UPDATE storetopics.novelty_state k
        SET touched = CASE WHEN cardinality(k.touched) + cardinality(d.ids) <= 100000 THEN k.touched || d.ids END
-      FROM (SELECT d.store_key, array_agg(d.term_id) AS ids FROM pg_temp.storetopics_delta d WHERE d.df <> 0
-             GROUP BY 1) d
+      FROM (SELECT d.store_key, array_agg(d.term_id) AS ids FROM pg_temp.storetopics_delta d GROUP BY 1) d
      WHERE k.source_id = src.id AND k.store_key = d.store_key;
   END IF;
   DROP TABLE pg_temp.storetopics_delta;

@@ -176,6 +176,14 @@ BEGIN
   -- (only a term that some store lost can be left in none)
   DELETE FROM storetopics.catalog_terms c USING unnest(p_terms, p_stores) AS d(term_id, stores)
    WHERE c.catalog = p_catalog AND c.term_id = d.term_id AND d.stores < 0 AND c.stores <= 0;
+  -- the terms changed, for the contrast heads render keeps (storetopics._kept_contrast); after the catalog's rows,
+  -- as every fold of the catalog locks them
+  IF cardinality(p_terms) > 0 THEN
+    INSERT INTO storetopics.catalog_touched AS c (catalog, touched) VALUES (p_catalog, p_terms)
+    ON CONFLICT (catalog) DO UPDATE
+       SET generation = c.generation + CASE WHEN cardinality(c.touched) + cardinality(p_terms) > 100000 THEN 1 ELSE 0 END,
+           touched = CASE WHEN cardinality(c.touched) + cardinality(p_terms) > 100000 THEN '{}' ELSE c.touched || p_terms END;
+  END IF;
 END $$;
 
 -- A source's whole contribution (its stores' term sums), subtracted from one catalog and added to another (either

@@ -58,12 +58,27 @@ END;
 
 -- The script most of a store's terms are written in (of its 200 terms in the most files).
 CREATE OR REPLACE FUNCTION storetopics._store_script(p_source int, p_store text) RETURNS text
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN coalesce((SELECT mode() WITHIN GROUP (ORDER BY storetopics._script(x.lexeme))
-                   FROM (SELECT t.term_id FROM storetopics.store_terms t
-                          WHERE t.source_id = p_source AND t.store_key = p_store
-                          ORDER BY t.files DESC, t.term_id LIMIT 200) t
-                   JOIN storetopics.lexemes x ON x.id = t.term_id), 'latin');
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  h record;
+  v_top int[];
+  v_least int;
+BEGIN
+  -- the 200 first from the head kept with the store's novelty and the terms touched since (storetopics._kept_head),
+  -- when no other term can rank among them: the head held every term, or the 200th has more files than its cut
+  SELECT * INTO h FROM storetopics._kept_head(p_source, p_store, 'files');
+  IF h.ids IS NOT NULL THEN
+    SELECT array_agg(u.id), CASE WHEN count(*) = 200 THEN min(u.f) END INTO v_top, v_least
+      FROM (SELECT u.id, u.f FROM unnest(h.ids, h.files) AS u(id, f) ORDER BY u.f DESC, u.id LIMIT 200) u;
+  END IF;
+  IF h.ids IS NULL OR h.cut IS NOT NULL AND NOT coalesce(v_least > h.cut, false) THEN
+    v_top := ARRAY(SELECT t.term_id FROM storetopics.store_terms t
+                    WHERE t.source_id = p_source AND t.store_key = p_store
+                    ORDER BY t.files DESC, t.term_id LIMIT 200);
+  END IF;
+  RETURN coalesce((SELECT mode() WITHIN GROUP (ORDER BY storetopics._script(x.lexeme))
+                     FROM storetopics.lexemes x WHERE x.id = ANY (v_top)), 'latin');
+END $$;
 
 -- The head of a ranking of a store's terms, for the bounded sorts of _keywords and _contrast_terms: of the terms
 -- given (ids, scores and counts by position: the m best of the store by score), those that score more than `cut`
@@ -117,6 +132,7 @@ DECLARE
   v_words bigint;
   v_script text;
   v_m int;           -- how many terms are ranked by their score alone (see below)
+  v_kept boolean;    -- the dominant terms' candidates are the kept head's
   v_count bigint;
   v_cut float8;
   v_ids int[];
@@ -148,21 +164,29 @@ BEGIN
   -- sort, no lexeme read), and only they are named, ranked by (score, term) and tested (storetopics._term_head).
   -- Every term that scores more than the m-th is among them, so those are the exact head of the full ranking; when
   -- fewer than the list needs pass the tests there, m grows.
-  -- dominant: by total count
+  -- dominant: by total count.  First from the head kept with the store's novelty and the terms touched since
+  -- (storetopics._kept_head: every term that can count more than its cut), when there is one; then, if too few of
+  -- those pass the tests, from the m best of all.
   v_m := 8 * n_dominant + 40;
+  SELECT h.ids, h.totals::float8[], h.totals, h.files, h.totals_sq, h.cut
+    INTO v_ids, v_scores, v_totals, v_files, v_sqs, v_cut
+    FROM storetopics._kept_head(p_source, p_store, 'total') h;
+  v_kept := v_ids IS NOT NULL;
   LOOP
-    SELECT array_agg(t.term_id), array_agg(t.total::float8), array_agg(t.total), array_agg(t.files),
-           array_agg(t.total_sq), count(*), min(t.total)
-      INTO v_ids, v_scores, v_totals, v_files, v_sqs, v_count, v_cut
-      FROM (SELECT t.term_id, t.total, t.files, t.total_sq FROM storetopics.store_terms t
-             WHERE t.source_id = p_source AND t.store_key = p_store ORDER BY t.total DESC LIMIT v_m) t;
-    v_cut := CASE WHEN v_count >= v_m THEN v_cut END;   -- (all of them when fewer than m came: nothing is cut)
+    IF NOT v_kept THEN
+      SELECT array_agg(t.term_id), array_agg(t.total::float8), array_agg(t.total), array_agg(t.files),
+             array_agg(t.total_sq), count(*), min(t.total)
+        INTO v_ids, v_scores, v_totals, v_files, v_sqs, v_count, v_cut
+        FROM (SELECT t.term_id, t.total, t.files, t.total_sq FROM storetopics.store_terms t
+               WHERE t.source_id = p_source AND t.store_key = p_store ORDER BY t.total DESC LIMIT v_m) t;
+      v_cut := CASE WHEN v_count >= v_m THEN v_cut END;   -- (all of them when fewer than m came: nothing is cut)
+    END IF;
     SELECT array_agg(h.lexeme ORDER BY h.r), array_agg(v_totals[h.i] ORDER BY h.r), array_agg(v_files[h.i] ORDER BY h.r)
       INTO v_dom, v_dom_total, v_dom_files
       FROM storetopics._term_head(v_ids, v_scores, v_files, v_totals, v_sqs, v_cut, n_dominant, NULL, v_n, v_words,
                                   v_script) WITH ORDINALITY AS h(i, lexeme, score, r);
     EXIT WHEN v_cut IS NULL OR coalesce(cardinality(v_dom), 0) >= n_dominant;
-    v_m := v_m * 8;
+    IF v_kept THEN v_kept := false; ELSE v_m := v_m * 8; END IF;
   END LOOP;
   -- the top 3 terms of each outlier file (storetopics._outlier_files: the files, best first, and their novelty),
   -- even when they also rank as dominant (in a small store a needle's words do: they are still what the file is
@@ -364,6 +388,54 @@ RETURN CASE WHEN NOT offline AND label IS NOT NULL AND storetopics._screen(label
             WHEN phrase IS NOT NULL AND storetopics._screen(phrase) IS NULL THEN phrase
             WHEN storetopics._screen(storetopics._offline_label(words)) IS NULL THEN storetopics._offline_label(words) END;
 
+-- A catalog's size from its sources' counters (kept by fold), not from every store's row.
+CREATE OR REPLACE FUNCTION storetopics._catalog_size(p_catalog text, OUT stores numeric, OUT files float8)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  SELECT coalesce(sum(s.store_count), 0), coalesce(sum(s.file_count), 0)::float8
+    FROM storetopics.sources s WHERE storetopics._catalog(s.id) = p_catalog;
+END;
+
+-- The m best terms of a store by contrast (storetopics._contrast_terms), by their score before rounding, with their
+-- rounded scores, and the m-th's (n: how many came).  p_files: the store's files, p_stores and p_all: the catalog's
+-- stores and files.
+-- How the catalog's rows are read is chosen here, from the counters, not left to the statistics: a new source's
+-- first render runs before autovacuum has seen it, and on those statistics the planner took the store's terms and
+-- the catalog's for one row each and read the catalog's every term once per term of the store (bench/README.md).
+-- A store with under 0.1% of the catalog's files probes the catalog once per term (a sub-select, which nothing can
+-- plan otherwise); a larger one reads the catalog's terms once, hashed (a join with nested loops off).
+CREATE OR REPLACE FUNCTION storetopics._contrast_scan(p_catalog text, p_source int, p_store text, p_files float8,
+                                                      p_stores numeric, p_all float8, p_m int,
+                                                      OUT ids int[], OUT scores float8[], OUT files int[],
+                                                      OUT totals bigint[], OUT totals_sq bigint[], OUT p float8[],
+                                                      OUT q float8[], OUT n bigint, OUT cut float8)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_probe boolean := p_files < 0.001 * p_all;   -- the catalog probed per term (else joined)
+  v_nestloop text := current_setting('enable_nestloop');
+BEGIN
+  IF NOT v_probe THEN
+    PERFORM set_config('enable_nestloop', 'off', true);
+  END IF;
+  EXECUTE format($q$
+    SELECT array_agg(h.term_id), array_agg(round(h.raw::numeric, 9)::float8), array_agg(h.files), array_agg(h.total),
+           array_agg(h.total_sq), array_agg(h.p), array_agg(h.q), count(*), round(min(h.raw)::numeric, 9)::float8
+      FROM (SELECT s.term_id, s.files, s.total, s.total_sq, s.p, s.q,
+                   CASE WHEN $5 < 2 THEN s.p ELSE s.p * ln(s.p / s.q) END AS raw
+              FROM (SELECT t.term_id, t.files, t.total, t.total_sq, t.files / $4 AS p,
+                           ((coalesce(%s, t.files) - t.files)::float8 + 0.5) / ($6 - $4 + 0.5) AS q
+                      FROM storetopics.store_terms t %s
+                     WHERE t.source_id = $2 AND t.store_key = $3 AND (t.files >= 2 OR $4 < 20)) s
+             WHERE $5 < 2 OR s.p > s.q
+             ORDER BY 7 DESC LIMIT $7) h$q$,
+    CASE WHEN v_probe THEN '(SELECT c.files FROM storetopics.catalog_terms c WHERE c.catalog = $1 AND c.term_id = t.term_id)'
+         ELSE 'c.files' END,
+    CASE WHEN NOT v_probe THEN 'LEFT JOIN storetopics.catalog_terms c ON c.catalog = $1 AND c.term_id = t.term_id' END)
+    INTO ids, scores, files, totals, totals_sq, p, q, n, cut
+    USING p_catalog, p_source, p_store, p_files, p_stores, p_all, p_m;
+  PERFORM set_config('enable_nestloop', v_nestloop, true);
+END $$;
+
 -- The terms that tell a store apart from the other stores of its catalog, best first: a term counts by the share of
 -- the store's files that hold it, p, against its share of the other stores' files, q (half a file added to both
 -- counts: a term every file holds is no news), as p * ln(p / q), its part of the divergence between the store and the
@@ -372,11 +444,8 @@ RETURN CASE WHEN NOT offline AND label IS NOT NULL AND storetopics._screen(label
 -- the catalog's size from its sources' store_count and file_count), and no other store's row read, whatever the
 -- catalog's size (bench/catalog.py measures it).  A store alone in its catalog has nothing to be told apart from: its
 -- terms rank by p.
--- How the catalog's rows are read is chosen here, from the counters, not left to the statistics: a new source's
--- first render runs before autovacuum has seen it, and on those statistics the planner took the store's terms and
--- the catalog's for one row each and read the catalog's every term once per term of the store (bench/README.md).
--- A store with under 0.1% of the catalog's files probes the catalog once per term (a sub-select, which nothing can
--- plan otherwise); a larger one reads the catalog's terms once, hashed (a join with nested loops off).
+-- After a small change the kept head of the ranking and the terms that changed are ranked instead of every term
+-- (storetopics._kept_contrast).
 CREATE OR REPLACE FUNCTION storetopics._contrast_terms(p_source int, p_store text, n int DEFAULT 60,
                                                        p_script text DEFAULT NULL)
 RETURNS TABLE (lexeme text, score float8, files int, share float8, rest_share float8)
@@ -406,51 +475,39 @@ DECLARE
   v_out_files int[];
   v_out_p float8[];
   v_out_q float8[];
-  v_probe boolean;         -- the catalog probed per term (else joined)
-  v_nestloop text := current_setting('enable_nestloop');
+  v_kept boolean;          -- the candidates are the kept head's
 BEGIN
   SELECT greatest(st.files, 1)::float8, st.words INTO v_files, v_words FROM storetopics.store_state st
    WHERE st.source_id = p_source AND st.store_key = p_store;
   IF NOT FOUND THEN
     RETURN;
   END IF;
-  SELECT coalesce(sum(s.store_count), 0), coalesce(sum(s.file_count), 0)::float8 INTO v_stores, v_all
-    FROM storetopics.sources s WHERE storetopics._catalog(s.id) = v_cat;
+  SELECT c.stores, c.files INTO v_stores, v_all FROM storetopics._catalog_size(v_cat) c;
   v_script := coalesce(p_script, storetopics._store_script(p_source, p_store));
   -- A store has tens of thousands of terms and shows a few dozen: the m best by their score before rounding are
   -- taken (a bounded sort, no lexeme read), and only they are named, ranked and tested (storetopics._term_head).
   -- Rounding is monotone, so every term whose rounded score beats the m-th's is among them, and those terms are the
   -- exact head of the full ranking (rounded score, then lexeme).  When fewer than n of them pass the tests, m grows.
-  v_probe := v_files < 0.001 * v_all;
+  -- First from the head kept with the store's novelty and the terms touched since (storetopics._kept_contrast:
+  -- every term that can score more than its bound), when there is one.
+  SELECT h.ids, h.scores, h.files, h.totals, h.totals_sq, h.p, h.q, h.cut
+    INTO v_ids, v_scores, v_nfiles, v_total, v_total_sq, v_p, v_q, v_cut
+    FROM storetopics._kept_contrast(p_source, p_store, v_cat, v_files, v_all, v_stores) h;
+  v_kept := v_ids IS NOT NULL;
   LOOP
-    IF NOT v_probe THEN
-      PERFORM set_config('enable_nestloop', 'off', true);
+    IF NOT v_kept THEN
+      SELECT h.ids, h.scores, h.files, h.totals, h.totals_sq, h.p, h.q, h.n, h.cut
+        INTO v_ids, v_scores, v_nfiles, v_total, v_total_sq, v_p, v_q, v_count, v_cut
+        FROM storetopics._contrast_scan(v_cat, p_source, p_store, v_files, v_stores, v_all, v_m) h;
+      v_cut := CASE WHEN v_count >= v_m THEN v_cut END;   -- (all of them when fewer than m came: nothing is cut)
     END IF;
-    EXECUTE format($q$
-      SELECT array_agg(h.term_id), array_agg(round(h.raw::numeric, 9)::float8), array_agg(h.files), array_agg(h.total),
-             array_agg(h.total_sq), array_agg(h.p), array_agg(h.q), count(*), round(min(h.raw)::numeric, 9)::float8
-        FROM (SELECT s.term_id, s.files, s.total, s.total_sq, s.p, s.q,
-                     CASE WHEN $5 < 2 THEN s.p ELSE s.p * ln(s.p / s.q) END AS raw
-                FROM (SELECT t.term_id, t.files, t.total, t.total_sq, t.files / $4 AS p,
-                             ((coalesce(%s, t.files) - t.files)::float8 + 0.5) / ($6 - $4 + 0.5) AS q
-                        FROM storetopics.store_terms t %s
-                       WHERE t.source_id = $2 AND t.store_key = $3 AND (t.files >= 2 OR $4 < 20)) s
-               WHERE $5 < 2 OR s.p > s.q
-               ORDER BY 7 DESC LIMIT $7) h$q$,
-      CASE WHEN v_probe THEN '(SELECT c.files FROM storetopics.catalog_terms c WHERE c.catalog = $1 AND c.term_id = t.term_id)'
-           ELSE 'c.files' END,
-      CASE WHEN NOT v_probe THEN 'LEFT JOIN storetopics.catalog_terms c ON c.catalog = $1 AND c.term_id = t.term_id' END)
-      INTO v_ids, v_scores, v_nfiles, v_total, v_total_sq, v_p, v_q, v_count, v_cut
-      USING v_cat, p_source, p_store, v_files, v_stores, v_all, v_m;
-    PERFORM set_config('enable_nestloop', v_nestloop, true);
-    v_cut := CASE WHEN v_count >= v_m THEN v_cut END;   -- (all of them when fewer than m came: nothing is cut)
     SELECT array_agg(h.lexeme ORDER BY h.r), array_agg(h.score ORDER BY h.r), array_agg(v_nfiles[h.i] ORDER BY h.r),
            array_agg(v_p[h.i] ORDER BY h.r), array_agg(v_q[h.i] ORDER BY h.r)
       INTO v_lexemes, v_out_scores, v_out_files, v_out_p, v_out_q
       FROM storetopics._term_head(v_ids, v_scores, v_nfiles, v_total, v_total_sq, v_cut, n, NULL, v_files, v_words,
                                   v_script) WITH ORDINALITY AS h(i, lexeme, score, r);
     EXIT WHEN v_cut IS NULL OR coalesce(cardinality(v_lexemes), 0) >= n;
-    v_m := v_m * 8;
+    IF v_kept THEN v_kept := false; ELSE v_m := v_m * 8; END IF;
   END LOOP;
   RETURN QUERY SELECT * FROM unnest(v_lexemes, v_out_scores, v_out_files, v_out_p, v_out_q);
 END $$;
@@ -746,6 +803,15 @@ DECLARE
 BEGIN
   SELECT array_agg(o.file_key ORDER BY o.rank), array_agg(o.novelty ORDER BY o.rank) INTO v_outliers, v_novelty
     FROM storetopics._outlier_files(src.id, p_store) o;
+  -- the contrast head kept with the novelty, kept again when the catalog's list of touched terms started again
+  -- since, or the store's catalog changed (storetopics._kept_contrast)
+  IF EXISTS (SELECT 1 FROM storetopics.novelty_state k
+               LEFT JOIN storetopics.catalog_touched c ON c.catalog = k.contrast_catalog
+              WHERE k.source_id = src.id AND k.store_key = p_store AND k.touched IS NOT NULL
+                AND (k.contrast_catalog IS DISTINCT FROM storetopics._catalog(src.id)
+                     OR c.generation IS DISTINCT FROM k.catalog_generation)) THEN
+    PERFORM storetopics._keep_contrast(src.id, p_store);
+  END IF;
   SELECT array_agg(k.kind), array_agg(k.rank), array_agg(k.lexeme), array_agg(k.score), array_agg(k.files),
          array_agg(k.total), array_agg(k.file_key)
     INTO v_kind, v_rank, v_lexeme, v_score, v_files, v_total, v_file

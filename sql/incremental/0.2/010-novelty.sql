@@ -12,8 +12,27 @@ CREATE UNLOGGED TABLE storetopics.novelty_state (
   bands     int[] NOT NULL,         -- the other terms' bands by their files then (storetopics._novelty_bands())
   per_word  float8[] NOT NULL,      -- per band, the largest sensitivity per counted word of those files
   gone      int[] NOT NULL DEFAULT '{}',   -- the numbers of the files folded since (changed, moved or deleted)
-  -- the terms whose files fold changed since, with repeats (NULL: too many to list; every term is compared)
+  -- the terms whose counts fold changed since, with repeats (NULL: too many to list; every term is compared)
   touched   int[] DEFAULT '{}',
+  -- the heads of two rankings of the store's terms then, ties by id: the 400 first by total count and by files, and
+  -- the 400th's count (NULL: the store had no more terms).  A term neither listed nor touched since still has at
+  -- most that count, so the head and the touched terms hold every term that can rank above it
+  -- (storetopics._kept_head: the dominant terms and the store's script after a small change, without a sort of
+  -- every term of the store)
+  by_total      int[],
+  by_total_cut  bigint,
+  by_files      int[],
+  by_files_cut  int,
+  -- the head of the ranking by contrast then (storetopics._keep_contrast): the 400 best terms, a bound on every
+  -- other's score then (NULL: no other term qualified), what those scores were of ({the store's files, the
+  -- catalog's files, its stores}), and how far the catalog's list of touched terms went then (its catalog,
+  -- generation and length, storetopics.catalog_touched)
+  by_contrast       int[],
+  by_contrast_cut   float8,
+  contrast_basis    float8[],
+  contrast_catalog  text,
+  catalog_generation bigint,
+  catalog_position  int,
   PRIMARY KEY (source_id, store_key)
 );
 -- One row per file of a store that has a novelty_state: its sums as they were then (n NULL: the file was folded
@@ -53,3 +72,13 @@ BEGIN
     DROP FUNCTION storetopics._keywords(int, text, int, int);
   END IF;
 END $$;
+
+-- Per catalog, the terms whose counts in it changed (storetopics._catalog_apply), in order, with repeats: a store's
+-- kept contrast head (novelty_state.by_contrast) needs only the terms listed after its position.  Past 100k terms
+-- the list starts again, empty, under the next generation, and every head kept before it is computed again.
+-- Unlogged, as novelty_state: after a crash both are empty.
+CREATE UNLOGGED TABLE storetopics.catalog_touched (
+  catalog    text PRIMARY KEY,
+  generation bigint NOT NULL DEFAULT 1,
+  touched    int[] NOT NULL DEFAULT '{}'
+);
