@@ -100724,6 +100724,13 @@ ALTER TABLE storetopics.term_words DROP CONSTRAINT IF EXISTS term_words_pkey;
 ALTER TABLE storetopics.term_words ADD COLUMN owner regrole NOT NULL;
 ALTER TABLE storetopics.term_words ADD PRIMARY KEY (owner, ts_config, lexeme);
 
+-- incremental/0.2/015-cluster-words-screen.sql
+-- storetopics 0.2: the screen's verdict on each cluster's words, kept with them (storetopics._cluster_keywords): the
+-- positions screen_words() leaves out, and a digest of the build and the words they are of
+-- (storetopics._words_screen_key).  Render uses the positions while the digest holds (the same words, screened by
+-- the same build), else screens the words again.
+ALTER TABLE storetopics.clusters ADD COLUMN keywords_dropped int[], ADD COLUMN keywords_screened text;
+
 -- idempotent/010-helpers.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Helpers
@@ -104058,6 +104065,12 @@ BEGIN
                             'assigned_chunks', v_assigned);
 END $$;
 
+-- A digest of the build and a list of words: what a verdict of screen_words() kept with a cluster's words is valid
+-- for (the same words, screened by the same SQL: clusters.keywords_screened).
+CREATE OR REPLACE FUNCTION storetopics._words_screen_key(words text[]) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN md5(coalesce(storetopics._build(), '') || ':' || words::text);
+
 -- Each cluster's distinctive words, c-TF-IDF (BERTopic's class-based TF-IDF) over the keyword state: a cluster's
 -- term counts are those of its files, each weighted by the share of the file's chunks in the cluster (at most 400
 -- files per cluster, the most committed first, ties by a hash of the key); tf(t, cluster) x log(1 + A / f(t)),
@@ -104143,8 +104156,13 @@ BEGIN
    WHERE y.r <= n_words * 2;   -- room for words two lexemes share
   DROP TABLE pg_temp.storetopics_pick;
   PERFORM storetopics._learn_words(p_source, p_store, ARRAY(SELECT DISTINCT c.lexeme FROM pg_temp.storetopics_ct c));
+  -- (with the screen's verdict on them: screened again only when they changed, storetopics._words_screen_key)
   UPDATE storetopics.clusters k
-     SET keywords = coalesce(w.words, '{}')
+     SET keywords = coalesce(w.words, '{}'),
+         keywords_dropped = CASE WHEN k.keywords_screened = storetopics._words_screen_key(coalesce(w.words, '{}'))
+                                 THEN k.keywords_dropped
+                                 ELSE coalesce(storetopics._screen_words(coalesce(w.words, '{}')), '{}') END,
+         keywords_screened = storetopics._words_screen_key(coalesce(w.words, '{}'))
     FROM storetopics.clusters k2
     LEFT JOIN (SELECT z.cluster_id, (array_agg(z.word ORDER BY z.r))[1:n_words] AS words
                  FROM (SELECT DISTINCT ON (c.cluster_id, storetopics._show(p_source, c.lexeme)) c.cluster_id, c.r,
@@ -105971,21 +105989,25 @@ RETURN CASE WHEN n < 10000 THEN n::text
             WHEN n < 1000000 THEN round(n / 1000.0)::text || 'k'
             ELSE round(n / 1000000.0, 1)::text || 'M' END;
 
--- A list of words as render shows it: without the words screen_words() drops (unsafe alone, or part of an
--- instruction read in order), and a record of each dropped word and why (the reason of the word alone, else the
--- reason of the whole list), for topics.screened.
-CREATE OR REPLACE FUNCTION storetopics._screened(words text[], what text, OUT kept text[], OUT dropped jsonb)
+-- A list of words as render shows it: without the words at the positions given, those screen_words() drops (unsafe
+-- alone, or part of an instruction read in order), and a record of each dropped word and why (the reason of the
+-- word alone, else the reason of the whole list), for topics.screened.
+CREATE OR REPLACE FUNCTION storetopics._screened_at(words text[], what text, drop_at int[], OUT kept text[],
+                                                    OUT dropped jsonb)
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  v_drop int[] := coalesce(storetopics._screen_words(words), '{}');
 BEGIN
-  kept := ARRAY(SELECT w FROM unnest(words) WITH ORDINALITY AS u(w, i) WHERE i <> ALL (v_drop) ORDER BY i);
+  kept := ARRAY(SELECT w FROM unnest(words) WITH ORDINALITY AS u(w, i) WHERE i <> ALL (drop_at) ORDER BY i);
   dropped := coalesce((SELECT jsonb_agg(jsonb_build_object('in', what, 'text', w, 'reason',
                                                            coalesce(storetopics._screen(w),
                                                                     storetopics._screen(array_to_string(words, ' ')),
                                                                     'instruction')) ORDER BY i)
-                         FROM unnest(words) WITH ORDINALITY AS u(w, i) WHERE i = ANY (v_drop)), '[]');
+                         FROM unnest(words) WITH ORDINALITY AS u(w, i) WHERE i = ANY (drop_at)), '[]');
 END $$;
+
+-- The same, the positions screened here (a cluster's words have them kept: clusters.keywords_dropped).
+CREATE OR REPLACE FUNCTION storetopics._screened(words text[], what text, OUT kept text[], OUT dropped jsonb)
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+RETURN storetopics._screened_at(words, what, coalesce(storetopics._screen_words(words), '{}'));
 
 -- The label a router is shown for a cluster: the labeller's when it passes the screen, else the offline phrase, else
 -- the offline label from the cluster's screened words (NULL when none passes: the cluster is then no topic).
@@ -106464,7 +106486,11 @@ BEGIN
            k.outliers_at_fit, s.kept AS keywords, s.dropped,
            storetopics._shown_label(k.label, k.phrase, s.kept, p_offline) AS shown,
            k.chunks::float8 / greatest(sum(k.chunks) OVER (), 1) AS share
-      FROM storetopics.clusters k CROSS JOIN LATERAL storetopics._screened(k.keywords, 'cluster words') AS s
+      FROM storetopics.clusters k
+     CROSS JOIN LATERAL storetopics._screened_at(k.keywords, 'cluster words',
+                                                 CASE WHEN k.keywords_screened = storetopics._words_screen_key(k.keywords)
+                                                      THEN k.keywords_dropped
+                                                      ELSE coalesce(storetopics._screen_words(k.keywords), '{}') END) AS s
      WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0)
   SELECT coalesce(jsonb_agg(jsonb_build_object(
            'id', k.cluster_id, 'label', k.shown, 'labeller', CASE WHEN k.shown = k.label THEN k.labeller ELSE 'offline' END,
@@ -107998,4 +108024,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '673215161') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '3723695591') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

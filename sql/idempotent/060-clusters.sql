@@ -448,6 +448,12 @@ BEGIN
                             'assigned_chunks', v_assigned);
 END $$;
 
+-- A digest of the build and a list of words: what a verdict of screen_words() kept with a cluster's words is valid
+-- for (the same words, screened by the same SQL: clusters.keywords_screened).
+CREATE OR REPLACE FUNCTION storetopics._words_screen_key(words text[]) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN md5(coalesce(storetopics._build(), '') || ':' || words::text);
+
 -- Each cluster's distinctive words, c-TF-IDF (BERTopic's class-based TF-IDF) over the keyword state: a cluster's
 -- term counts are those of its files, each weighted by the share of the file's chunks in the cluster (at most 400
 -- files per cluster, the most committed first, ties by a hash of the key); tf(t, cluster) x log(1 + A / f(t)),
@@ -533,8 +539,13 @@ BEGIN
    WHERE y.r <= n_words * 2;   -- room for words two lexemes share
   DROP TABLE pg_temp.storetopics_pick;
   PERFORM storetopics._learn_words(p_source, p_store, ARRAY(SELECT DISTINCT c.lexeme FROM pg_temp.storetopics_ct c));
+  -- (with the screen's verdict on them: screened again only when they changed, storetopics._words_screen_key)
   UPDATE storetopics.clusters k
-     SET keywords = coalesce(w.words, '{}')
+     SET keywords = coalesce(w.words, '{}'),
+         keywords_dropped = CASE WHEN k.keywords_screened = storetopics._words_screen_key(coalesce(w.words, '{}'))
+                                 THEN k.keywords_dropped
+                                 ELSE coalesce(storetopics._screen_words(coalesce(w.words, '{}')), '{}') END,
+         keywords_screened = storetopics._words_screen_key(coalesce(w.words, '{}'))
     FROM storetopics.clusters k2
     LEFT JOIN (SELECT z.cluster_id, (array_agg(z.word ORDER BY z.r))[1:n_words] AS words
                  FROM (SELECT DISTINCT ON (c.cluster_id, storetopics._show(p_source, c.lexeme)) c.cluster_id, c.r,

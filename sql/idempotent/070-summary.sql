@@ -363,21 +363,25 @@ RETURN CASE WHEN n < 10000 THEN n::text
             WHEN n < 1000000 THEN round(n / 1000.0)::text || 'k'
             ELSE round(n / 1000000.0, 1)::text || 'M' END;
 
--- A list of words as render shows it: without the words screen_words() drops (unsafe alone, or part of an
--- instruction read in order), and a record of each dropped word and why (the reason of the word alone, else the
--- reason of the whole list), for topics.screened.
-CREATE OR REPLACE FUNCTION storetopics._screened(words text[], what text, OUT kept text[], OUT dropped jsonb)
+-- A list of words as render shows it: without the words at the positions given, those screen_words() drops (unsafe
+-- alone, or part of an instruction read in order), and a record of each dropped word and why (the reason of the
+-- word alone, else the reason of the whole list), for topics.screened.
+CREATE OR REPLACE FUNCTION storetopics._screened_at(words text[], what text, drop_at int[], OUT kept text[],
+                                                    OUT dropped jsonb)
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  v_drop int[] := coalesce(storetopics._screen_words(words), '{}');
 BEGIN
-  kept := ARRAY(SELECT w FROM unnest(words) WITH ORDINALITY AS u(w, i) WHERE i <> ALL (v_drop) ORDER BY i);
+  kept := ARRAY(SELECT w FROM unnest(words) WITH ORDINALITY AS u(w, i) WHERE i <> ALL (drop_at) ORDER BY i);
   dropped := coalesce((SELECT jsonb_agg(jsonb_build_object('in', what, 'text', w, 'reason',
                                                            coalesce(storetopics._screen(w),
                                                                     storetopics._screen(array_to_string(words, ' ')),
                                                                     'instruction')) ORDER BY i)
-                         FROM unnest(words) WITH ORDINALITY AS u(w, i) WHERE i = ANY (v_drop)), '[]');
+                         FROM unnest(words) WITH ORDINALITY AS u(w, i) WHERE i = ANY (drop_at)), '[]');
 END $$;
+
+-- The same, the positions screened here (a cluster's words have them kept: clusters.keywords_dropped).
+CREATE OR REPLACE FUNCTION storetopics._screened(words text[], what text, OUT kept text[], OUT dropped jsonb)
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+RETURN storetopics._screened_at(words, what, coalesce(storetopics._screen_words(words), '{}'));
 
 -- The label a router is shown for a cluster: the labeller's when it passes the screen, else the offline phrase, else
 -- the offline label from the cluster's screened words (NULL when none passes: the cluster is then no topic).
@@ -856,7 +860,11 @@ BEGIN
            k.outliers_at_fit, s.kept AS keywords, s.dropped,
            storetopics._shown_label(k.label, k.phrase, s.kept, p_offline) AS shown,
            k.chunks::float8 / greatest(sum(k.chunks) OVER (), 1) AS share
-      FROM storetopics.clusters k CROSS JOIN LATERAL storetopics._screened(k.keywords, 'cluster words') AS s
+      FROM storetopics.clusters k
+     CROSS JOIN LATERAL storetopics._screened_at(k.keywords, 'cluster words',
+                                                 CASE WHEN k.keywords_screened = storetopics._words_screen_key(k.keywords)
+                                                      THEN k.keywords_dropped
+                                                      ELSE coalesce(storetopics._screen_words(k.keywords), '{}') END) AS s
      WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0)
   SELECT coalesce(jsonb_agg(jsonb_build_object(
            'id', k.cluster_id, 'label', k.shown, 'labeller', CASE WHEN k.shown = k.label THEN k.labeller ELSE 'offline' END,
