@@ -105106,37 +105106,6 @@ BEGIN ATOMIC
    WHERE k.source_id = p_source AND k.store_key = p_store;
 END;
 
--- Keep the head of a store's ranking by contrast (storetopics._contrast_terms) in its novelty_state: its p_n best
--- terms now, a bound on every other's score (the p_n-th's, rounded up), what the scores are of, and where the
--- catalog's list of touched terms stands, read before the scores are (a fold of another source that commits in
--- between is then listed after it, and its terms are looked at again).
-CREATE OR REPLACE FUNCTION storetopics._keep_contrast(p_source int, p_store text, p_n int DEFAULT 400)
-RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  v_cat text := storetopics._catalog(p_source);
-  v_generation bigint;
-  v_position int;
-  v_files float8;
-  v_size record;
-  v_scan record;
-BEGIN
-  INSERT INTO storetopics.catalog_touched (catalog) VALUES (v_cat) ON CONFLICT DO NOTHING;
-  SELECT c.generation, cardinality(c.touched) INTO v_generation, v_position
-    FROM storetopics.catalog_touched c WHERE c.catalog = v_cat;
-  SELECT greatest(st.files, 1)::float8 INTO v_files FROM storetopics.store_state st
-   WHERE st.source_id = p_source AND st.store_key = p_store;
-  SELECT * INTO v_size FROM storetopics._catalog_size(v_cat);
-  SELECT * INTO v_scan FROM storetopics._contrast_scan(v_cat, p_source, p_store, v_files, v_size.stores, v_size.files,
-                                                       p_n);
-  UPDATE storetopics.novelty_state k
-     SET by_contrast = coalesce(v_scan.ids, '{}'),
-         by_contrast_cut = CASE WHEN v_scan.n >= p_n THEN v_scan.cut + 1e-9 END,   -- (the cut was rounded)
-         contrast_basis = ARRAY[v_files, v_size.files, v_size.stores],
-         contrast_catalog = v_cat, catalog_generation = v_generation, catalog_position = v_position
-   WHERE k.source_id = p_source AND k.store_key = p_store;
-END $$;
-
 -- The terms of a store that can rank above a kept cut, by total count (p_by 'total') or by files ('files'): those
 -- of the head kept with its novelty (storetopics._keep_novelty) and those fold touched since, with their counts now
 -- (each looked up by its key, in one statement: one snapshot of the head, the touched terms and the counts), and
@@ -105159,53 +105128,6 @@ BEGIN ATOMIC
                         WHERE t.source_id = h.source_id AND t.store_key = h.store_key
                           AND t.term_id = ANY (h.head || h.touched)) t ON true
    WHERE h.head IS NOT NULL AND h.touched IS NOT NULL
-   GROUP BY h.source_id;
-END;
-
--- The terms of a store that can score more than a bound by contrast now (storetopics._contrast_terms), with their
--- scores now, and the bound, rounded as the scores are: those of the kept head (novelty_state.by_contrast), those
--- fold touched in the store since its novelty was kept and those whose counts changed in the catalog since the head
--- was (each looked up by its key, in one statement).  Every other term has the counts it had when the head was
--- kept; with p = files / N and q = (rest's files + 1/2) / (A - N + 1/2), its score p ln(p / q) moved from s to
--- (N / N') (s + p d), d = ln(N / N') + ln((A' - N' + 1/2) / (A - N + 1/2)), and p <= 1: it is at most
--- (N / N') (cut + max(d, 0)).  No row when nothing kept vouches for it (no head, the catalog's list started again,
--- the store under 20 files, or alone in its catalog then and not now, or the reverse): the caller ranks every term.
-CREATE OR REPLACE FUNCTION storetopics._kept_contrast(p_source int, p_store text, p_catalog text, p_files float8,
-                                                      p_all float8, p_stores numeric, OUT ids int[],
-                                                      OUT scores float8[], OUT files int[], OUT totals bigint[],
-                                                      OUT totals_sq bigint[], OUT p float8[], OUT q float8[],
-                                                      OUT cut float8)
-RETURNS SETOF record
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-  SELECT coalesce(array_agg(x.term_id), '{}'), coalesce(array_agg(round(x.raw::numeric, 9)::float8), '{}'),
-         coalesce(array_agg(x.files), '{}'), coalesce(array_agg(x.total), '{}'), coalesce(array_agg(x.total_sq), '{}'),
-         coalesce(array_agg(x.p), '{}'), coalesce(array_agg(x.q), '{}'),
-         round((min(h.bound) * (1 + 1e-9) + 1e-12)::numeric, 9)::float8
-    FROM (SELECT k.source_id, k.store_key, k.by_contrast || k.touched || c.touched[k.catalog_position + 1:] AS terms,
-                 k.contrast_basis[1] / p_files
-                 * (coalesce(k.by_contrast_cut, 0)
-                    + CASE WHEN p_stores < 2 THEN 0
-                           ELSE greatest(ln(k.contrast_basis[1] / p_files)
-                                         + ln((p_all - p_files + 0.5) / (k.contrast_basis[2] - k.contrast_basis[1] + 0.5)),
-                                         0) END) AS bound
-            FROM storetopics.novelty_state k
-            JOIN storetopics.catalog_touched c ON c.catalog = k.contrast_catalog
-           WHERE k.source_id = p_source AND k.store_key = p_store AND k.touched IS NOT NULL
-             AND k.by_contrast IS NOT NULL AND k.contrast_catalog = p_catalog
-             AND c.generation = k.catalog_generation AND cardinality(c.touched) >= k.catalog_position
-             AND (k.contrast_basis[3] < 2) = (p_stores < 2) AND k.contrast_basis[1] >= 20 AND p_files >= 20) h
-    LEFT JOIN LATERAL (
-      SELECT s.term_id, s.files, s.total, s.total_sq, s.p, s.q,
-             CASE WHEN p_stores < 2 THEN s.p ELSE s.p * ln(s.p / s.q) END AS raw
-        FROM (SELECT t.term_id, t.files, t.total, t.total_sq, t.files / p_files AS p,
-                     ((coalesce((SELECT a.files FROM storetopics.catalog_terms a
-                                  WHERE a.catalog = p_catalog AND a.term_id = t.term_id), t.files)
-                       - t.files)::float8 + 0.5) / (p_all - p_files + 0.5) AS q
-                FROM storetopics.store_terms t
-               WHERE t.source_id = h.source_id AND t.store_key = h.store_key AND t.term_id = ANY (h.terms)
-                 AND t.files >= 2) s
-       WHERE p_stores < 2 OR s.p > s.q) x ON true
    GROUP BY h.source_id;
 END;
 
@@ -106026,6 +105948,19 @@ BEGIN ATOMIC
     FROM storetopics.sources s WHERE storetopics._catalog(s.id) = p_catalog;
 END;
 
+-- A term's contrast (storetopics._contrast_terms): q, its share of the rest of the catalog's files (half a file added
+-- to both counts), from its files in the store and in the catalog (NULL: the catalog has no row for it) and the
+-- store's and the catalog's files; its score from p (its share of the store's files) and q.  (No SET search_path:
+-- bound when created, and inlined where every term of a store is scored.)
+CREATE OR REPLACE FUNCTION storetopics._contrast_q(files int, catalog_files bigint, store_files float8,
+                                                   all_files float8) RETURNS float8
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN ((coalesce(catalog_files, files) - files)::float8 + 0.5) / (all_files - store_files + 0.5);
+
+CREATE OR REPLACE FUNCTION storetopics._contrast_raw(p float8, q float8, stores numeric) RETURNS float8
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN stores < 2 THEN p ELSE p * ln(p / q) END;
+
 -- The m best terms of a store by contrast (storetopics._contrast_terms), by their score before rounding, with their
 -- rounded scores, and the m-th's (n: how many came).  p_files: the store's files, p_stores and p_all: the catalog's
 -- stores and files.
@@ -106050,10 +105985,9 @@ BEGIN
   EXECUTE format($q$
     SELECT array_agg(h.term_id), array_agg(round(h.raw::numeric, 9)::float8), array_agg(h.files), array_agg(h.total),
            array_agg(h.total_sq), array_agg(h.p), array_agg(h.q), count(*), round(min(h.raw)::numeric, 9)::float8
-      FROM (SELECT s.term_id, s.files, s.total, s.total_sq, s.p, s.q,
-                   CASE WHEN $5 < 2 THEN s.p ELSE s.p * ln(s.p / s.q) END AS raw
+      FROM (SELECT s.term_id, s.files, s.total, s.total_sq, s.p, s.q, storetopics._contrast_raw(s.p, s.q, $5) AS raw
               FROM (SELECT t.term_id, t.files, t.total, t.total_sq, t.files / $4 AS p,
-                           ((coalesce(%s, t.files) - t.files)::float8 + 0.5) / ($6 - $4 + 0.5) AS q
+                           storetopics._contrast_q(t.files, %s, $4, $6) AS q
                       FROM storetopics.store_terms t %s
                      WHERE t.source_id = $2 AND t.store_key = $3 AND (t.files >= 2 OR $4 < 20)) s
              WHERE $5 < 2 OR s.p > s.q
@@ -106065,6 +105999,83 @@ BEGIN
     USING p_catalog, p_source, p_store, p_files, p_stores, p_all, p_m;
   PERFORM set_config('enable_nestloop', v_nestloop, true);
 END $$;
+
+-- Keep the head of a store's ranking by contrast (storetopics._contrast_terms) in its novelty_state: its p_n best
+-- terms now, a bound on every other's score (the p_n-th's, rounded up), what the scores are of, and where the
+-- catalog's list of touched terms stands, read before the scores are (a fold of another source that commits in
+-- between is then listed after it, and its terms are looked at again).
+CREATE OR REPLACE FUNCTION storetopics._keep_contrast(p_source int, p_store text, p_n int DEFAULT 400)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_cat text := storetopics._catalog(p_source);
+  v_generation bigint;
+  v_position int;
+  v_files float8;
+  v_size record;
+  v_scan record;
+BEGIN
+  INSERT INTO storetopics.catalog_touched (catalog) VALUES (v_cat) ON CONFLICT DO NOTHING;
+  SELECT c.generation, cardinality(c.touched) INTO v_generation, v_position
+    FROM storetopics.catalog_touched c WHERE c.catalog = v_cat;
+  SELECT greatest(st.files, 1)::float8 INTO v_files FROM storetopics.store_state st
+   WHERE st.source_id = p_source AND st.store_key = p_store;
+  SELECT * INTO v_size FROM storetopics._catalog_size(v_cat);
+  SELECT * INTO v_scan FROM storetopics._contrast_scan(v_cat, p_source, p_store, v_files, v_size.stores, v_size.files,
+                                                       p_n);
+  UPDATE storetopics.novelty_state k
+     SET by_contrast = coalesce(v_scan.ids, '{}'),
+         by_contrast_cut = CASE WHEN v_scan.n >= p_n THEN v_scan.cut + 1e-9 END,   -- (the cut was rounded)
+         contrast_basis = ARRAY[v_files, v_size.files, v_size.stores],
+         contrast_catalog = v_cat, catalog_generation = v_generation, catalog_position = v_position
+   WHERE k.source_id = p_source AND k.store_key = p_store;
+END $$;
+
+-- The terms of a store that can score more than a bound by contrast now (storetopics._contrast_terms), with their
+-- scores now, and the bound, rounded as the scores are: those of the kept head (novelty_state.by_contrast), those
+-- fold touched in the store since its novelty was kept and those whose counts changed in the catalog since the head
+-- was (each looked up by its key, in one statement).  Every other term has the counts it had when the head was
+-- kept; with p = files / N and q = (rest's files + 1/2) / (A - N + 1/2), its score p ln(p / q) moved from s to
+-- (N / N') (s + p d), d = ln(N / N') + ln((A' - N' + 1/2) / (A - N + 1/2)), and p <= 1: it is at most
+-- (N / N') (cut + max(d, 0)).  No row when nothing kept vouches for it (no head, the catalog's list started again,
+-- the store under 20 files, or alone in its catalog then and not now, or the reverse): the caller ranks every term.
+CREATE OR REPLACE FUNCTION storetopics._kept_contrast(p_source int, p_store text, p_catalog text, p_files float8,
+                                                      p_all float8, p_stores numeric, OUT ids int[],
+                                                      OUT scores float8[], OUT files int[], OUT totals bigint[],
+                                                      OUT totals_sq bigint[], OUT p float8[], OUT q float8[],
+                                                      OUT cut float8)
+RETURNS SETOF record
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  SELECT coalesce(array_agg(x.term_id), '{}'), coalesce(array_agg(round(x.raw::numeric, 9)::float8), '{}'),
+         coalesce(array_agg(x.files), '{}'), coalesce(array_agg(x.total), '{}'), coalesce(array_agg(x.total_sq), '{}'),
+         coalesce(array_agg(x.p), '{}'), coalesce(array_agg(x.q), '{}'),
+         round((min(h.bound) * (1 + 1e-9) + 1e-12)::numeric, 9)::float8
+    FROM (SELECT k.source_id, k.store_key, k.by_contrast || k.touched || c.touched[k.catalog_position + 1:] AS terms,
+                 k.contrast_basis[1] / p_files
+                 * (coalesce(k.by_contrast_cut, 0)
+                    + CASE WHEN p_stores < 2 THEN 0
+                           ELSE greatest(ln(k.contrast_basis[1] / p_files)
+                                         + ln((p_all - p_files + 0.5) / (k.contrast_basis[2] - k.contrast_basis[1] + 0.5)),
+                                         0) END) AS bound
+            FROM storetopics.novelty_state k
+            JOIN storetopics.catalog_touched c ON c.catalog = k.contrast_catalog
+           WHERE k.source_id = p_source AND k.store_key = p_store AND k.touched IS NOT NULL
+             AND k.by_contrast IS NOT NULL AND k.contrast_catalog = p_catalog
+             AND c.generation = k.catalog_generation AND cardinality(c.touched) >= k.catalog_position
+             AND (k.contrast_basis[3] < 2) = (p_stores < 2) AND k.contrast_basis[1] >= 20 AND p_files >= 20) h
+    LEFT JOIN LATERAL (
+      SELECT s.term_id, s.files, s.total, s.total_sq, s.p, s.q, storetopics._contrast_raw(s.p, s.q, p_stores) AS raw
+        FROM (SELECT t.term_id, t.files, t.total, t.total_sq, t.files / p_files AS p,
+                     storetopics._contrast_q(t.files, (SELECT a.files FROM storetopics.catalog_terms a
+                                                        WHERE a.catalog = p_catalog AND a.term_id = t.term_id),
+                                             p_files, p_all) AS q
+                FROM storetopics.store_terms t
+               WHERE t.source_id = h.source_id AND t.store_key = h.store_key AND t.term_id = ANY (h.terms)
+                 AND t.files >= 2) s
+       WHERE p_stores < 2 OR s.p > s.q) x ON true
+   GROUP BY h.source_id;
+END;
 
 -- The terms that tell a store apart from the other stores of its catalog, best first: a term counts by the share of
 -- the store's files that hold it, p, against its share of the other stores' files, q (half a file added to both
@@ -108024,4 +108035,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '3723695591') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1680168567') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
