@@ -100589,6 +100589,7 @@ CREATE UNLOGGED TABLE storetopics.novelty_state (
   bands     int[] NOT NULL,         -- the other terms' bands by their files then (storetopics._novelty_bands())
   per_word  float8[] NOT NULL,      -- per band, the largest sensitivity per counted word of those files
   gone      int[] NOT NULL DEFAULT '{}',   -- the numbers of the files folded since (changed, moved or deleted)
+  words     int[] NOT NULL,         -- the counted words of each numbered file then, by number
   -- the terms whose counts fold changed since, with repeats (NULL: too many to list; every term is compared)
   touched   int[] DEFAULT '{}',
   -- the heads of two rankings of the store's terms then, ties by id: the 400 first by total count and by files, and
@@ -100629,8 +100630,8 @@ CREATE UNLOGGED TABLE storetopics.file_novelty (
 );
 CREATE INDEX file_novelty_store ON storetopics.file_novelty (source_id, store_key, n);
 CREATE INDEX file_novelty_file ON storetopics.file_novelty (source_id, (md5(file_key)::uuid));
--- (the few far files of a store, looked at whatever their novelty then)
-CREATE INDEX file_novelty_far ON storetopics.file_novelty (source_id, store_key) WHERE far;
+-- (the few files of a store found apart: their bar is lower, they are looked at by number, apart from the others)
+CREATE INDEX file_novelty_apart ON storetopics.file_novelty (source_id, store_key, n) WHERE apart OR far;
 -- The files (by number) and counts of each rare term, as they were: a term whose document frequency moved since
 -- moves the novelty of exactly these files.
 CREATE UNLOGGED TABLE storetopics.novelty_postings (
@@ -104868,9 +104869,11 @@ END;
 -- summed over bands of df (a common term gains a file with nearly every upload, but moves its ln by little).  So
 -- each file's novelty is known within bounds; the median, the MAD and each file's test are decided from the bounds
 -- where they suffice, and from the files computed again exactly where they do not (order statistics: only the files
--- whose bounds straddle them).  The kept files are numbered by their novelty then, so that the files near each
--- order statistic are found by their numbers and the others counted, not read.  Files folded since are computed
--- again.  The result is what a computation from scratch gives, bit for bit: sums are integers (each ln df rounded
+-- whose bounds straddle them).  The median and the MAD themselves need be known only as closely as the files that
+-- may rank among the first three need: first from a few probes, then from the files near them, last exactly.  The
+-- kept files are numbered by their novelty then, so that the files near each order statistic are found by their
+-- numbers and the others counted, not read.  Files folded since, and those their rare terms moved by more than an
+-- eighth of the other terms' bound, are computed again; the others stay numbered, moved by that exactly.  The result is what a computation from scratch gives, bit for bit: sums are integers (each ln df rounded
 -- to 1e-9 first), so they do not depend on which files are summed together or in what order, and every step the
 -- bounds decide is one whose outcome they prove (tests/test_novelty.py).  The kept state is computed again when many
 -- files changed or the bounds leave a tenth of the files to compute exactly, and forgotten when the clusters'
@@ -104903,14 +104906,16 @@ CREATE OR REPLACE FUNCTION storetopics._novelty(ln_n float8, total bigint, words
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN round((ln_n - total::float8 / 1e9 / words)::numeric, 9)::float8;
 
--- For a value x known to lie in [lo, hi]: a lower (upper: false) or upper bound of x itself (about NULL), or of
--- its distance to `about`.  Exact (lo = hi) in, exact out: both bounds are then x, or |x - about|.
-CREATE OR REPLACE FUNCTION storetopics._novelty_bound(lo float8, hi float8, about float8, upper boolean)
+-- For a value x known to lie in [lo, hi]: a lower (upper: false) or upper bound of x itself (about_lo NULL), or of
+-- its distance to a value known to lie in [about_lo, about_hi].  Exact in, exact out: both bounds are then x, or
+-- |x - about|.
+CREATE OR REPLACE FUNCTION storetopics._novelty_bound(lo float8, hi float8, about_lo float8, about_hi float8,
+                                                      upper boolean)
 RETURNS float8
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN CASE WHEN about IS NULL THEN CASE WHEN upper THEN hi ELSE lo END
-            WHEN upper THEN greatest(hi - about, about - lo)
-            WHEN lo > about THEN lo - about WHEN hi < about THEN about - hi ELSE 0 END;
+RETURN CASE WHEN about_lo IS NULL THEN CASE WHEN upper THEN hi ELSE lo END
+            WHEN upper THEN greatest(hi - about_lo, about_hi - lo)
+            WHEN lo > about_hi THEN lo - about_hi WHEN hi < about_lo THEN about_lo - hi ELSE 0 END;
 
 -- Whether a novelty passes the outlier test (robust z-score against the store's median and MAD).  Monotone in x.
 -- The two signals vouch for each other: the farther the clustering finds the file from every cluster, the less its
@@ -105072,8 +105077,9 @@ BEGIN
   SELECT p_source, p_store, (u.x >> 32)::int, array_agg(u.n), array_agg((u.x & 4294967295)::int)
     FROM (SELECT k.n, unnest(k.rare) AS x FROM pg_temp.storetopics_keep k) u
    GROUP BY u.x >> 32;
-  INSERT INTO storetopics.novelty_state (source_id, store_key, rare, bands, dfs, numbered, ranked, per_word)
+  INSERT INTO storetopics.novelty_state (source_id, store_key, rare, bands, dfs, numbered, ranked, words, per_word)
   SELECT p_source, p_store, v_rare, v_bands, v_dfs, count(*), count(*) FILTER (WHERE k.words > 0),
+         coalesce(array_agg(k.words::int ORDER BY k.n), '{}'),
          ARRAY[coalesce(max(k.sensitivity[1] / k.words) FILTER (WHERE k.words > 0), 0),
                coalesce(max(k.sensitivity[2] / k.words) FILTER (WHERE k.words > 0), 0),
                coalesce(max(k.sensitivity[3] / k.words) FILTER (WHERE k.words > 0), 0),
@@ -105278,9 +105284,10 @@ RETURN CASE WHEN most = 0 THEN storetopics._novelty(ln_n, total, words)
                                          + words)
                         )::float8 / 1e9 / words + CASE WHEN upper THEN 1e-9 ELSE -1e-9 END END;
 
--- The ranked files of ranks a .. b, with their rank and bounds.
+-- The ranked files of ranks a .. b, with their rank and bounds (shift: what the rare terms moved their sums, by
+-- number, or NULL).
 CREATE OR REPLACE FUNCTION storetopics._kept_ranked(p_source int, p_store text, x int[], a bigint, b bigint,
-                                                    ln_n float8, most bigint, ratio float8[])
+                                                    ln_n float8, most bigint, ratio float8[], shift bigint[])
 RETURNS TABLE (rk bigint, file_key text, lo float8, hi float8, apart boolean, far boolean, total bigint,
                words bigint)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -105294,23 +105301,102 @@ BEGIN
   END IF;
   RETURN QUERY
     SELECT a - 1 + row_number() OVER (ORDER BY f.n), f.file_key,
-           storetopics._kept_bound(ln_n, f.total, f.words, f.sensitivity, most, ratio, false),
-           storetopics._kept_bound(ln_n, f.total, f.words, f.sensitivity, most, ratio, true),
+           storetopics._kept_bound(ln_n, f.total + coalesce(shift[f.n], 0), f.words, f.sensitivity, most, ratio, false),
+           storetopics._kept_bound(ln_n, f.total + coalesce(shift[f.n], 0), f.words, f.sensitivity, most, ratio, true),
            f.apart, f.far, f.total, f.words
       FROM storetopics.file_novelty f
      WHERE f.source_id = p_source AND f.store_key = p_store AND f.n BETWEEN na AND nb AND f.n <> ALL (v_out);
 END $$;
 
+-- The last decision of storetopics._outlier_files, on its table of bounds (pg_temp.storetopics_nov): with the
+-- median in [med_lo, med_hi] and the MAD in [mad_lo, mad_hi], the files that pass for sure (lower bound, the median
+-- and the MAD at their highest) rank below the third best of them for sure, unless better: of the others, only
+-- those that may pass (upper bound, the median and the MAD at their lowest) and may rank among the first three are
+-- made exact.  True when that decides the first three: every file that may pass but need not ranks below the third
+-- that pass for sure (always, with the median and the MAD exact).  The files that may pass (a mid within w of the
+-- lowest novelty that may pass its test, which is monotone) are added first, only as far as they may rank among the
+-- first three: those found apart or far apart, each against its own bar, and the three best ranked files give a
+-- first third that passes for sure; the other ranked files only down to it.
+CREATE OR REPLACE FUNCTION storetopics._outlier_pick(p_source int, p_store text, x int[], kn bigint, ln_n float8,
+                                                     w float8, most bigint, ratio float8[], shift bigint[],
+                                                     ranked int, moves bigint[], med_lo float8, med_hi float8,
+                                                     mad_lo float8, mad_hi float8) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_s_apart boolean;
+  v_s_lo float8;
+  v_rank bigint[] := '{0,0,0}';     -- per test (neither, apart, far apart): the first rank that may pass
+  v_first bigint[] := '{0,0,0}';    -- ... and its number
+BEGIN
+  -- (the bars of the three tests at their lowest, less 2 w: the first number of a ranked file with a mid above)
+  FOR i IN 1..3 LOOP
+    v_rank[i] := storetopics._kept_below(p_source, p_store, x, kn, ln_n,
+                                         med_lo + (ARRAY[3.5, 2.5, 1.0])[i] * (1.4826 * mad_lo + 1e-9) * (1 - 1e-12)
+                                         - 2 * w, false) + 1;
+    v_first[i] := CASE WHEN v_rank[i] <= kn THEN storetopics._kept_number(x, v_rank[i]) ELSE ranked + 1 END;
+  END LOOP;
+  -- the files found apart or far apart (by their own index: few), and the three best ranked files
+  INSERT INTO pg_temp.storetopics_nov
+  SELECT f.n - storetopics._count_le(x, f.n), f.file_key,
+         storetopics._kept_bound(ln_n, f.total + coalesce(shift[f.n], 0), f.words, f.sensitivity, most, ratio, false),
+         storetopics._kept_bound(ln_n, f.total + coalesce(shift[f.n], 0), f.words, f.sensitivity, most, ratio, true),
+         f.apart, f.far, f.total, f.words
+    FROM storetopics.file_novelty f
+   WHERE f.source_id = p_source AND f.store_key = p_store AND (f.apart OR f.far)
+     AND f.n BETWEEN least(v_first[2], v_first[3]) AND ranked
+     AND f.n >= CASE WHEN f.far THEN v_first[3] ELSE v_first[2] END AND f.n <> ALL (x)
+  ON CONFLICT (rk) DO NOTHING;
+  INSERT INTO pg_temp.storetopics_nov
+  SELECT * FROM storetopics._kept_ranked(p_source, p_store, x, greatest(v_rank[1], kn - 2), kn, ln_n, most, ratio,
+                                         shift)
+  ON CONFLICT (rk) DO NOTHING;
+  SELECT v.apart, v.lo INTO v_s_apart, v_s_lo FROM pg_temp.storetopics_nov v
+   WHERE storetopics._novel(v.lo, v.apart, v.far, med_hi, mad_hi)
+   ORDER BY v.apart DESC, v.lo DESC OFFSET 2 LIMIT 1;
+  -- the other ranked files that may pass and may rank above the third that pass for sure (none, when that one was
+  -- found apart: they were added above)
+  IF v_s_lo IS NULL OR NOT v_s_apart THEN
+    INSERT INTO pg_temp.storetopics_nov
+    SELECT * FROM storetopics._kept_ranked(p_source, p_store, x,
+                    greatest(v_rank[1], CASE WHEN v_s_lo IS NULL THEN 1
+                                             ELSE storetopics._kept_below(p_source, p_store, x, kn, ln_n,
+                                                                          v_s_lo - 2 * w, false) + 1 END),
+                    kn, ln_n, most, ratio, shift)
+    ON CONFLICT (rk) DO NOTHING;
+    SELECT v.apart, v.lo INTO v_s_apart, v_s_lo FROM pg_temp.storetopics_nov v
+     WHERE storetopics._novel(v.lo, v.apart, v.far, med_hi, mad_hi)
+     ORDER BY v.apart DESC, v.lo DESC OFFSET 2 LIMIT 1;
+  END IF;
+  UPDATE pg_temp.storetopics_nov v SET lo = storetopics._novelty(ln_n, v.total + m.moved, v.words),
+                                       hi = storetopics._novelty(ln_n, v.total + m.moved, v.words)
+    FROM storetopics._novelty_moved(p_source, p_store, ARRAY(
+           SELECT u.file_key FROM pg_temp.storetopics_nov u
+            WHERE u.lo < u.hi AND storetopics._novel(u.hi, u.apart, u.far, med_lo, mad_lo)
+              AND (v_s_lo IS NULL
+                   OR NOT ((v_s_apart AND NOT u.apart) OR (v_s_apart = u.apart AND u.hi < v_s_lo)))),
+           moves) m
+   WHERE v.file_key = m.file_key;
+  SELECT v.apart, v.lo INTO v_s_apart, v_s_lo FROM pg_temp.storetopics_nov v
+   WHERE storetopics._novel(v.lo, v.apart, v.far, med_hi, mad_hi)
+   ORDER BY v.apart DESC, v.lo DESC OFFSET 2 LIMIT 1;
+  RETURN NOT EXISTS (
+    SELECT FROM pg_temp.storetopics_nov u
+     WHERE storetopics._novel(u.hi, u.apart, u.far, med_lo, mad_lo)
+       AND NOT storetopics._novel(u.lo, u.apart, u.far, med_hi, mad_hi)
+       AND (v_s_lo IS NULL OR NOT ((v_s_apart AND NOT u.apart) OR (v_s_apart = u.apart AND u.hi < v_s_lo))));
+END $$;
+
 -- The outlier files of a store whose terms keywords() shows, best first: rank, file, novelty.  Keeps the store's
 -- novelty (storetopics._keep_novelty) when what was kept cannot serve.  Exact: the same state gives the same files
 -- whether they were found from the kept state or from scratch.
--- The files looked at (their bounds in one temp table, which only this function reads): those folded since and those
--- their rare terms moved, and of the ranked files only those near what each decision needs (the median, the MAD, the
--- files that may pass): each decision reads the others as a count.  Each decision makes exact only the files it
--- cannot decide from their bounds.
--- (About 220 lines: what moved since the state was kept, then three decisions (the median, the MAD, the files that
--- pass), each choosing its files from the ranking and making exact only those it cannot decide; they share one temp
--- table of bounds, which only this function reads.)
+-- The files looked at (their bounds in one temp table, which only this function and storetopics._outlier_pick
+-- read): those folded since and those their rare terms moved much, and of the ranked files only those near what each
+-- decision needs (the median, the MAD, the files that may pass): each decision reads the others as a count.  Up to
+-- three passes, each only when the one before did not decide: the median and the MAD known within intervals from a
+-- few probes of the ranking, then within the bounds of the files near them, then exact.  Each pass makes exact only
+-- the files it cannot decide from their bounds.
+-- (About 270 lines: what moved since the state was kept, then the passes, each bounding the median and the MAD
+-- before storetopics._outlier_pick decides the files that pass, if it can.)
 CREATE OR REPLACE FUNCTION storetopics._outlier_files(p_source int, p_store text)
 RETURNS TABLE (rank int, file_key text, novelty float8)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off SET jit = off AS $$
@@ -105324,6 +105410,8 @@ DECLARE
   v_rare int[];          -- the rare terms among them
   v_rare_moves bigint[];
   v_file_moves bigint[]; -- by file number: how far the rare terms moved a kept file's sum
+  v_ns int[];            -- (the same, for the files they moved only)
+  v_ns_moves bigint[];
   r record;
   v_most bigint := 0;    -- the most any other term's ln moved: per counted word, a bound on a kept file's move
   v_ratio float8[];      -- per band, the most (files gained or lost) x files then / the smaller of files then and
@@ -105343,11 +105431,20 @@ DECLARE
   v_in1 bigint;
   v_in2 bigint;
   v_below bigint;
-  v_about float8;        -- NULL for the median; the median, for the MAD
-  v_med float8;
-  v_mad float8;
-  v_s_apart boolean;
-  v_s_lo float8;
+  v_lo1 bigint;          -- the median's window, kept for a second pass
+  v_hi1 bigint;
+  v_l1 float8;
+  v_h1 float8;
+  v_exact boolean;       -- the median and the MAD made exact (the second pass)
+  v_med_lo float8;       -- the median lies in [v_med_lo, v_med_hi], the MAD in [v_mad_lo, v_mad_hi]
+  v_med_hi float8;
+  v_mad_lo float8;
+  v_mad_hi float8;
+  v_alo float8;          -- NULL for the median; the median's interval, for the MAD
+  v_ahi float8;
+  v_c float8;            -- the middle of the median's interval, and w widened by half its width
+  v_wc float8;
+  v_passes int;          -- which decided: 1 the probes, 2 the bounds near the median and the MAD, 3 exact
 BEGIN
   SELECT * INTO st FROM storetopics.store_state s WHERE s.source_id = p_source AND s.store_key = p_store;
   IF NOT FOUND THEN
@@ -105376,30 +105473,35 @@ BEGIN
       v_new := NULL; v_moves := NULL; v_rare := NULL; v_rare_moves := NULL; v_most := 0;
       v_ratio := '{0,0,0,0,0}';
     END IF;
-    -- what the rare terms moved, by file number (the postings of those terms only, each probed by its key; an
-    -- array, not a join, so that no estimate of the files, stale after a keep, can make it a loop over them)
-    IF v_rare IS NOT NULL THEN
-      v_file_moves := array_fill(0::bigint, ARRAY[greatest(k.numbered, 1)]);
-      FOR r IN SELECT u.n, sum(u.c::bigint * m.move)::bigint AS move
-                 FROM storetopics.novelty_postings p
-                 JOIN unnest(v_rare, v_rare_moves) AS m(term_id, move) ON m.term_id = p.term_id,
-                      unnest(p.file_ns, p.counts) AS u(n, c)
-                WHERE p.source_id = p_source AND p.store_key = p_store AND p.term_id = ANY (v_rare)
-                GROUP BY u.n
-      LOOP
-        v_file_moves[r.n] := r.move;
-        IF r.move <> 0 AND r.n <= k.ranked THEN
-          v_moved := v_moved || r.n;
-        END IF;
-      END LOOP;
-    END IF;
-    -- out of the ranking: the files folded since (gone) and those the rare terms moved, which are looked at
-    v_x := ARRAY(SELECT g FROM unnest(k.gone) g WHERE g <= k.ranked UNION SELECT i FROM unnest(v_moved) i ORDER BY 1);
-    v_kn := k.ranked - cardinality(v_x);
     v_w := CASE WHEN v_most = 0 THEN 0
                 ELSE least(v_most::float8,
                            storetopics._novelty_slack(k.per_word, v_ratio) * 1e9 * (1 + 1e-9) + 2)
            END / 1e9 + 2e-9;
+    -- what the rare terms moved, by file number (the postings of those terms only, each probed by its key; an
+    -- array, not a join, so that no estimate of the files, stale after a keep, can make it a loop over them)
+    IF v_rare IS NOT NULL THEN
+      SELECT array_agg(x.n), array_agg(x.move) INTO v_ns, v_ns_moves
+        FROM (SELECT u.n, sum(u.c::bigint * m.move)::bigint AS move
+                FROM storetopics.novelty_postings p
+                JOIN unnest(v_rare, v_rare_moves) AS m(term_id, move) ON m.term_id = p.term_id,
+                     unnest(p.file_ns, p.counts) AS u(n, c)
+               WHERE p.source_id = p_source AND p.store_key = p_store AND p.term_id = ANY (v_rare)
+               GROUP BY u.n) x;
+      v_file_moves := array_fill(0::bigint, ARRAY[greatest(k.numbered, 1)]);
+      FOR i IN 1..coalesce(cardinality(v_ns), 0) LOOP
+        v_file_moves[v_ns[i]] := v_ns_moves[i];
+      END LOOP;
+      -- A ranked file they moved by at most w / 8 per counted word stays in the ranking, its bounds moved by that
+      -- exactly, its mid within w + w / 8 (most of them: a rare term in one more file moves a long file by little);
+      -- the others are taken out and looked at.
+      v_moved := ARRAY(SELECT x.n FROM unnest(v_ns, v_ns_moves) AS x(n, move)
+                        WHERE x.n <= k.ranked AND abs(x.move)::float8 / 1e9 / k.words[x.n] > v_w / 8
+                        ORDER BY 1);
+      v_w := v_w + v_w / 8 + 1e-12;
+    END IF;
+    -- out of the ranking: the files folded since (gone) and those the rare terms moved much, which are looked at
+    v_x := ARRAY(SELECT g FROM unnest(k.gone) g WHERE g <= k.ranked UNION SELECT i FROM unnest(v_moved) i ORDER BY 1);
+    v_kn := k.ranked - cardinality(v_x);
     IF to_regclass('pg_temp.storetopics_nov') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_nov; END IF;
     CREATE TEMP TABLE storetopics_nov (rk bigint UNIQUE, file_key text, lo float8, hi float8, apart boolean,
                                        far boolean, total bigint, words bigint) ON COMMIT DROP;
@@ -105440,106 +105542,125 @@ BEGIN
                  THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln,
                         storetopics._kept_mid(p_source, p_store, v_x, r2, v_ln) + 2 * v_w, true)
                  ELSE v_kn END;
+    -- First from a few probes of the ranking alone: the median lies in [the (r1 - e)-th mid - w, the r2-th mid + w],
+    -- the MAD likewise, from the distances of the mids to the middle of that (w grows by half its width).
+    IF r1 - v_e >= 1 AND r2 <= v_kn THEN
+      v_med_lo := storetopics._kept_mid(p_source, p_store, v_x, r1 - v_e, v_ln) - v_w;
+      v_med_hi := storetopics._kept_mid(p_source, p_store, v_x, r2, v_ln) + v_w;
+      v_c := v_med_lo + (v_med_hi - v_med_lo) / 2;
+      v_wc := v_w + ((v_med_hi - v_med_lo) / 2 + 1e-12);
+      v_mad_lo := greatest(storetopics._kept_distance(p_source, p_store, v_x, v_kn, v_ln, v_c, r1 - v_e) - v_wc, 0);
+      v_mad_hi := storetopics._kept_distance(p_source, p_store, v_x, v_kn, v_ln, v_c, r2) + v_wc;
+      v_passes := 1;
+      RAISE DEBUG 'storetopics: store %, pass 1: median in [%, %], MAD in [%, %]', p_store, v_med_lo, v_med_hi,
+        v_mad_lo, v_mad_hi;
+      EXIT WHEN storetopics._outlier_pick(p_source, p_store, v_x, v_kn, v_ln, v_w, v_most, v_ratio, v_file_moves,
+                                          k.ranked, v_moves, v_med_lo, v_med_hi, v_mad_lo, v_mad_hi);
+    END IF;
+    v_passes := 0;
     INSERT INTO pg_temp.storetopics_nov
-    SELECT * FROM storetopics._kept_ranked(p_source, p_store, v_x, v_lo, v_hi, v_ln, v_most, v_ratio);
+    SELECT * FROM storetopics._kept_ranked(p_source, p_store, v_x, v_lo, v_hi, v_ln, v_most, v_ratio, v_file_moves)
+    ON CONFLICT (rk) DO NOTHING;
     v_in1 := v_lo - 1; v_in2 := v_lo - 1;
-    SELECT (SELECT v.lo FROM pg_temp.storetopics_nov v ORDER BY 1 OFFSET r1 - v_lo LIMIT 1),
-           (SELECT v.hi FROM pg_temp.storetopics_nov v ORDER BY 1 OFFSET r2 - v_lo LIMIT 1)
+    SELECT (SELECT v.lo FROM pg_temp.storetopics_nov v WHERE v.rk IS NULL OR v.rk BETWEEN v_lo AND v_hi
+             ORDER BY 1 OFFSET r1 - v_lo LIMIT 1),
+           (SELECT v.hi FROM pg_temp.storetopics_nov v WHERE v.rk IS NULL OR v.rk BETWEEN v_lo AND v_hi
+             ORDER BY 1 OFFSET r2 - v_lo LIMIT 1)
       INTO v_l, v_h;
-    EXIT WHEN (SELECT count(*) FROM pg_temp.storetopics_nov v WHERE v.lo < v.hi AND v.hi >= v_l AND v.lo <= v_h)
+    EXIT WHEN (SELECT count(*) FROM pg_temp.storetopics_nov v
+                WHERE (v.rk IS NULL OR v.rk BETWEEN v_lo AND v_hi) AND v.lo < v.hi AND v.hi >= v_l AND v.lo <= v_h)
               <= greatest(100, v_m / 10);
   END LOOP;
-  v_below := 0;
-  FOR stage IN 1..2 LOOP
-    IF stage = 2 THEN
-      -- Of the ranked files, only those whose distance to the median is within 2 w of [the (r1 - e)-th distance
-      -- of the mids - w, the r2-th + w]: those nearer the median (ranks v_in1 + 1 .. v_in2) are counted below.
-      v_l := CASE WHEN r1 - v_e >= 1
-                  THEN storetopics._kept_distance(p_source, p_store, v_x, v_kn, v_ln, v_med, r1 - v_e) - 2 * v_w END;
-      v_h := CASE WHEN r2 <= v_kn
-                  THEN storetopics._kept_distance(p_source, p_store, v_x, v_kn, v_ln, v_med, r2) + 2 * v_w END;
-      v_in1 := CASE WHEN v_l > 0 THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_med - v_l, true)
-                    ELSE 0 END;
-      v_in2 := CASE WHEN v_l > 0 THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_med + v_l, false)
-                    ELSE 0 END;
-      v_lo := CASE WHEN v_h IS NULL THEN 1
-                   ELSE storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_med - v_h, false) + 1 END;
-      v_hi := CASE WHEN v_h IS NULL THEN v_kn
-                   ELSE storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_med + v_h, true) END;
-      INSERT INTO pg_temp.storetopics_nov
-      SELECT * FROM storetopics._kept_ranked(p_source, p_store, v_x, v_lo, v_in1, v_ln, v_most, v_ratio)
-      UNION ALL
-      SELECT * FROM storetopics._kept_ranked(p_source, p_store, v_x, greatest(v_in2 + 1, v_lo), v_hi, v_ln, v_most,
-                                             v_ratio)
-      ON CONFLICT (rk) DO NOTHING;
-      v_below := greatest(v_in2 - v_in1, 0);
-      SELECT (SELECT storetopics._novelty_bound(v.lo, v.hi, v_about, false) FROM pg_temp.storetopics_nov v
-               WHERE v.rk IS NULL OR (v.rk BETWEEN v_lo AND v_hi AND v.rk NOT BETWEEN v_in1 + 1 AND v_in2)
-               ORDER BY 1 OFFSET r1 - v_below - 1 LIMIT 1),
-             (SELECT storetopics._novelty_bound(v.lo, v.hi, v_about, true) FROM pg_temp.storetopics_nov v
-               WHERE v.rk IS NULL OR (v.rk BETWEEN v_lo AND v_hi AND v.rk NOT BETWEEN v_in1 + 1 AND v_in2)
-               ORDER BY 1 OFFSET r2 - v_below - 1 LIMIT 1)
-        INTO v_l, v_h;
-    ELSE
-      v_below := v_lo - 1;
-    END IF;
-    UPDATE pg_temp.storetopics_nov v SET lo = storetopics._novelty(v_ln, v.total + x.moved, v.words),
-                                         hi = storetopics._novelty(v_ln, v.total + x.moved, v.words)
-      FROM storetopics._novelty_moved(p_source, p_store, ARRAY(
-             SELECT w.file_key FROM pg_temp.storetopics_nov w
-              WHERE w.lo < w.hi AND storetopics._novelty_bound(w.lo, w.hi, v_about, true) >= v_l
-                AND storetopics._novelty_bound(w.lo, w.hi, v_about, false) <= v_h), v_moves) x
-     WHERE v.file_key = x.file_key;
-    v_below := v_below + (SELECT count(*) FROM pg_temp.storetopics_nov v
-                           WHERE (v.rk IS NULL OR (v.rk BETWEEN v_lo AND v_hi AND v.rk NOT BETWEEN v_in1 + 1 AND v_in2))
-                             AND storetopics._novelty_bound(v.lo, v.hi, v_about, true) < v_l);
-    SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY b.x) INTO v_about
-      FROM (SELECT storetopics._novelty_bound(v.lo, v.hi, v_about, false) AS x FROM pg_temp.storetopics_nov v
-             WHERE storetopics._novelty_bound(v.lo, v.hi, v_about, true) >= v_l
-               AND storetopics._novelty_bound(v.lo, v.hi, v_about, false) <= v_h
-             ORDER BY 1 OFFSET r1 - v_below - 1 LIMIT r2 - r1 + 1) b;
-    IF stage = 1 THEN
-      v_med := v_about;
-    ELSE
-      v_mad := v_about;
-    END IF;
+  v_lo1 := v_lo; v_hi1 := v_hi; v_l1 := v_l; v_h1 := v_h;
+  -- Then (undecided) from the bounds of the files near each order statistic: the median and the MAD each within
+  -- the r1-th smallest lower bound and the r2-th smallest upper bound; last (still undecided), with the files that
+  -- straddle those made exact, and the median and the MAD with them.  (Uploads piled up since a keep widen the
+  -- bounds, and with them the files the median and the MAD would make exact; the first three are seldom near the
+  -- bar.)
+  FOR pass IN 2..3 LOOP
+    EXIT WHEN v_passes = 1;
+    v_passes := pass;
+    v_exact := pass = 3;
+    v_lo := v_lo1; v_hi := v_hi1; v_l := v_l1; v_h := v_h1; v_in1 := v_lo1 - 1; v_in2 := v_lo1 - 1;
+    v_alo := NULL; v_ahi := NULL;
+    FOR stage IN 1..2 LOOP
+      IF stage = 2 THEN
+        -- Of the ranked files, only those whose distance to the median is within 2 w of [the (r1 - e)-th distance
+        -- of the mids - w, the r2-th + w]: those nearer the median (ranks v_in1 + 1 .. v_in2) are counted below.
+        -- A median known within an interval moves each distance by at most half its width: w grows by that, the
+        -- distances are to its middle.
+        v_alo := v_med_lo; v_ahi := v_med_hi;
+        v_c := v_med_lo + (v_med_hi - v_med_lo) / 2;
+        v_wc := v_w + ((v_med_hi - v_med_lo) / 2 + 1e-12);
+        v_l := CASE WHEN r1 - v_e >= 1
+                    THEN storetopics._kept_distance(p_source, p_store, v_x, v_kn, v_ln, v_c, r1 - v_e) - 2 * v_wc END;
+        v_h := CASE WHEN r2 <= v_kn
+                    THEN storetopics._kept_distance(p_source, p_store, v_x, v_kn, v_ln, v_c, r2) + 2 * v_wc END;
+        v_in1 := CASE WHEN v_l > 0 THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_c - v_l, true)
+                      ELSE 0 END;
+        v_in2 := CASE WHEN v_l > 0 THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_c + v_l, false)
+                      ELSE 0 END;
+        v_lo := CASE WHEN v_h IS NULL THEN 1
+                     ELSE storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_c - v_h, false) + 1 END;
+        v_hi := CASE WHEN v_h IS NULL THEN v_kn
+                     ELSE storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_c + v_h, true) END;
+        INSERT INTO pg_temp.storetopics_nov
+        SELECT * FROM storetopics._kept_ranked(p_source, p_store, v_x, v_lo, v_in1, v_ln, v_most, v_ratio, v_file_moves)
+        UNION ALL
+        SELECT * FROM storetopics._kept_ranked(p_source, p_store, v_x, greatest(v_in2 + 1, v_lo), v_hi, v_ln, v_most,
+                                               v_ratio, v_file_moves)
+        ON CONFLICT (rk) DO NOTHING;
+        v_below := greatest(v_in2 - v_in1, 0);
+        SELECT (SELECT storetopics._novelty_bound(v.lo, v.hi, v_alo, v_ahi, false) FROM pg_temp.storetopics_nov v
+                 WHERE v.rk IS NULL OR (v.rk BETWEEN v_lo AND v_hi AND v.rk NOT BETWEEN v_in1 + 1 AND v_in2)
+                 ORDER BY 1 OFFSET r1 - v_below - 1 LIMIT 1),
+               (SELECT storetopics._novelty_bound(v.lo, v.hi, v_alo, v_ahi, true) FROM pg_temp.storetopics_nov v
+                 WHERE v.rk IS NULL OR (v.rk BETWEEN v_lo AND v_hi AND v.rk NOT BETWEEN v_in1 + 1 AND v_in2)
+                 ORDER BY 1 OFFSET r2 - v_below - 1 LIMIT 1)
+          INTO v_l, v_h;
+      ELSE
+        v_below := v_lo - 1;
+      END IF;
+      -- [v_l, v_h]: the r1-th smallest lower bound and the r2-th smallest upper bound, so the statistic lies in it
+      -- (percentile_cont interpolates between the r1-th and r2-th values); exact, the files that straddle it
+      IF v_exact THEN
+        UPDATE pg_temp.storetopics_nov v SET lo = storetopics._novelty(v_ln, v.total + x.moved, v.words),
+                                             hi = storetopics._novelty(v_ln, v.total + x.moved, v.words)
+          FROM storetopics._novelty_moved(p_source, p_store, ARRAY(
+                 SELECT w.file_key FROM pg_temp.storetopics_nov w
+                  WHERE w.lo < w.hi AND storetopics._novelty_bound(w.lo, w.hi, v_alo, v_ahi, true) >= v_l
+                    AND storetopics._novelty_bound(w.lo, w.hi, v_alo, v_ahi, false) <= v_h), v_moves) x
+         WHERE v.file_key = x.file_key;
+        v_below := v_below + (SELECT count(*) FROM pg_temp.storetopics_nov v
+                               WHERE (v.rk IS NULL OR (v.rk BETWEEN v_lo AND v_hi
+                                                       AND v.rk NOT BETWEEN v_in1 + 1 AND v_in2))
+                                 AND storetopics._novelty_bound(v.lo, v.hi, v_alo, v_ahi, true) < v_l);
+        SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY b.x) INTO v_l
+          FROM (SELECT storetopics._novelty_bound(v.lo, v.hi, v_alo, v_ahi, false) AS x FROM pg_temp.storetopics_nov v
+                 WHERE storetopics._novelty_bound(v.lo, v.hi, v_alo, v_ahi, true) >= v_l
+                   AND storetopics._novelty_bound(v.lo, v.hi, v_alo, v_ahi, false) <= v_h
+                 ORDER BY 1 OFFSET r1 - v_below - 1 LIMIT r2 - r1 + 1) b;
+        v_h := v_l;
+      END IF;
+      IF stage = 1 THEN
+        v_med_lo := v_l; v_med_hi := v_h;
+      ELSE
+        v_mad_lo := v_l; v_mad_hi := v_h;
+      END IF;
+    END LOOP;
+    RAISE DEBUG 'storetopics: store %, pass %: median in [%, %], MAD in [%, %]', p_store, pass, v_med_lo, v_med_hi,
+      v_mad_lo, v_mad_hi;
+    EXIT WHEN storetopics._outlier_pick(p_source, p_store, v_x, v_kn, v_ln, v_w, v_most, v_ratio, v_file_moves,
+                                        k.ranked, v_moves, v_med_lo, v_med_hi, v_mad_lo, v_mad_hi)
+              OR v_exact;
   END LOOP;
-  -- The ranked files that may pass: a mid within w of the lowest novelty that passes (the test is monotone).
-  INSERT INTO pg_temp.storetopics_nov
-  SELECT * FROM storetopics._kept_ranked(p_source, p_store, v_x,
-                  storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln,
-                                          v_med + 2.5 * (1.4826 * v_mad + 1e-9) * (1 - 1e-12) - 2 * v_w, false) + 1,
-                  v_kn, v_ln, v_most, v_ratio)
-  ON CONFLICT (rk) DO NOTHING;
-  -- and the ranked files found far apart, whatever their novelty (a lower bar: few files, by their own index)
-  INSERT INTO pg_temp.storetopics_nov
-  SELECT f.n - storetopics._count_le(v_x, f.n), f.file_key,
-         storetopics._kept_bound(v_ln, f.total, f.words, f.sensitivity, v_most, v_ratio, false),
-         storetopics._kept_bound(v_ln, f.total, f.words, f.sensitivity, v_most, v_ratio, true),
-         f.apart, f.far, f.total, f.words
-    FROM storetopics.file_novelty f
-   WHERE f.source_id = p_source AND f.store_key = p_store AND f.far AND f.n <= k.ranked AND f.n <> ALL (v_x)
-  ON CONFLICT (rk) DO NOTHING;
-  -- The files that pass for sure (lower bound) rank below the third best of them for sure, unless better: of the
-  -- others, only those that may pass and may rank among the first three are made exact, then tested.
-  SELECT v.apart, v.lo INTO v_s_apart, v_s_lo FROM pg_temp.storetopics_nov v
-   WHERE storetopics._novel(v.lo, v.apart, v.far, v_med, v_mad)
-   ORDER BY v.apart DESC, v.lo DESC OFFSET 2 LIMIT 1;
-  UPDATE pg_temp.storetopics_nov v SET lo = storetopics._novelty(v_ln, v.total + x.moved, v.words),
-                                       hi = storetopics._novelty(v_ln, v.total + x.moved, v.words)
-    FROM storetopics._novelty_moved(p_source, p_store, ARRAY(
-           SELECT w.file_key FROM pg_temp.storetopics_nov w
-            WHERE w.lo < w.hi AND storetopics._novel(w.hi, w.apart, w.far, v_med, v_mad)
-              AND (v_s_lo IS NULL
-                   OR NOT ((v_s_apart AND NOT w.apart) OR (v_s_apart = w.apart AND w.hi < v_s_lo)))),
-           v_moves) x
-   WHERE v.file_key = x.file_key;
-  RAISE DEBUG 'storetopics: the outlier files of store % looked at % of its % files', p_store,
-    (SELECT count(*) FROM pg_temp.storetopics_nov), v_m;
+  RAISE DEBUG 'storetopics: the outlier files of store %, pass %, % out of the kept ranking, looked at % of its % files',
+    p_store, v_passes, v_e, (SELECT count(*) FROM pg_temp.storetopics_nov), v_m;
   -- (the others rank below those three, exact, whatever their bounds)
   RETURN QUERY
     SELECT (row_number() OVER (ORDER BY o.apart DESC, o.lo DESC, o.file_key))::int, o.file_key, o.lo
-      FROM (SELECT v.* FROM pg_temp.storetopics_nov v WHERE storetopics._novel(v.lo, v.apart, v.far, v_med, v_mad)
+      FROM (SELECT v.* FROM pg_temp.storetopics_nov v
+             WHERE storetopics._novel(v.lo, v.apart, v.far, v_med_hi, v_mad_hi)
              ORDER BY v.apart DESC, v.lo DESC, v.file_key LIMIT 3) o
      ORDER BY 1;
   DROP TABLE pg_temp.storetopics_nov;
@@ -108035,4 +108156,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1680168567') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '4236761659') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

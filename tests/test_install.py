@@ -22,7 +22,8 @@ SEARCH_PATH = "search_path=pg_catalog, pg_temp"
 # inlines these into the statements that call them (fold's recount; render's novelty, per (file, term) pair or
 # per file: sql/idempotent/069-novelty.sql)
 BOUND_AT_CREATION: set[str] = {"_dehyphenated(text)", "_ln9(bigint)", "_novelty(double precision,bigint,bigint)",
-                               "_novelty_bound(double precision,double precision,double precision,boolean)",
+                               "_novelty_bound(double precision,double precision,double precision,"
+                               "double precision,boolean)",
                                "_novel(double precision,boolean,boolean,double precision,double precision)",
                                "_file_apart(integer[],integer[])", "_file_far(real)",
                                "_kept_bound(double precision,bigint,bigint,double precision[],bigint,"

@@ -12,6 +12,7 @@ CREATE UNLOGGED TABLE storetopics.novelty_state (
   bands     int[] NOT NULL,         -- the other terms' bands by their files then (storetopics._novelty_bands())
   per_word  float8[] NOT NULL,      -- per band, the largest sensitivity per counted word of those files
   gone      int[] NOT NULL DEFAULT '{}',   -- the numbers of the files folded since (changed, moved or deleted)
+  words     int[] NOT NULL,         -- the counted words of each numbered file then, by number
   -- the terms whose counts fold changed since, with repeats (NULL: too many to list; every term is compared)
   touched   int[] DEFAULT '{}',
   -- the heads of two rankings of the store's terms then, ties by id: the 400 first by total count and by files, and
@@ -52,8 +53,8 @@ CREATE UNLOGGED TABLE storetopics.file_novelty (
 );
 CREATE INDEX file_novelty_store ON storetopics.file_novelty (source_id, store_key, n);
 CREATE INDEX file_novelty_file ON storetopics.file_novelty (source_id, (md5(file_key)::uuid));
--- (the few far files of a store, looked at whatever their novelty then)
-CREATE INDEX file_novelty_far ON storetopics.file_novelty (source_id, store_key) WHERE far;
+-- (the few files of a store found apart: their bar is lower, they are looked at by number, apart from the others)
+CREATE INDEX file_novelty_apart ON storetopics.file_novelty (source_id, store_key, n) WHERE apart OR far;
 -- The files (by number) and counts of each rare term, as they were: a term whose document frequency moved since
 -- moves the novelty of exactly these files.
 CREATE UNLOGGED TABLE storetopics.novelty_postings (
