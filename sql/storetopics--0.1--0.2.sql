@@ -104873,9 +104873,10 @@ END;
 -- may rank among the first three need: first from a few probes, then from the files near them, last exactly.  The
 -- kept files are numbered by their novelty then, so that the files near each order statistic are found by their
 -- numbers and the others counted, not read.  Files folded since, and those their rare terms moved by more than an
--- eighth of the other terms' bound, are computed again; the others stay numbered, moved by that exactly.  The result is what a computation from scratch gives, bit for bit: sums are integers (each ln df rounded
--- to 1e-9 first), so they do not depend on which files are summed together or in what order, and every step the
--- bounds decide is one whose outcome they prove (tests/test_novelty.py).  The kept state is computed again when many
+-- eighth of the other terms' bound, are computed again; the others stay numbered, moved by that exactly.  The
+-- result is what a computation from scratch gives, bit for bit: sums are integers (each ln df rounded to 1e-9
+-- first), so they do not depend on which files are summed together or in what order, and every step the bounds
+-- decide is one whose outcome they prove (tests/test_novelty.py).  The kept state is computed again when many
 -- files changed or the bounds leave a tenth of the files to compute exactly, and forgotten when the clusters'
 -- assignment changes (what is apart), when the source is recounted, or when anything about it does not add up.
 
@@ -104971,8 +104972,10 @@ CREATE OR REPLACE FUNCTION storetopics._file_far(distance_ratio real) RETURNS bo
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN coalesce(distance_ratio >= 1.5, false);
 
--- The sums of some files of a store at the current document frequencies, and whether each is apart (far apart).
-CREATE OR REPLACE FUNCTION storetopics._novelty_sums(p_source int, p_store text, p_files text[])
+-- The sums of some files of a store at the current document frequencies (p_dfs: those of their terms, by term id, if
+-- known), and whether each is apart (far apart).
+CREATE OR REPLACE FUNCTION storetopics._novelty_sums(p_source int, p_store text, p_files text[],
+                                                     p_dfs int[] DEFAULT NULL)
 RETURNS TABLE (file_key text, total bigint, words bigint, apart boolean, far boolean)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
@@ -104981,7 +104984,7 @@ BEGIN
   IF cardinality(p_files) = 0 THEN
     RETURN;
   END IF;
-  v_dfs := storetopics._store_dfs(p_source, p_store, p_files);
+  v_dfs := coalesce(p_dfs, storetopics._store_dfs(p_source, p_store, p_files));
   RETURN QUERY
   SELECT f.file_key,
          coalesce((SELECT sum(u.c::bigint * storetopics._ln9(v_dfs[u.t]))
@@ -105140,42 +105143,52 @@ END;
 -- How the ln(files) of a store's terms moved since a kept state (p_dfs: the files of each term then, by term id),
 -- in units of 1e-9: by term id (0: not moved, or held by no kept file); the terms that were in at most p_rare files
 -- and their moves; of the others, the largest move and, per band (p_bands), the largest (files gained or lost) x
--- files then / the smaller of files then and now: a term's ln moved by at most that over its files then.
+-- files then / the smaller of files then and now: a term's ln moved by at most that over its files then; and dfs,
+-- the files of each term now for every term it looked up (the others: as then; the sums of the files folded since
+-- read it, every term of theirs was touched).
 -- p_touched: the terms fold changed since (novelty_state.touched), each looked up by its key; NULL: every term of
 -- the store is compared, a scan of its terms at every render (bench/README.md).
 CREATE OR REPLACE FUNCTION storetopics._novelty_moves(p_source int, p_store text, p_dfs int[], p_rare int,
                                                       p_bands int[], p_touched int[],
                                                       OUT moves bigint[], OUT rare int[], OUT rare_moves bigint[],
-                                                      OUT most bigint, OUT ratio float8[])
+                                                      OUT most bigint, OUT ratio float8[], OUT dfs int[])
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  r record;
-  b int;
+  v_ids int[];
+  v_files int[];
+  v_moves bigint[];
 BEGIN
-  most := 0;
-  ratio := '{0,0,0,0,0}';
-  -- (from the highest id down, into an expanded array; a term no kept file held moves none of them)
-  FOR r IN SELECT m.term_id, m.was, m.files, storetopics._ln9(m.files) - storetopics._ln9(m.was) AS move
-             FROM (SELECT t.term_id, t.files, coalesce(p_dfs[t.term_id], 0) AS was FROM storetopics.store_terms t
-                    WHERE t.source_id = p_source AND t.store_key = p_store AND p_touched IS NULL
-                   UNION ALL   -- (the touched terms, each found by the index)
-                   SELECT t.term_id, t.files, coalesce(p_dfs[t.term_id], 0) FROM storetopics.store_terms t
-                    WHERE t.source_id = p_source AND t.store_key = p_store AND p_touched IS NOT NULL
-                      AND t.term_id = ANY (ARRAY(SELECT DISTINCT x FROM unnest(p_touched) x))) m
-            WHERE m.files <> m.was AND m.was > 0
-            ORDER BY m.term_id DESC
-  LOOP
-    IF moves IS NULL THEN
-      moves := array_fill(0::bigint, ARRAY[r.term_id]);
-    END IF;
-    moves[r.term_id] := r.move;
-    IF r.was <= p_rare THEN
-      rare := rare || r.term_id;
-      rare_moves := rare_moves || r.move;
-    ELSE
-      most := greatest(most, abs(r.move));
-      b := width_bucket(r.was, p_bands) + 1;
-      ratio[b] := greatest(ratio[b], abs(r.files - r.was)::float8 * r.was / least(r.was, r.files));
+  -- (aggregated in one statement; then filled in place, from the highest id down, into expanded arrays)
+  SELECT array_agg(m.term_id ORDER BY m.term_id DESC), array_agg(m.files ORDER BY m.term_id DESC),
+         array_agg(CASE WHEN m.moved THEN m.move ELSE 0 END ORDER BY m.term_id DESC),
+         array_agg(m.term_id ORDER BY m.term_id) FILTER (WHERE m.moved AND m.was <= p_rare),
+         array_agg(m.move ORDER BY m.term_id) FILTER (WHERE m.moved AND m.was <= p_rare),
+         coalesce(max(abs(m.move)) FILTER (WHERE m.moved AND m.was > p_rare), 0),
+         ARRAY[coalesce(max(m.rel) FILTER (WHERE m.band = 1), 0), coalesce(max(m.rel) FILTER (WHERE m.band = 2), 0),
+               coalesce(max(m.rel) FILTER (WHERE m.band = 3), 0), coalesce(max(m.rel) FILTER (WHERE m.band = 4), 0),
+               coalesce(max(m.rel) FILTER (WHERE m.band = 5), 0)]
+    INTO v_ids, v_files, v_moves, rare, rare_moves, most, ratio
+    FROM (SELECT u.term_id, u.files, u.was, u.moved,
+                 storetopics._ln9(u.files) - storetopics._ln9(u.was) AS move,
+                 CASE WHEN u.moved AND u.was > p_rare THEN width_bucket(u.was, p_bands) + 1 END AS band,
+                 CASE WHEN u.moved AND u.was > p_rare
+                      THEN abs(u.files - u.was)::float8 * u.was / least(u.was, u.files) END AS rel
+            FROM (SELECT t.term_id, t.files, t.was, t.files <> t.was AND t.was > 0 AS moved
+                    FROM (SELECT t.term_id, t.files, coalesce(p_dfs[t.term_id], 0) AS was
+                            FROM storetopics.store_terms t
+                           WHERE t.source_id = p_source AND t.store_key = p_store AND p_touched IS NULL
+                          UNION ALL   -- (the touched terms, each found by the index)
+                          SELECT t.term_id, t.files, coalesce(p_dfs[t.term_id], 0) FROM storetopics.store_terms t
+                           WHERE t.source_id = p_source AND t.store_key = p_store AND p_touched IS NOT NULL
+                             AND t.term_id = ANY (ARRAY(SELECT DISTINCT x FROM unnest(p_touched) x))) t) u) m;
+  dfs := p_dfs;
+  FOR i IN 1..coalesce(cardinality(v_ids), 0) LOOP
+    dfs[v_ids[i]] := v_files[i];
+    IF v_moves[i] <> 0 THEN
+      IF moves IS NULL THEN
+        moves := array_fill(0::bigint, ARRAY[v_ids[i]]);
+      END IF;
+      moves[v_ids[i]] := v_moves[i];
     END IF;
   END LOOP;
 END $$;
@@ -105407,6 +105420,7 @@ DECLARE
   v_rows bigint;
   v_new text[];          -- files folded since: computed again
   v_moves bigint[];      -- by term id: how far its ln(files) moved since, in units of 1e-9
+  v_dfs int[];           -- by term id: the files holding it now (of the terms touched since)
   v_rare int[];          -- the rare terms among them
   v_rare_moves bigint[];
   v_file_moves bigint[]; -- by file number: how far the rare terms moved a kept file's sum
@@ -105452,7 +105466,7 @@ BEGIN
   END IF;
   v_ln := ln(greatest(st.files, 1)::float8);
   FOR attempt IN 1..2 LOOP
-    v_rows := NULL; v_new := NULL; v_moves := NULL; v_rare := NULL; v_rare_moves := NULL; v_most := 0;
+    v_rows := NULL; v_new := NULL; v_moves := NULL; v_dfs := NULL; v_rare := NULL; v_rare_moves := NULL; v_most := 0;
     v_ratio := '{0,0,0,0,0}';
     v_file_moves := NULL; v_moved := '{}';
     SELECT * INTO k FROM storetopics.novelty_state s WHERE s.source_id = p_source AND s.store_key = p_store;
@@ -105460,7 +105474,7 @@ BEGIN
       v_new := ARRAY(SELECT f.file_key FROM storetopics.file_novelty f
                       WHERE f.source_id = p_source AND f.store_key = p_store AND f.n IS NULL);
       v_rows := k.numbered - cardinality(k.gone) + cardinality(v_new);
-      SELECT * INTO v_moves, v_rare, v_rare_moves, v_most, v_ratio
+      SELECT * INTO v_moves, v_rare, v_rare_moves, v_most, v_ratio, v_dfs
         FROM storetopics._novelty_moves(p_source, p_store, k.dfs, k.rare, k.bands, k.touched);
     END IF;
     -- computed again when nothing is kept, when the kept rows do not add up to the store's files, when many files
@@ -105470,7 +105484,7 @@ BEGIN
        OR k.bands <> storetopics._novelty_bands() THEN
       PERFORM storetopics._keep_novelty(p_source, p_store);
       SELECT * INTO k FROM storetopics.novelty_state s WHERE s.source_id = p_source AND s.store_key = p_store;
-      v_new := NULL; v_moves := NULL; v_rare := NULL; v_rare_moves := NULL; v_most := 0;
+      v_new := NULL; v_moves := NULL; v_dfs := NULL; v_rare := NULL; v_rare_moves := NULL; v_most := 0;
       v_ratio := '{0,0,0,0,0}';
     END IF;
     v_w := CASE WHEN v_most = 0 THEN 0
@@ -105518,7 +105532,7 @@ BEGIN
       INSERT INTO pg_temp.storetopics_nov
       SELECT NULL, s.file_key, storetopics._novelty(v_ln, s.total, s.words),
              storetopics._novelty(v_ln, s.total, s.words), s.apart, s.far, s.total, s.words
-        FROM storetopics._novelty_sums(p_source, p_store, v_new) s WHERE s.words > 0;
+        FROM storetopics._novelty_sums(p_source, p_store, v_new, v_dfs) s WHERE s.words > 0;
     END IF;
     v_e := (SELECT count(*) FROM pg_temp.storetopics_nov);
     v_m := v_kn + v_e;
@@ -105654,8 +105668,8 @@ BEGIN
                                         k.ranked, v_moves, v_med_lo, v_med_hi, v_mad_lo, v_mad_hi)
               OR v_exact;
   END LOOP;
-  RAISE DEBUG 'storetopics: the outlier files of store %, pass %, % out of the kept ranking, looked at % of its % files',
-    p_store, v_passes, v_e, (SELECT count(*) FROM pg_temp.storetopics_nov), v_m;
+  RAISE DEBUG 'storetopics: the outlier files of store %, pass %, % out of the kept ranking, looked at % of its % '
+              'files', p_store, v_passes, v_e, (SELECT count(*) FROM pg_temp.storetopics_nov), v_m;
   -- (the others rank below those three, exact, whatever their bounds)
   RETURN QUERY
     SELECT (row_number() OVER (ORDER BY o.apart DESC, o.lo DESC, o.file_key))::int, o.file_key, o.lo
@@ -108156,4 +108170,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '4236761659') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '3923206597') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
