@@ -105321,95 +105321,18 @@ BEGIN
      WHERE f.source_id = p_source AND f.store_key = p_store AND f.n BETWEEN na AND nb AND f.n <> ALL (v_out);
 END $$;
 
--- The last decision of storetopics._outlier_files, on its table of bounds (pg_temp.storetopics_nov): with the
--- median in [med_lo, med_hi] and the MAD in [mad_lo, mad_hi], the files that pass for sure (lower bound, the median
--- and the MAD at their highest) rank below the third best of them for sure, unless better: of the others, only
--- those that may pass (upper bound, the median and the MAD at their lowest) and may rank among the first three are
--- made exact.  True when that decides the first three: every file that may pass but need not ranks below the third
--- that pass for sure (always, with the median and the MAD exact).  The files that may pass (a mid within w of the
--- lowest novelty that may pass its test, which is monotone) are added first, only as far as they may rank among the
--- first three: those found apart or far apart, each against its own bar, and the three best ranked files give a
--- first third that passes for sure; the other ranked files only down to it.
-CREATE OR REPLACE FUNCTION storetopics._outlier_pick(p_source int, p_store text, x int[], kn bigint, ln_n float8,
-                                                     w float8, most bigint, ratio float8[], shift bigint[],
-                                                     ranked int, moves bigint[], med_lo float8, med_hi float8,
-                                                     mad_lo float8, mad_hi float8) RETURNS boolean
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  v_s_apart boolean;
-  v_s_lo float8;
-  v_rank bigint[] := '{0,0,0}';     -- per test (neither, apart, far apart): the first rank that may pass
-  v_first bigint[] := '{0,0,0}';    -- ... and its number
-BEGIN
-  -- (the bars of the three tests at their lowest, less 2 w: the first number of a ranked file with a mid above)
-  FOR i IN 1..3 LOOP
-    v_rank[i] := storetopics._kept_below(p_source, p_store, x, kn, ln_n,
-                                         med_lo + (ARRAY[3.5, 2.5, 1.0])[i] * (1.4826 * mad_lo + 1e-9) * (1 - 1e-12)
-                                         - 2 * w, false) + 1;
-    v_first[i] := CASE WHEN v_rank[i] <= kn THEN storetopics._kept_number(x, v_rank[i]) ELSE ranked + 1 END;
-  END LOOP;
-  -- the files found apart or far apart (by their own index: few), and the three best ranked files
-  INSERT INTO pg_temp.storetopics_nov
-  SELECT f.n - storetopics._count_le(x, f.n), f.file_key,
-         storetopics._kept_bound(ln_n, f.total + coalesce(shift[f.n], 0), f.words, f.sensitivity, most, ratio, false),
-         storetopics._kept_bound(ln_n, f.total + coalesce(shift[f.n], 0), f.words, f.sensitivity, most, ratio, true),
-         f.apart, f.far, f.total, f.words
-    FROM storetopics.file_novelty f
-   WHERE f.source_id = p_source AND f.store_key = p_store AND (f.apart OR f.far)
-     AND f.n BETWEEN least(v_first[2], v_first[3]) AND ranked
-     AND f.n >= CASE WHEN f.far THEN v_first[3] ELSE v_first[2] END AND f.n <> ALL (x)
-  ON CONFLICT (rk) DO NOTHING;
-  INSERT INTO pg_temp.storetopics_nov
-  SELECT * FROM storetopics._kept_ranked(p_source, p_store, x, greatest(v_rank[1], kn - 2), kn, ln_n, most, ratio,
-                                         shift)
-  ON CONFLICT (rk) DO NOTHING;
-  SELECT v.apart, v.lo INTO v_s_apart, v_s_lo FROM pg_temp.storetopics_nov v
-   WHERE storetopics._novel(v.lo, v.apart, v.far, med_hi, mad_hi)
-   ORDER BY v.apart DESC, v.lo DESC OFFSET 2 LIMIT 1;
-  -- the other ranked files that may pass and may rank above the third that pass for sure (none, when that one was
-  -- found apart: they were added above)
-  IF v_s_lo IS NULL OR NOT v_s_apart THEN
-    INSERT INTO pg_temp.storetopics_nov
-    SELECT * FROM storetopics._kept_ranked(p_source, p_store, x,
-                    greatest(v_rank[1], CASE WHEN v_s_lo IS NULL THEN 1
-                                             ELSE storetopics._kept_below(p_source, p_store, x, kn, ln_n,
-                                                                          v_s_lo - 2 * w, false) + 1 END),
-                    kn, ln_n, most, ratio, shift)
-    ON CONFLICT (rk) DO NOTHING;
-    SELECT v.apart, v.lo INTO v_s_apart, v_s_lo FROM pg_temp.storetopics_nov v
-     WHERE storetopics._novel(v.lo, v.apart, v.far, med_hi, mad_hi)
-     ORDER BY v.apart DESC, v.lo DESC OFFSET 2 LIMIT 1;
-  END IF;
-  UPDATE pg_temp.storetopics_nov v SET lo = storetopics._novelty(ln_n, v.total + m.moved, v.words),
-                                       hi = storetopics._novelty(ln_n, v.total + m.moved, v.words)
-    FROM storetopics._novelty_moved(p_source, p_store, ARRAY(
-           SELECT u.file_key FROM pg_temp.storetopics_nov u
-            WHERE u.lo < u.hi AND storetopics._novel(u.hi, u.apart, u.far, med_lo, mad_lo)
-              AND (v_s_lo IS NULL
-                   OR NOT ((v_s_apart AND NOT u.apart) OR (v_s_apart = u.apart AND u.hi < v_s_lo)))),
-           moves) m
-   WHERE v.file_key = m.file_key;
-  SELECT v.apart, v.lo INTO v_s_apart, v_s_lo FROM pg_temp.storetopics_nov v
-   WHERE storetopics._novel(v.lo, v.apart, v.far, med_hi, mad_hi)
-   ORDER BY v.apart DESC, v.lo DESC OFFSET 2 LIMIT 1;
-  RETURN NOT EXISTS (
-    SELECT FROM pg_temp.storetopics_nov u
-     WHERE storetopics._novel(u.hi, u.apart, u.far, med_lo, mad_lo)
-       AND NOT storetopics._novel(u.lo, u.apart, u.far, med_hi, mad_hi)
-       AND (v_s_lo IS NULL OR NOT ((v_s_apart AND NOT u.apart) OR (v_s_apart = u.apart AND u.hi < v_s_lo))));
-END $$;
-
 -- The outlier files of a store whose terms keywords() shows, best first: rank, file, novelty.  Keeps the store's
 -- novelty (storetopics._keep_novelty) when what was kept cannot serve.  Exact: the same state gives the same files
 -- whether they were found from the kept state or from scratch.
--- The files looked at (their bounds in one temp table, which only this function and storetopics._outlier_pick
--- read): those folded since and those their rare terms moved much, and of the ranked files only those near what each
--- decision needs (the median, the MAD, the files that may pass): each decision reads the others as a count.  Up to
--- three passes, each only when the one before did not decide: the median and the MAD known within intervals from a
--- few probes of the ranking, then within the bounds of the files near them, then exact.  Each pass makes exact only
--- the files it cannot decide from their bounds.
--- (About 270 lines: what moved since the state was kept, then the passes, each bounding the median and the MAD
--- before storetopics._outlier_pick decides the files that pass, if it can.)
+-- The files looked at (their bounds in one temp table, which only this function reads): those folded since and those
+-- their rare terms moved much, and of the ranked files only those near what each decision needs (the median, the
+-- MAD, the files that may pass): each decision reads the others as a count.  Up to three passes, each only when the
+-- one before did not decide: the median and the MAD known within intervals from a few probes of the ranking, then
+-- within the bounds of the files near them, then exact.  Each pass makes exact only the files it cannot decide from
+-- their bounds.
+-- (About 340 lines: what moved since the state was kept, then the passes, each bounding the median and the MAD
+-- before it decides the files that pass, if it can; they share one temp table of bounds, which only this function
+-- reads.)
 CREATE OR REPLACE FUNCTION storetopics._outlier_files(p_source int, p_store text)
 RETURNS TABLE (rank int, file_key text, novelty float8)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off SET jit = off AS $$
@@ -105427,7 +105350,6 @@ DECLARE
   v_ns int[];            -- (the same, for the files they moved only)
   v_words int[];         -- (novelty_state.words)
   v_ns_moves bigint[];
-  r record;
   v_most bigint := 0;    -- the most any other term's ln moved: per counted word, a bound on a kept file's move
   v_ratio float8[];      -- per band, the most (files gained or lost) x files then / the smaller of files then and
                          -- now of its terms: times a file's sensitivity to the band, summed, another bound
@@ -105446,11 +105368,12 @@ DECLARE
   v_in1 bigint;
   v_in2 bigint;
   v_below bigint;
-  v_lo1 bigint;          -- the median's window, kept for a second pass
+  v_lo1 bigint;          -- the median's window and the bounds there, kept for the last pass
   v_hi1 bigint;
   v_l1 float8;
   v_h1 float8;
-  v_exact boolean;       -- the median and the MAD made exact (the second pass)
+  v_rekeep boolean;      -- the window's bounds leave too many files to make exact
+  v_exact boolean;       -- the median and the MAD made exact (the last pass)
   v_med_lo float8;       -- the median lies in [v_med_lo, v_med_hi], the MAD in [v_mad_lo, v_mad_hi]
   v_med_hi float8;
   v_mad_lo float8;
@@ -105460,6 +105383,10 @@ DECLARE
   v_c float8;            -- the middle of the median's interval, and w widened by half its width
   v_wc float8;
   v_passes int;          -- which decided: 1 the probes, 2 the bounds near the median and the MAD, 3 exact
+  v_rank bigint[] := '{0,0,0}';   -- per test (neither, apart, far apart): the first rank that may pass
+  v_first bigint[] := '{0,0,0}';  -- ... and its number
+  v_s_apart boolean;     -- the third file that passes for sure (apart, and its lower bound)
+  v_s_lo float8;
 BEGIN
   SELECT * INTO st FROM storetopics.store_state s WHERE s.source_id = p_source AND s.store_key = p_store;
   IF NOT FOUND THEN
@@ -105560,117 +105487,187 @@ BEGIN
                  THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln,
                         storetopics._kept_mid(p_source, p_store, v_x, r2, v_ln) + 2 * v_w, true)
                  ELSE v_kn END;
-    -- First from a few probes of the ranking alone: the median lies in [the (r1 - e)-th mid - w, the r2-th mid + w],
-    -- the MAD likewise, from the distances of the mids to the middle of that (w grows by half its width).
-    IF r1 - v_e >= 1 AND r2 <= v_kn THEN
-      v_med_lo := storetopics._kept_mid(p_source, p_store, v_x, r1 - v_e, v_ln) - v_w;
-      v_med_hi := storetopics._kept_mid(p_source, p_store, v_x, r2, v_ln) + v_w;
-      v_c := v_med_lo + (v_med_hi - v_med_lo) / 2;
-      v_wc := v_w + ((v_med_hi - v_med_lo) / 2 + 1e-12);
-      v_mad_lo := greatest(storetopics._kept_distance(p_source, p_store, v_x, v_kn, v_ln, v_c, r1 - v_e) - v_wc, 0);
-      v_mad_hi := storetopics._kept_distance(p_source, p_store, v_x, v_kn, v_ln, v_c, r2) + v_wc;
-      v_passes := 1;
-      RAISE DEBUG 'storetopics: store %, pass 1: median in [%, %], MAD in [%, %]', p_store, v_med_lo, v_med_hi,
-        v_mad_lo, v_mad_hi;
-      EXIT WHEN storetopics._outlier_pick(p_source, p_store, v_x, v_kn, v_ln, v_w, v_most, v_ratio, v_file_moves,
-                                          k.ranked, v_moves, v_med_lo, v_med_hi, v_mad_lo, v_mad_hi);
-    END IF;
-    v_passes := 0;
-    INSERT INTO pg_temp.storetopics_nov
-    SELECT * FROM storetopics._kept_ranked(p_source, p_store, v_x, v_lo, v_hi, v_ln, v_most, v_ratio, v_file_moves)
-    ON CONFLICT (rk) DO NOTHING;
-    v_in1 := v_lo - 1; v_in2 := v_lo - 1;
-    SELECT (SELECT v.lo FROM pg_temp.storetopics_nov v WHERE v.rk IS NULL OR v.rk BETWEEN v_lo AND v_hi
-             ORDER BY 1 OFFSET r1 - v_lo LIMIT 1),
-           (SELECT v.hi FROM pg_temp.storetopics_nov v WHERE v.rk IS NULL OR v.rk BETWEEN v_lo AND v_hi
-             ORDER BY 1 OFFSET r2 - v_lo LIMIT 1)
-      INTO v_l, v_h;
-    EXIT WHEN (SELECT count(*) FROM pg_temp.storetopics_nov v
-                WHERE (v.rk IS NULL OR v.rk BETWEEN v_lo AND v_hi) AND v.lo < v.hi AND v.hi >= v_l AND v.lo <= v_h)
-              <= greatest(100, v_m / 10);
-  END LOOP;
-  v_lo1 := v_lo; v_hi1 := v_hi; v_l1 := v_l; v_h1 := v_h;
-  -- Then (undecided) from the bounds of the files near each order statistic: the median and the MAD each within
-  -- the r1-th smallest lower bound and the r2-th smallest upper bound; last (still undecided), with the files that
-  -- straddle those made exact, and the median and the MAD with them.  (Uploads piled up since a keep widen the
-  -- bounds, and with them the files the median and the MAD would make exact; the first three are seldom near the
-  -- bar.)
-  FOR pass IN 2..3 LOOP
-    EXIT WHEN v_passes = 1;
-    v_passes := pass;
-    v_exact := pass = 3;
-    v_lo := v_lo1; v_hi := v_hi1; v_l := v_l1; v_h := v_h1; v_in1 := v_lo1 - 1; v_in2 := v_lo1 - 1;
-    v_alo := NULL; v_ahi := NULL;
-    FOR stage IN 1..2 LOOP
-      IF stage = 2 THEN
-        -- Of the ranked files, only those whose distance to the median is within 2 w of [the (r1 - e)-th distance
-        -- of the mids - w, the r2-th + w]: those nearer the median (ranks v_in1 + 1 .. v_in2) are counted below.
-        -- A median known within an interval moves each distance by at most half its width: w grows by that, the
-        -- distances are to its middle.
-        v_alo := v_med_lo; v_ahi := v_med_hi;
+    -- Up to three passes, each only when the one before did not decide: first from a few probes of the ranking
+    -- alone (the median within [the (r1 - e)-th mid - w, the r2-th mid + w], the MAD likewise from the distances of
+    -- the mids to the middle of that, w grown by half its width); then from the bounds of the files near each order
+    -- statistic, read into the table (each statistic within the r1-th smallest lower bound and the r2-th smallest
+    -- upper bound); last with the files that straddle those made exact, and the median and the MAD with them.
+    -- (Uploads piled up since a keep widen the bounds, and with them the files the median and the MAD would make
+    -- exact; the first three are seldom near the bar.)
+    v_rekeep := false;
+    FOR pass IN 1..3 LOOP
+      v_passes := pass;
+      v_exact := pass = 3;
+      IF pass = 1 THEN
+        CONTINUE WHEN r1 - v_e < 1 OR r2 > v_kn;
+        v_med_lo := storetopics._kept_mid(p_source, p_store, v_x, r1 - v_e, v_ln) - v_w;
+        v_med_hi := storetopics._kept_mid(p_source, p_store, v_x, r2, v_ln) + v_w;
         v_c := v_med_lo + (v_med_hi - v_med_lo) / 2;
         v_wc := v_w + ((v_med_hi - v_med_lo) / 2 + 1e-12);
-        v_l := CASE WHEN r1 - v_e >= 1
-                    THEN storetopics._kept_distance(p_source, p_store, v_x, v_kn, v_ln, v_c, r1 - v_e) - 2 * v_wc END;
-        v_h := CASE WHEN r2 <= v_kn
-                    THEN storetopics._kept_distance(p_source, p_store, v_x, v_kn, v_ln, v_c, r2) + 2 * v_wc END;
-        v_in1 := CASE WHEN v_l > 0 THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_c - v_l, true)
-                      ELSE 0 END;
-        v_in2 := CASE WHEN v_l > 0 THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_c + v_l, false)
-                      ELSE 0 END;
-        v_lo := CASE WHEN v_h IS NULL THEN 1
-                     ELSE storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_c - v_h, false) + 1 END;
-        v_hi := CASE WHEN v_h IS NULL THEN v_kn
-                     ELSE storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_c + v_h, true) END;
+        v_mad_lo := greatest(storetopics._kept_distance(p_source, p_store, v_x, v_kn, v_ln, v_c, r1 - v_e) - v_wc,
+                             0);
+        v_mad_hi := storetopics._kept_distance(p_source, p_store, v_x, v_kn, v_ln, v_c, r2) + v_wc;
+      ELSE
+        IF pass = 2 THEN
+          INSERT INTO pg_temp.storetopics_nov
+          SELECT * FROM storetopics._kept_ranked(p_source, p_store, v_x, v_lo, v_hi, v_ln, v_most, v_ratio,
+                                                 v_file_moves)
+          ON CONFLICT (rk) DO NOTHING;
+          v_lo1 := v_lo; v_hi1 := v_hi;
+          SELECT (SELECT v.lo FROM pg_temp.storetopics_nov v WHERE v.rk IS NULL OR v.rk BETWEEN v_lo AND v_hi
+                   ORDER BY 1 OFFSET r1 - v_lo LIMIT 1),
+                 (SELECT v.hi FROM pg_temp.storetopics_nov v WHERE v.rk IS NULL OR v.rk BETWEEN v_lo AND v_hi
+                   ORDER BY 1 OFFSET r2 - v_lo LIMIT 1)
+            INTO v_l1, v_h1;
+          -- (the bounds leave too many files to make exact: kept again, once)
+          v_rekeep := attempt = 1 AND (SELECT count(*) FROM pg_temp.storetopics_nov v
+                                        WHERE (v.rk IS NULL OR v.rk BETWEEN v_lo AND v_hi) AND v.lo < v.hi
+                                          AND v.hi >= v_l1 AND v.lo <= v_h1) > greatest(100, v_m / 10);
+          EXIT WHEN v_rekeep;
+        END IF;
+        v_lo := v_lo1; v_hi := v_hi1; v_l := v_l1; v_h := v_h1; v_in1 := v_lo1 - 1; v_in2 := v_lo1 - 1;
+        v_alo := NULL; v_ahi := NULL;
+        FOR stage IN 1..2 LOOP
+          IF stage = 2 THEN
+            -- Of the ranked files, only those whose distance to the median is within 2 w of [the (r1 - e)-th distance
+            -- of the mids - w, the r2-th + w]: those nearer the median (ranks v_in1 + 1 .. v_in2) are counted below.
+            -- A median known within an interval moves each distance by at most half its width: w grows by that, the
+            -- distances are to its middle.
+            v_alo := v_med_lo; v_ahi := v_med_hi;
+            v_c := v_med_lo + (v_med_hi - v_med_lo) / 2;
+            v_wc := v_w + ((v_med_hi - v_med_lo) / 2 + 1e-12);
+            v_l := CASE WHEN r1 - v_e >= 1
+                        THEN storetopics._kept_distance(p_source, p_store, v_x, v_kn, v_ln, v_c, r1 - v_e)
+                             - 2 * v_wc END;
+            v_h := CASE WHEN r2 <= v_kn
+                        THEN storetopics._kept_distance(p_source, p_store, v_x, v_kn, v_ln, v_c, r2) + 2 * v_wc END;
+            v_in1 := CASE WHEN v_l > 0 THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_c - v_l, true)
+                          ELSE 0 END;
+            v_in2 := CASE WHEN v_l > 0
+                          THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_c + v_l, false)
+                          ELSE 0 END;
+            v_lo := CASE WHEN v_h IS NULL THEN 1
+                         ELSE storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_c - v_h, false) + 1 END;
+            v_hi := CASE WHEN v_h IS NULL THEN v_kn
+                         ELSE storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_c + v_h, true) END;
+            INSERT INTO pg_temp.storetopics_nov
+            SELECT * FROM storetopics._kept_ranked(p_source, p_store, v_x, v_lo, v_in1, v_ln, v_most, v_ratio,
+                                                   v_file_moves)
+            UNION ALL
+            SELECT * FROM storetopics._kept_ranked(p_source, p_store, v_x, greatest(v_in2 + 1, v_lo), v_hi, v_ln,
+                                                   v_most, v_ratio, v_file_moves)
+            ON CONFLICT (rk) DO NOTHING;
+            v_below := greatest(v_in2 - v_in1, 0);
+            SELECT (SELECT storetopics._novelty_bound(v.lo, v.hi, v_alo, v_ahi, false) FROM pg_temp.storetopics_nov v
+                     WHERE v.rk IS NULL OR (v.rk BETWEEN v_lo AND v_hi AND v.rk NOT BETWEEN v_in1 + 1 AND v_in2)
+                     ORDER BY 1 OFFSET r1 - v_below - 1 LIMIT 1),
+                   (SELECT storetopics._novelty_bound(v.lo, v.hi, v_alo, v_ahi, true) FROM pg_temp.storetopics_nov v
+                     WHERE v.rk IS NULL OR (v.rk BETWEEN v_lo AND v_hi AND v.rk NOT BETWEEN v_in1 + 1 AND v_in2)
+                     ORDER BY 1 OFFSET r2 - v_below - 1 LIMIT 1)
+              INTO v_l, v_h;
+          ELSE
+            v_below := v_lo - 1;
+          END IF;
+          -- [v_l, v_h]: the r1-th smallest lower bound and the r2-th smallest upper bound, so the statistic lies in it
+          -- (percentile_cont interpolates between the r1-th and r2-th values); exact, the files that straddle it
+          IF v_exact THEN
+            UPDATE pg_temp.storetopics_nov v SET lo = storetopics._novelty(v_ln, v.total + x.moved, v.words),
+                                                 hi = storetopics._novelty(v_ln, v.total + x.moved, v.words)
+              FROM storetopics._novelty_moved(p_source, p_store, ARRAY(
+                     SELECT w.file_key FROM pg_temp.storetopics_nov w
+                      WHERE w.lo < w.hi AND storetopics._novelty_bound(w.lo, w.hi, v_alo, v_ahi, true) >= v_l
+                        AND storetopics._novelty_bound(w.lo, w.hi, v_alo, v_ahi, false) <= v_h), v_moves) x
+             WHERE v.file_key = x.file_key;
+            v_below := v_below + (SELECT count(*) FROM pg_temp.storetopics_nov v
+                                   WHERE (v.rk IS NULL OR (v.rk BETWEEN v_lo AND v_hi
+                                                           AND v.rk NOT BETWEEN v_in1 + 1 AND v_in2))
+                                     AND storetopics._novelty_bound(v.lo, v.hi, v_alo, v_ahi, true) < v_l);
+            SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY b.x) INTO v_l
+              FROM (SELECT storetopics._novelty_bound(v.lo, v.hi, v_alo, v_ahi, false) AS x
+                      FROM pg_temp.storetopics_nov v
+                     WHERE storetopics._novelty_bound(v.lo, v.hi, v_alo, v_ahi, true) >= v_l
+                       AND storetopics._novelty_bound(v.lo, v.hi, v_alo, v_ahi, false) <= v_h
+                     ORDER BY 1 OFFSET r1 - v_below - 1 LIMIT r2 - r1 + 1) b;
+            v_h := v_l;
+          END IF;
+          IF stage = 1 THEN
+            v_med_lo := v_l; v_med_hi := v_h;
+          ELSE
+            v_mad_lo := v_l; v_mad_hi := v_h;
+          END IF;
+        END LOOP;
+      END IF;
+      RAISE DEBUG 'storetopics: store %, pass %: median in [%, %], MAD in [%, %]', p_store, pass, v_med_lo,
+        v_med_hi, v_mad_lo, v_mad_hi;
+      -- The files that pass for sure (lower bound, the median and the MAD at their highest) rank below the third
+      -- best of them for sure, unless better: of the others, only those that may pass (upper bound, the median and
+      -- the MAD at their lowest) and may rank among the first three are made exact.  Decided when every file that
+      -- may pass but need not ranks below the third that pass for sure (always, with the median and the MAD
+      -- exact).  The files that may pass (a mid within w of the lowest novelty that may pass its test, which is
+      -- monotone) are added only as far as they may rank among the first three: those found apart or far apart,
+      -- each against its own bar, and the three best ranked files give a first third that passes for sure; the
+      -- other ranked files only down to it.
+      -- (the bars of the three tests at their lowest, less 2 w: the first rank and number of a ranked file above)
+      FOR i IN 1..3 LOOP
+        v_rank[i] := storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln,
+                                             v_med_lo + (ARRAY[3.5, 2.5, 1.0])[i] * (1.4826 * v_mad_lo + 1e-9)
+                                                        * (1 - 1e-12) - 2 * v_w, false) + 1;
+        v_first[i] := CASE WHEN v_rank[i] <= v_kn THEN storetopics._kept_number(v_x, v_rank[i])
+                           ELSE k.ranked + 1 END;
+      END LOOP;
+      -- the files found apart or far apart (by their own index: few), and the three best ranked files
+      INSERT INTO pg_temp.storetopics_nov
+      SELECT f.n - storetopics._count_le(v_x, f.n), f.file_key,
+             storetopics._kept_bound(v_ln, f.total + coalesce(v_file_moves[f.n], 0), f.words, f.sensitivity, v_most,
+                                     v_ratio, false),
+             storetopics._kept_bound(v_ln, f.total + coalesce(v_file_moves[f.n], 0), f.words, f.sensitivity, v_most,
+                                     v_ratio, true),
+             f.apart, f.far, f.total, f.words
+        FROM storetopics.file_novelty f
+       WHERE f.source_id = p_source AND f.store_key = p_store AND (f.apart OR f.far)
+         AND f.n BETWEEN least(v_first[2], v_first[3]) AND k.ranked
+         AND f.n >= CASE WHEN f.far THEN v_first[3] ELSE v_first[2] END AND f.n <> ALL (v_x)
+      ON CONFLICT (rk) DO NOTHING;
+      INSERT INTO pg_temp.storetopics_nov
+      SELECT * FROM storetopics._kept_ranked(p_source, p_store, v_x, greatest(v_rank[1], v_kn - 2), v_kn, v_ln,
+                                             v_most, v_ratio, v_file_moves)
+      ON CONFLICT (rk) DO NOTHING;
+      SELECT v.apart, v.lo INTO v_s_apart, v_s_lo FROM pg_temp.storetopics_nov v
+       WHERE storetopics._novel(v.lo, v.apart, v.far, v_med_hi, v_mad_hi)
+       ORDER BY v.apart DESC, v.lo DESC OFFSET 2 LIMIT 1;
+      -- the other ranked files that may pass and may rank above the third that pass for sure (none, when that one
+      -- was found apart: they were added above)
+      IF v_s_lo IS NULL OR NOT v_s_apart THEN
         INSERT INTO pg_temp.storetopics_nov
-        SELECT * FROM storetopics._kept_ranked(p_source, p_store, v_x, v_lo, v_in1, v_ln, v_most, v_ratio, v_file_moves)
-        UNION ALL
-        SELECT * FROM storetopics._kept_ranked(p_source, p_store, v_x, greatest(v_in2 + 1, v_lo), v_hi, v_ln, v_most,
-                                               v_ratio, v_file_moves)
+        SELECT * FROM storetopics._kept_ranked(p_source, p_store, v_x,
+                        greatest(v_rank[1], CASE WHEN v_s_lo IS NULL THEN 1
+                                                 ELSE storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln,
+                                                                              v_s_lo - 2 * v_w, false) + 1 END),
+                        v_kn, v_ln, v_most, v_ratio, v_file_moves)
         ON CONFLICT (rk) DO NOTHING;
-        v_below := greatest(v_in2 - v_in1, 0);
-        SELECT (SELECT storetopics._novelty_bound(v.lo, v.hi, v_alo, v_ahi, false) FROM pg_temp.storetopics_nov v
-                 WHERE v.rk IS NULL OR (v.rk BETWEEN v_lo AND v_hi AND v.rk NOT BETWEEN v_in1 + 1 AND v_in2)
-                 ORDER BY 1 OFFSET r1 - v_below - 1 LIMIT 1),
-               (SELECT storetopics._novelty_bound(v.lo, v.hi, v_alo, v_ahi, true) FROM pg_temp.storetopics_nov v
-                 WHERE v.rk IS NULL OR (v.rk BETWEEN v_lo AND v_hi AND v.rk NOT BETWEEN v_in1 + 1 AND v_in2)
-                 ORDER BY 1 OFFSET r2 - v_below - 1 LIMIT 1)
-          INTO v_l, v_h;
-      ELSE
-        v_below := v_lo - 1;
+        SELECT v.apart, v.lo INTO v_s_apart, v_s_lo FROM pg_temp.storetopics_nov v
+         WHERE storetopics._novel(v.lo, v.apart, v.far, v_med_hi, v_mad_hi)
+         ORDER BY v.apart DESC, v.lo DESC OFFSET 2 LIMIT 1;
       END IF;
-      -- [v_l, v_h]: the r1-th smallest lower bound and the r2-th smallest upper bound, so the statistic lies in it
-      -- (percentile_cont interpolates between the r1-th and r2-th values); exact, the files that straddle it
-      IF v_exact THEN
-        UPDATE pg_temp.storetopics_nov v SET lo = storetopics._novelty(v_ln, v.total + x.moved, v.words),
-                                             hi = storetopics._novelty(v_ln, v.total + x.moved, v.words)
-          FROM storetopics._novelty_moved(p_source, p_store, ARRAY(
-                 SELECT w.file_key FROM pg_temp.storetopics_nov w
-                  WHERE w.lo < w.hi AND storetopics._novelty_bound(w.lo, w.hi, v_alo, v_ahi, true) >= v_l
-                    AND storetopics._novelty_bound(w.lo, w.hi, v_alo, v_ahi, false) <= v_h), v_moves) x
-         WHERE v.file_key = x.file_key;
-        v_below := v_below + (SELECT count(*) FROM pg_temp.storetopics_nov v
-                               WHERE (v.rk IS NULL OR (v.rk BETWEEN v_lo AND v_hi
-                                                       AND v.rk NOT BETWEEN v_in1 + 1 AND v_in2))
-                                 AND storetopics._novelty_bound(v.lo, v.hi, v_alo, v_ahi, true) < v_l);
-        SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY b.x) INTO v_l
-          FROM (SELECT storetopics._novelty_bound(v.lo, v.hi, v_alo, v_ahi, false) AS x FROM pg_temp.storetopics_nov v
-                 WHERE storetopics._novelty_bound(v.lo, v.hi, v_alo, v_ahi, true) >= v_l
-                   AND storetopics._novelty_bound(v.lo, v.hi, v_alo, v_ahi, false) <= v_h
-                 ORDER BY 1 OFFSET r1 - v_below - 1 LIMIT r2 - r1 + 1) b;
-        v_h := v_l;
-      END IF;
-      IF stage = 1 THEN
-        v_med_lo := v_l; v_med_hi := v_h;
-      ELSE
-        v_mad_lo := v_l; v_mad_hi := v_h;
-      END IF;
+      UPDATE pg_temp.storetopics_nov v SET lo = storetopics._novelty(v_ln, v.total + m.moved, v.words),
+                                           hi = storetopics._novelty(v_ln, v.total + m.moved, v.words)
+        FROM storetopics._novelty_moved(p_source, p_store, ARRAY(
+               SELECT u.file_key FROM pg_temp.storetopics_nov u
+                WHERE u.lo < u.hi AND storetopics._novel(u.hi, u.apart, u.far, v_med_lo, v_mad_lo)
+                  AND (v_s_lo IS NULL
+                       OR NOT ((v_s_apart AND NOT u.apart) OR (v_s_apart = u.apart AND u.hi < v_s_lo)))),
+               v_moves) m
+       WHERE v.file_key = m.file_key;
+      SELECT v.apart, v.lo INTO v_s_apart, v_s_lo FROM pg_temp.storetopics_nov v
+       WHERE storetopics._novel(v.lo, v.apart, v.far, v_med_hi, v_mad_hi)
+       ORDER BY v.apart DESC, v.lo DESC OFFSET 2 LIMIT 1;
+      EXIT WHEN v_exact OR NOT EXISTS (
+        SELECT FROM pg_temp.storetopics_nov u
+         WHERE storetopics._novel(u.hi, u.apart, u.far, v_med_lo, v_mad_lo)
+           AND NOT storetopics._novel(u.lo, u.apart, u.far, v_med_hi, v_mad_hi)
+           AND (v_s_lo IS NULL OR NOT ((v_s_apart AND NOT u.apart) OR (v_s_apart = u.apart AND u.hi < v_s_lo))));
     END LOOP;
-    RAISE DEBUG 'storetopics: store %, pass %: median in [%, %], MAD in [%, %]', p_store, pass, v_med_lo, v_med_hi,
-      v_mad_lo, v_mad_hi;
-    EXIT WHEN storetopics._outlier_pick(p_source, p_store, v_x, v_kn, v_ln, v_w, v_most, v_ratio, v_file_moves,
-                                        k.ranked, v_moves, v_med_lo, v_med_hi, v_mad_lo, v_mad_hi)
-              OR v_exact;
+    EXIT WHEN NOT v_rekeep;
   END LOOP;
   RAISE DEBUG 'storetopics: the outlier files of store %, pass %, % out of the kept ranking, looked at % of its % '
               'files', p_store, v_passes, v_e, (SELECT count(*) FROM pg_temp.storetopics_nov), v_m;
@@ -108174,4 +108171,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1717447287') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '4290378340') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
