@@ -48,6 +48,28 @@ def outliers(conn, src: int, store: str) -> list[tuple]:
                         (src, store)).fetchall()
 
 
+def outliers_seen(conn, src: int, store: str) -> tuple[list[tuple], dict]:
+    """The outlier files and what _outlier_files' DEBUG lines say of them: each pass's intervals of the median and
+    the MAD ([lo, hi, lo, hi]), the pass that decided, and how many files were out of the kept ranking."""
+    seen: dict = {"intervals": [], "pass": None, "out": None}
+
+    def note(d):
+        m = d.message_primary
+        if m.startswith("storetopics: store") and "median in" in m:
+            nums = m.split(": median in ")[1].replace("MAD in", "").replace("[", "").replace("]", "")
+            seen["intervals"].append(tuple(float(x) for x in nums.replace(",", " ").split()))
+        elif m.startswith("storetopics: the outlier files of store"):
+            seen["pass"] = int(m.split(", pass ")[1].split(",")[0])
+            seen["out"] = int(m.split(", ")[2].split()[0])
+    conn.add_notice_handler(note)
+    conn.execute("SET client_min_messages = debug1")
+    try:
+        return outliers(conn, src, store), seen
+    finally:
+        conn.execute("SET client_min_messages = warning")
+        conn.remove_notice_handler(note)
+
+
 def kept(conn, src: int, store: str):
     """The kept state's row version (None: nothing kept): unchanged by a call that used it."""
     row = conn.execute("SELECT xmin::text FROM storetopics.novelty_state WHERE source_id = %s AND store_key = %s",
@@ -252,6 +274,14 @@ def common_words(rng: random.Random, n: int) -> str:
     return " ".join(COMMON[int(len(COMMON) * rng.random() ** 2)] for _ in range(n))
 
 
+def edit_or_delete(conn, rng: random.Random, op: str, file_id: int) -> None:
+    """op 'edit': the file's text becomes 40 common words; otherwise the file is deleted."""
+    if op == "edit":
+        conn.execute("UPDATE chunks SET content = %s WHERE file_id = %s", (common_words(rng, 40), file_id))
+    else:
+        conn.execute("DELETE FROM chunks WHERE file_id = %s", (file_id,))
+
+
 def test_outlier_files_read_from_the_kept_ranking_near_the_median_mad_and_tail_are_exact(conn):
     """A store of common words: after small changes, only the files near the median, the MAD and the files that may
     pass are looked at (render's DEBUG line says how many), and the outlier files are still those of the formula and
@@ -281,10 +311,7 @@ def test_outlier_files_read_from_the_kept_ranking_near_the_median_mad_and_tail_a
             else:
                 (f,) = conn.execute("SELECT file_id FROM chunks ORDER BY file_id OFFSET %s LIMIT 1",
                                     (rng.randrange(1400),)).fetchone()
-                if op == "edit":
-                    conn.execute("UPDATE chunks SET content = %s WHERE file_id = %s", (common_words(rng, 40), f))
-                else:
-                    conn.execute("DELETE FROM chunks WHERE file_id = %s", (f,))
+                edit_or_delete(conn, rng, op, f)
         while conn.execute("SELECT storetopics._fold(%s)", (src,)).fetchone()[0]:
             pass
         before = kept(conn, src, "s")
@@ -456,17 +483,6 @@ def test_outlier_files_decided_from_probes_from_bounds_or_exact_are_those_of_the
     src = conn.execute("SELECT storetopics.attach('chunks', 'store_id', 'file_id', 'content', "
                        "'embedding')").fetchone()[0]
     conn.execute("SELECT * FROM storetopics.backfill()")
-    passes: list[int] = []
-
-    intervals: list[tuple[float, ...]] = []
-
-    def note(d):
-        if d.message_primary.startswith("storetopics: the outlier files of store"):
-            passes.append(int(d.message_primary.split(", pass ")[1].split(",")[0]))
-        elif d.message_primary.startswith("storetopics: store") and "median in" in d.message_primary:
-            nums = d.message_primary.split(": median in ")[1].replace("MAD in", "").replace("[", "").replace("]", "")
-            intervals.append(tuple(float(x) for x in nums.replace(",", " ").split()))
-    conn.add_notice_handler(note)
     next_file = 5000
     decided: dict[int, int] = {}
     for step in range(14):
@@ -480,24 +496,18 @@ def test_outlier_files_decided_from_probes_from_bounds_or_exact_are_those_of_the
                 else:
                     (f,) = conn.execute("SELECT file_id FROM chunks WHERE store_id = %s ORDER BY file_id "
                                         "OFFSET %s LIMIT 1", (store, rng.randrange(1200))).fetchone()
-                    if op == "edit":
-                        conn.execute("UPDATE chunks SET content = %s WHERE file_id = %s", (common_words(rng, 40), f))
-                    else:
-                        conn.execute("DELETE FROM chunks WHERE file_id = %s", (f,))
+                    edit_or_delete(conn, rng, op, f)
         while conn.execute("SELECT storetopics._fold(%s)", (src,)).fetchone()[0]:
             pass
         for store in odd:
             before = kept(conn, src, store)
-            conn.execute("SET client_min_messages = debug1")
-            del passes[:], intervals[:]
-            inc = outliers(conn, src, store)
-            conn.execute("SET client_min_messages = warning")
+            inc, seen = outliers_seen(conn, src, store)
             if before is not None and kept(conn, src, store) == before:
-                decided[passes[-1]] = decided.get(passes[-1], 0) + 1
+                decided[seen["pass"]] = decided.get(seen["pass"], 0) + 1
             # every pass's intervals hold the median and the MAD of the formula
             med, mad = oracle(conn, src, store, stats=True)
-            for med_lo, med_hi, mad_lo, mad_hi in intervals:
-                assert med_lo <= med <= med_hi and mad_lo <= mad <= mad_hi, (step, store, med, mad, intervals)
+            for med_lo, med_hi, mad_lo, mad_hi in seen["intervals"]:
+                assert med_lo <= med <= med_hi and mad_lo <= mad <= mad_hi, (step, store, med, mad, seen)
             assert inc == oracle(conn, src, store), (step, store)
             assert inc == from_scratch(conn, src, store)[0], (step, store)
     assert all(decided.get(p, 0) >= 2 for p in (1, 2, 3)), decided
@@ -519,16 +529,6 @@ def test_files_a_rare_term_moved_much_are_looked_at_and_the_others_stay_ranked(c
                   for i, (st, (n, word)) in enumerate(own.items()) for f in range(800)])
     src = conn.execute("SELECT storetopics.attach('chunks', 'store_id', 'file_id', 'content', NULL)").fetchone()[0]
     conn.execute("SELECT * FROM storetopics.backfill()")
-    intervals: list[tuple[float, ...]] = []
-    out: list[int] = []   # files out of the kept ranking (moved by their rare terms, or folded since)
-
-    def note(d):
-        if d.message_primary.startswith("storetopics: store") and "median in" in d.message_primary:
-            nums = d.message_primary.split(": median in ")[1].replace("MAD in", "").replace("[", "").replace("]", "")
-            intervals.append(tuple(float(x) for x in nums.replace(",", " ").split()))
-        elif d.message_primary.startswith("storetopics: the outlier files of store"):
-            out.append(int(d.message_primary.split(", ")[2].split()[0]))
-    conn.add_notice_handler(note)
     for st in own:
         assert outliers(conn, src, st) == oracle(conn, src, st) and kept(conn, src, st)
     incremental = {"s": 0, "t": 0}
@@ -540,16 +540,15 @@ def test_files_a_rare_term_moved_much_are_looked_at_and_the_others_stay_ranked(c
             pass
         for st in own:
             before = kept(conn, src, st)
-            conn.execute("SET client_min_messages = debug1")
-            del intervals[:], out[:]
-            inc = outliers(conn, src, st)
-            conn.execute("SET client_min_messages = warning")
+            inc, seen = outliers_seen(conn, src, st)
             med, mad = oracle(conn, src, st, stats=True)
-            assert intervals and all(a <= med <= b and c <= mad <= d for a, b, c, d in intervals), (step, st)
+            assert seen["intervals"] and all(a <= med <= b and c <= mad <= d
+                                             for a, b, c, d in seen["intervals"]), (step, st)
             assert inc == oracle(conn, src, st) == from_scratch(conn, src, st)[0], (step, st)
             if before is not None and kept(conn, src, st) == before:   # from what was kept
                 incremental[st] += 1
-                assert (out[-1] >= 450) if st == "s" else (out[-1] <= step + 1), (step, st, out)
+                # (files out of the kept ranking: moved much by their rare terms, or folded since)
+                assert (seen["out"] >= 450) if st == "s" else (seen["out"] <= step + 1), (step, st, seen)
     # (the files the uploads moved much leave the bounds loose: s is kept afresh after a few)
     assert incremental["s"] >= 1 and incremental["t"] >= 2, incremental
 
