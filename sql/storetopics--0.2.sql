@@ -104309,6 +104309,13 @@ CREATE OR REPLACE FUNCTION storetopics._words_screen_key(words text[]) RETURNS t
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN md5(coalesce(storetopics._build(), '') || ':' || words::text);
 
+-- The positions of words that screen_words() leaves out: those kept with them (dropped) while their digest (key)
+-- holds, else screened now.
+CREATE OR REPLACE FUNCTION storetopics._words_dropped(words text[], key text, dropped int[]) RETURNS int[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN key = storetopics._words_screen_key(words) THEN dropped
+            ELSE coalesce(storetopics._screen_words(words), '{}') END;
+
 -- Each cluster's distinctive words, c-TF-IDF (BERTopic's class-based TF-IDF) over the keyword state: a cluster's
 -- term counts are those of its files, each weighted by the share of the file's chunks in the cluster (at most 400
 -- files per cluster, the most committed first, ties by a hash of the key); tf(t, cluster) x log(1 + A / f(t)),
@@ -104397,9 +104404,8 @@ BEGIN
   -- (with the screen's verdict on them: screened again only when they changed, storetopics._words_screen_key)
   UPDATE storetopics.clusters k
      SET keywords = coalesce(w.words, '{}'),
-         keywords_dropped = CASE WHEN k.keywords_screened = storetopics._words_screen_key(coalesce(w.words, '{}'))
-                                 THEN k.keywords_dropped
-                                 ELSE coalesce(storetopics._screen_words(coalesce(w.words, '{}')), '{}') END,
+         keywords_dropped = storetopics._words_dropped(coalesce(w.words, '{}'), k.keywords_screened,
+                                                       k.keywords_dropped),
          keywords_screened = storetopics._words_screen_key(coalesce(w.words, '{}'))
     FROM storetopics.clusters k2
     LEFT JOIN (SELECT z.cluster_id, (array_agg(z.word ORDER BY z.r))[1:n_words] AS words
@@ -105617,6 +105623,8 @@ DECLARE
   v_mad_hi float8;
   v_alo float8;          -- NULL for the median; the median's interval, for the MAD
   v_ahi float8;
+  v_mid1 float8;         -- the mids of the (r1 - e)-th and the r2-th ranked files (NULL: no such rank)
+  v_mid2 float8;
   v_c float8;            -- the middle of the median's interval, and w widened by half its width
   v_wc float8;
   v_passes int;          -- which decided: 1 the probes, 2 the bounds near the median and the MAD, 3 exact
@@ -105716,13 +105724,13 @@ BEGIN
     -- reach into it (adding e files moves an order statistic by at most e ranks); those below are counted.
     r1 := floor(0.5 * (v_m - 1))::bigint + 1;
     r2 := ceil(0.5 * (v_m - 1))::bigint + 1;
-    v_lo := CASE WHEN r1 - v_e >= 1
-                 THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln,
-                        storetopics._kept_mid(p_source, p_store, v_x, r1 - v_e, v_ln) - 2 * v_w, false) + 1
+    v_mid1 := CASE WHEN r1 - v_e >= 1 THEN storetopics._kept_mid(p_source, p_store, v_x, r1 - v_e, v_ln) END;
+    v_mid2 := CASE WHEN r2 <= v_kn THEN storetopics._kept_mid(p_source, p_store, v_x, r2, v_ln) END;
+    v_lo := CASE WHEN v_mid1 IS NOT NULL
+                 THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_mid1 - 2 * v_w, false) + 1
                  ELSE 1 END;
-    v_hi := CASE WHEN r2 <= v_kn
-                 THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln,
-                        storetopics._kept_mid(p_source, p_store, v_x, r2, v_ln) + 2 * v_w, true)
+    v_hi := CASE WHEN v_mid2 IS NOT NULL
+                 THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_mid2 + 2 * v_w, true)
                  ELSE v_kn END;
     -- Up to three passes, each only when the one before did not decide: first from a few probes of the ranking
     -- alone (the median within [the (r1 - e)-th mid - w, the r2-th mid + w], the MAD likewise from the distances of
@@ -105736,9 +105744,9 @@ BEGIN
       v_passes := pass;
       v_exact := pass = 3;
       IF pass = 1 THEN
-        CONTINUE WHEN r1 - v_e < 1 OR r2 > v_kn;
-        v_med_lo := storetopics._kept_mid(p_source, p_store, v_x, r1 - v_e, v_ln) - v_w;
-        v_med_hi := storetopics._kept_mid(p_source, p_store, v_x, r2, v_ln) + v_w;
+        CONTINUE WHEN v_mid1 IS NULL OR v_mid2 IS NULL;
+        v_med_lo := v_mid1 - v_w;
+        v_med_hi := v_mid2 + v_w;
         v_c := v_med_lo + (v_med_hi - v_med_lo) / 2;
         v_wc := v_w + ((v_med_hi - v_med_lo) / 2 + 1e-12);
         v_mad_lo := greatest(storetopics._kept_distance(p_source, p_store, v_x, v_kn, v_ln, v_c, r1 - v_e) - v_wc,
@@ -106872,9 +106880,8 @@ BEGIN
            k.chunks::float8 / greatest(sum(k.chunks) OVER (), 1) AS share
       FROM storetopics.clusters k
      CROSS JOIN LATERAL storetopics._screened_at(k.keywords, 'cluster words',
-                                                 CASE WHEN k.keywords_screened = storetopics._words_screen_key(k.keywords)
-                                                      THEN k.keywords_dropped
-                                                      ELSE coalesce(storetopics._screen_words(k.keywords), '{}') END) AS s
+                                                 storetopics._words_dropped(k.keywords, k.keywords_screened,
+                                                                            k.keywords_dropped)) AS s
      WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0)
   SELECT coalesce(jsonb_agg(jsonb_build_object(
            'id', k.cluster_id, 'label', k.shown, 'labeller', CASE WHEN k.shown = k.label THEN k.labeller ELSE 'offline' END,
@@ -108408,4 +108415,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '4290378340') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '4144228236') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

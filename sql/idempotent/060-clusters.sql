@@ -454,6 +454,13 @@ CREATE OR REPLACE FUNCTION storetopics._words_screen_key(words text[]) RETURNS t
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN md5(coalesce(storetopics._build(), '') || ':' || words::text);
 
+-- The positions of words that screen_words() leaves out: those kept with them (dropped) while their digest (key)
+-- holds, else screened now.
+CREATE OR REPLACE FUNCTION storetopics._words_dropped(words text[], key text, dropped int[]) RETURNS int[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN key = storetopics._words_screen_key(words) THEN dropped
+            ELSE coalesce(storetopics._screen_words(words), '{}') END;
+
 -- Each cluster's distinctive words, c-TF-IDF (BERTopic's class-based TF-IDF) over the keyword state: a cluster's
 -- term counts are those of its files, each weighted by the share of the file's chunks in the cluster (at most 400
 -- files per cluster, the most committed first, ties by a hash of the key); tf(t, cluster) x log(1 + A / f(t)),
@@ -542,9 +549,8 @@ BEGIN
   -- (with the screen's verdict on them: screened again only when they changed, storetopics._words_screen_key)
   UPDATE storetopics.clusters k
      SET keywords = coalesce(w.words, '{}'),
-         keywords_dropped = CASE WHEN k.keywords_screened = storetopics._words_screen_key(coalesce(w.words, '{}'))
-                                 THEN k.keywords_dropped
-                                 ELSE coalesce(storetopics._screen_words(coalesce(w.words, '{}')), '{}') END,
+         keywords_dropped = storetopics._words_dropped(coalesce(w.words, '{}'), k.keywords_screened,
+                                                       k.keywords_dropped),
          keywords_screened = storetopics._words_screen_key(coalesce(w.words, '{}'))
     FROM storetopics.clusters k2
     LEFT JOIN (SELECT z.cluster_id, (array_agg(z.word ORDER BY z.r))[1:n_words] AS words

@@ -526,6 +526,8 @@ DECLARE
   v_mad_hi float8;
   v_alo float8;          -- NULL for the median; the median's interval, for the MAD
   v_ahi float8;
+  v_mid1 float8;         -- the mids of the (r1 - e)-th and the r2-th ranked files (NULL: no such rank)
+  v_mid2 float8;
   v_c float8;            -- the middle of the median's interval, and w widened by half its width
   v_wc float8;
   v_passes int;          -- which decided: 1 the probes, 2 the bounds near the median and the MAD, 3 exact
@@ -625,13 +627,13 @@ BEGIN
     -- reach into it (adding e files moves an order statistic by at most e ranks); those below are counted.
     r1 := floor(0.5 * (v_m - 1))::bigint + 1;
     r2 := ceil(0.5 * (v_m - 1))::bigint + 1;
-    v_lo := CASE WHEN r1 - v_e >= 1
-                 THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln,
-                        storetopics._kept_mid(p_source, p_store, v_x, r1 - v_e, v_ln) - 2 * v_w, false) + 1
+    v_mid1 := CASE WHEN r1 - v_e >= 1 THEN storetopics._kept_mid(p_source, p_store, v_x, r1 - v_e, v_ln) END;
+    v_mid2 := CASE WHEN r2 <= v_kn THEN storetopics._kept_mid(p_source, p_store, v_x, r2, v_ln) END;
+    v_lo := CASE WHEN v_mid1 IS NOT NULL
+                 THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_mid1 - 2 * v_w, false) + 1
                  ELSE 1 END;
-    v_hi := CASE WHEN r2 <= v_kn
-                 THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln,
-                        storetopics._kept_mid(p_source, p_store, v_x, r2, v_ln) + 2 * v_w, true)
+    v_hi := CASE WHEN v_mid2 IS NOT NULL
+                 THEN storetopics._kept_below(p_source, p_store, v_x, v_kn, v_ln, v_mid2 + 2 * v_w, true)
                  ELSE v_kn END;
     -- Up to three passes, each only when the one before did not decide: first from a few probes of the ranking
     -- alone (the median within [the (r1 - e)-th mid - w, the r2-th mid + w], the MAD likewise from the distances of
@@ -645,9 +647,9 @@ BEGIN
       v_passes := pass;
       v_exact := pass = 3;
       IF pass = 1 THEN
-        CONTINUE WHEN r1 - v_e < 1 OR r2 > v_kn;
-        v_med_lo := storetopics._kept_mid(p_source, p_store, v_x, r1 - v_e, v_ln) - v_w;
-        v_med_hi := storetopics._kept_mid(p_source, p_store, v_x, r2, v_ln) + v_w;
+        CONTINUE WHEN v_mid1 IS NULL OR v_mid2 IS NULL;
+        v_med_lo := v_mid1 - v_w;
+        v_med_hi := v_mid2 + v_w;
         v_c := v_med_lo + (v_med_hi - v_med_lo) / 2;
         v_wc := v_w + ((v_med_hi - v_med_lo) / 2 + 1e-12);
         v_mad_lo := greatest(storetopics._kept_distance(p_source, p_store, v_x, v_kn, v_ln, v_c, r1 - v_e) - v_wc,

@@ -951,9 +951,8 @@ BEGIN
            k.chunks::float8 / greatest(sum(k.chunks) OVER (), 1) AS share
       FROM storetopics.clusters k
      CROSS JOIN LATERAL storetopics._screened_at(k.keywords, 'cluster words',
-                                                 CASE WHEN k.keywords_screened = storetopics._words_screen_key(k.keywords)
-                                                      THEN k.keywords_dropped
-                                                      ELSE coalesce(storetopics._screen_words(k.keywords), '{}') END) AS s
+                                                 storetopics._words_dropped(k.keywords, k.keywords_screened,
+                                                                            k.keywords_dropped)) AS s
      WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0)
   SELECT coalesce(jsonb_agg(jsonb_build_object(
            'id', k.cluster_id, 'label', k.shown, 'labeller', CASE WHEN k.shown = k.label THEN k.labeller ELSE 'offline' END,
