@@ -79,3 +79,52 @@ def test_a_store_of_one_off_tokens_has_no_distinctive_flood(conn):
     backfill(conn)
     assert distinctive(conn, "people") == []
     assert set(dominant(conn, "people")) >= {"meeting", "notes"}
+
+
+# A planted page: its title (the first chunk) and a body that says other rare words more often than the title's.
+TITLE = "Gramophone records transferred to disc"
+BODY = ("The turntable stylus reads the vinyl groove. " * 4
+        + "Each gramophone side is played whole, then transferred to a disc.")
+
+
+def planted_words(conn, chunks: list[tuple[int, str]], table: str = "chunks") -> list[str]:
+    """The distinctive words render attributes to the planted file (file 0), its chunks written in the given order
+    (id, text; id NULL: the table's own)."""
+    for i, text in chunks:
+        if i is None:
+            conn.execute(f"INSERT INTO {table} (store_id, file_id, content) VALUES ('home', 0, %s)", (text,))
+        else:
+            conn.execute(f"INSERT INTO {table} (id, store_id, file_id, content) VALUES (%s, 'home', 0, %s)",
+                         (i, text))
+    backfill(conn)
+    topics = conn.execute("SELECT topics FROM storetopics.stores WHERE store_key = 'home'").fetchone()[0]
+    conn.execute(f"DELETE FROM {table} WHERE file_id = 0")
+    backfill(conn)
+    return [t["lexeme"] for t in topics["distinctive"] if t.get("file") == "0"]
+
+
+def test_an_outlier_files_title_words_come_first_by_the_chunks_written_order(conn):
+    create_chunks(conn)
+    load_ordinary_files(conn, 2_000)
+    attach_chunks(conn)
+    backfill(conn)
+    # without a title (the body's first words lead): the file's three best words by count x IDF
+    assert planted_words(conn, [(None, BODY)]) == ["groov", "read", "stylus"]
+    # its first chunk by the integer primary key is the title, though the heap has the body first: after its best
+    # word, the title's words among the file's ten best ("transfer" ties with "disc" and "gramophone", ranked by name)
+    assert planted_words(conn, [(10**6 + 2, BODY), (10**6 + 1, TITLE)]) == ["groov", "disc", "gramophon"]
+    # the title written first in the heap, but second by the key: not the lead
+    assert planted_words(conn, [(10**6 + 2, TITLE), (10**6 + 1, BODY)]) == ["groov", "read", "stylus"]
+
+
+def test_without_an_integer_key_the_first_chunk_is_the_first_in_the_table(conn):
+    conn.execute("CREATE TABLE notes (id text PRIMARY KEY DEFAULT md5(random()::text), store_id text, file_id int, "
+                 "content text)")
+    conn.execute("INSERT INTO notes (store_id, file_id, content) SELECT 'home', f.g, string_agg(w, ' ') "
+                 "FROM generate_series(1, 500) f(g), LATERAL (SELECT (%s::text[])[1 + (f.g * k) %% 30] AS w "
+                 "FROM generate_series(1, 30) k) x GROUP BY f.g", (RENOVATION,))
+    conn.execute("SELECT storetopics.attach('notes', store_key => 'store_id', file_key => 'file_id', "
+                 "content => 'content')")
+    backfill(conn)
+    assert planted_words(conn, [(None, TITLE), (None, BODY)], "notes") == ["groov", "disc", "gramophon"]
+    assert planted_words(conn, [(None, BODY), (None, TITLE)], "notes") == ["groov", "read", "stylus"]

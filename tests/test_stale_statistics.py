@@ -96,16 +96,24 @@ def test_contrast_terms_read_the_catalog_once(second, store, per_term):
 
 
 def test_an_uploaded_files_terms_are_looked_up_once(second):
-    """The document frequencies of one file's terms (what a render after an upload computes first, for the new
-    file)."""
+    """The document frequencies of the terms fold touched since the store's novelty was kept (what a render after an
+    upload looks up first: here one file's terms)."""
     conn, source = second
-    terms = conn.execute("SELECT cardinality(term_ids) FROM storetopics.file_terms WHERE source_id = %s "
-                         "AND file_key = '7'", (source,)).fetchone()[0]
+    ids = conn.execute("SELECT term_ids FROM storetopics.file_terms WHERE source_id = %s AND file_key = '7'",
+                       (source,)).fetchone()[0]
+    terms = len(ids)
     assert terms >= 100 and store_terms(conn, source, "s") > 3000
-    sql = "SELECT storetopics._store_dfs(%s, 's', ARRAY['7'])"
-    read = buffers(conn, sql, (source,))
+    top = conn.execute("SELECT max(id) FROM storetopics.lexemes").fetchone()[0]
+    sql = ("SELECT (storetopics._novelty_moves(%s, 's', array_fill(0, ARRAY[%s]), 50, storetopics._novelty_bands(), "
+           "%s::int[])).dfs")
+    params = (source, top, ids)
+    dfs = conn.execute(sql, params).fetchone()[0]
+    files = dict(conn.execute("SELECT term_id, files FROM storetopics.store_terms WHERE source_id = %s "
+                              "AND store_key = 's' AND term_id = ANY (%s)", (source, ids)).fetchall())
+    assert len(files) == terms and {t: dfs[t - 1] for t in ids} == files and sum(dfs) == sum(files.values())
+    read = buffers(conn, sql, params)
     assert read <= 10 * terms, f"{read:,} buffers read for the file's {terms:,} terms"
-    dropped = join_filtered(conn, sql, (source,))
+    dropped = join_filtered(conn, sql, params)
     assert dropped <= terms, f"{dropped:,} rows tested and dropped by a join for the file's {terms:,} terms"
 
 

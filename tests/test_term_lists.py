@@ -31,18 +31,27 @@ KEYWORDS = """
            AND storetopics._noise(t.term, t.files, t.total, t.total_sq, t.n::bigint, t.words, t.script) IS NULL
          ORDER BY t.total DESC, t.term LIMIT %(n_dominant)s
       ), outliers AS (
-        -- (storetopics._outlier_files: the files, best first, and their novelty)
-        SELECT o.file_key, o.nov FROM unnest(%(files)s::text[], %(novelty)s::float8[]) AS o(file_key, nov)
+        -- (storetopics._outlier_files: the files, best first, and their novelty; their leads' first 20 words)
+        SELECT o.file_key, o.nov,
+               (SELECT array_agg(l.lexeme) FROM (SELECT w FROM regexp_split_to_table(btrim(o.lead), '[[:space:]]+')
+                                                 WITH ORDINALITY AS x(w, i) WHERE i <= 20) y,
+                       unnest(to_tsvector('english', y.w)) AS l) AS lead
+          FROM unnest(%(files)s::text[], %(novelty)s::float8[], %(leads)s::text[]) AS o(file_key, nov, lead)
       ), outlier_terms AS (
-        -- the top 3 terms of each outlier file, even when they also rank as dominant (in a small store a needle's words
-        -- do: they are still what the file is about); a term two outlier files share is kept once, with its best file
+        -- the top 3 terms of each outlier file, its best then its lead's words among its 10 best, even when they also
+        -- rank as dominant (in a small store a needle's words do: they are still what the file is about); a term two
+        -- outlier files share is kept once, with its best file
         SELECT DISTINCT ON (x.term) x.term, x.score, x.files, x.total, x.file_key, x.nov FROM (
-          SELECT w.term, w.n * w.idf AS score, w.files, w.total, w.file_key, w.nov,
+          SELECT w.*, row_number() OVER (PARTITION BY w.file_key
+                                         ORDER BY w.r = 1 DESC,
+                                                  w.r <= 10 AND w.term = ANY (coalesce(w.lead, '{}')) DESC, w.r) AS pick
+            FROM (
+          SELECT w.term, w.n * w.idf AS score, w.files, w.total, w.file_key, w.nov, w.lead,
                  row_number() OVER (PARTITION BY w.file_key ORDER BY w.n * w.idf DESC, w.term) AS r
             -- only the outlier files' words, then the test (OFFSET 0 keeps it above the joins: pushed down into the
             -- scan of terms, it ran on every term of the store)
-            FROM (SELECT u.file_key, o.nov, t.term, u.n, t.idf, t.files, t.total, t.total_sq, t.n AS store_files,
-                         t.words AS store_words, t.script
+            FROM (SELECT u.file_key, o.nov, o.lead, t.term, u.n, t.idf, t.files, t.total, t.total_sq,
+                         t.n AS store_files, t.words AS store_words, t.script
                     FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id, unnest(f.counts) AS n
                             FROM storetopics.file_terms f
                            WHERE f.source_id = %(source)s AND f.store_key = %(store)s
@@ -52,8 +61,8 @@ KEYWORDS = """
                   OFFSET 0) w
            WHERE storetopics._showable_term(w.term) AND w.idf > 0
              AND storetopics._noise(w.term, w.files, w.total, w.total_sq, w.store_files::bigint, w.store_words,
-                                    w.script) IS NULL) x
-         WHERE x.r <= 3
+                                    w.script) IS NULL) w) x
+         WHERE x.pick <= 3
          ORDER BY x.term, x.nov DESC, x.score DESC, x.file_key
       ), dense AS (
         -- no more than the list takes, ranked first, then the tests (OFFSET 0, as in dominant)
@@ -165,14 +174,28 @@ def test_term_lists_are_the_whole_rankings_heads(store):
                                         "AND store_key = 'a' ORDER BY file_key LIMIT 2", (source,))]
     checked = 0
     for store_key in ("a", "b"):
-        for outliers, novelty in ((None, None), ([], []), (files, [3.5, 2.0])):
+        # leads: of the first file, none; of the second, two words its counts tie at (ranked by name: the 5th and
+        # the 9th of its ten best, bxqae and bxqai), one ranked past its tenth (bxqba), one past the lead's 20th word
+        # (bxqaf)
+        leads = [None, "bxqba bxqae bxqai " + "filler " * 17 + "bxqaf and more"]
+        for outliers, novelty, lead in ((None, None, None), ([], [], []), (files, [3.5, 2.0], None),
+                                        (files, [3.5, 2.0], leads)):
             for n_dominant, n_distinctive in ((10, 8), (1, 1), (5, 5), (40, 30), (0, 0)):
-                args = dict(source=source, store=store_key, files=outliers, novelty=novelty,
+                args = dict(source=source, store=store_key, files=outliers, novelty=novelty, leads=lead,
                             n_dominant=n_dominant, n_distinctive=n_distinctive)
                 got = conn.execute("SELECT * FROM storetopics._keywords(%(source)s, %(store)s, %(files)s, "
-                                   "%(novelty)s, %(n_dominant)s, %(n_distinctive)s)", args).fetchall()
+                                   "%(novelty)s, %(n_dominant)s, %(n_distinctive)s, outlier_leads => %(leads)s)",
+                                   args).fetchall()
                 assert got == conn.execute(KEYWORDS, args).fetchall(), args
                 checked += len(got)
+        # its best word, then the lead's words among the second file's ten best (store a: its words tie, ranked by name)
+        args = dict(source=source, files=files, novelty=[3.5, 2.0])
+        picked = {lead and "lead": [r[0] for r in conn.execute(
+            "SELECT lexeme FROM storetopics._keywords(%(source)s, 'a', %(files)s, %(novelty)s, 10, 30, "
+            "outlier_leads => %(leads)s) WHERE kind = 'distinctive' AND file_key = %(file)s ORDER BY rank",
+            dict(args, leads=lead, file=files[1]))] for lead in (None, leads)}
+        if store_key == "a":
+            assert picked == {None: ["bxqaa", "bxqab", "bxqac"], "lead": ["bxqaa", "bxqae", "bxqai"]}, picked
         for n in (1, 5, 10, 20, 80, 1000):
             args = dict(source=source, store=store_key, n=n)
             got = conn.execute("SELECT * FROM storetopics._contrast_terms(%(source)s, %(store)s, %(n)s)",

@@ -121,6 +121,16 @@ RETURN coalesce((SELECT format('c.%I::text', a.attname)
                   WHERE i.indrelid = tbl AND i.indisprimary AND i.indnatts = 1),
                 'c.ctid::text');
 
+-- The order chunks were written in, as far as the table tells: an integer single-column primary key (serial,
+-- identity), else the place in the heap (a UUID or text key says nothing of order).  What a file's first chunk is.
+CREATE OR REPLACE FUNCTION storetopics._chunk_order_sql(tbl regclass) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN coalesce((SELECT format('c.%I', a.attname)
+                   FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+                  WHERE i.indrelid = tbl AND i.indisprimary AND i.indnatts = 1
+                    AND a.atttypid IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype)),
+                'c.ctid');
+
 -- The WHERE condition that finds chunks by the refs _chunk_ref_sql gave, bound as $1 (an index or TID scan).
 CREATE OR REPLACE FUNCTION storetopics._chunk_lookup_sql(tbl regclass) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp

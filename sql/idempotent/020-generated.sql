@@ -291,6 +291,7 @@ END;
 --     sample_texts (files, store) (file_key, t): what phrases are mined from
 --   storetopics._word_reads (070-summary.sql)
 --     texts (files, store)        (t): the texts surface words are learnt from
+--     leads (files, store)        (file_key, t): the start of each file's first chunk (storetopics._chunk_order_sql)
 --   storetopics._search_reads (120-search.sql)
 --     search (store, args.query, args.k, args.embedding)   (file_key, chunk, content, rank, text_rank, distance)
 -- (PL/pgSQL: the concerns' functions come in later files.)

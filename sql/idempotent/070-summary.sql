@@ -114,16 +114,26 @@ END;
 --       each moderately extreme: a file planted from elsewhere usually shows both, a store's own file rarely does
 --       (bench/README.md); one it finds far apart (every chunk 1.5 radii out or more) needs z >= 1.0
 --       (storetopics._novel).  Up to 3 such files are shown, those both signals find apart first, then the most
---       novel.  A store made of one-off tokens (names) has no outlier file, so its names do not flood the list;
+--       novel.  A store made of one-off tokens (names) has no outlier file, so its names do not flood the list.
+--       A file's title says what it is about: after its best word, the words of its lead (the first 20 words of
+--       its first chunk, given in outlier_leads, where a page's title and a package's synopsis are) come first among
+--       its 3 when they rank among its 10 best (a word of the title a page never comes back to, or one every file
+--       has, does not);
 --     * recurring dense terms: (total_sq / total) x IDF, for terms in at least three files whose occurrences come
 --       in clusters (total_sq / total >= 2, i.e. one-off mentions are ignored; a name two files share is not a
 --       theme).
 -- The outlier files are given (storetopics._outlier_files finds them, from what changed); their terms are looked
 -- up by id (no merge joins: the planner cannot know how long the arrays are, and would sort the pairs to merge them).
--- (About 120 lines: a bounded sort and its head per list, the outlier files' terms between them.)
+-- (About 130 lines: a bounded sort and its head per list, the outlier files' terms between them.)
+DO $$ BEGIN   -- (0.2 before outlier_leads)
+  IF to_regprocedure('storetopics._keywords(int, text, text[], float8[], int, int, text)') IS NOT NULL THEN
+    DROP FUNCTION storetopics._keywords(int, text, text[], float8[], int, int, text);
+  END IF;
+END $$;
 CREATE OR REPLACE FUNCTION storetopics._keywords(p_source int, p_store text, outlier_files text[],
                                                  outlier_novelty float8[], n_dominant int DEFAULT 10,
-                                                 n_distinctive int DEFAULT 8, p_script text DEFAULT NULL)
+                                                 n_distinctive int DEFAULT 8, p_script text DEFAULT NULL,
+                                                 outlier_leads text[] DEFAULT NULL)
 RETURNS TABLE (kind text, rank int, lexeme text, score float8, files int, total bigint, file_key text)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off AS $$
 #variable_conflict use_column
@@ -131,6 +141,7 @@ DECLARE
   v_n float8;        -- the store's files (at least 1)
   v_words bigint;
   v_script text;
+  v_cfg regconfig;
   v_m int;           -- how many terms are ranked by their score alone (see below)
   v_kept boolean;    -- the dominant terms' candidates are the kept head's
   v_count bigint;
@@ -159,6 +170,7 @@ BEGIN
   IF NOT FOUND THEN
     RETURN;
   END IF;
+  SELECT x.ts_config INTO v_cfg FROM storetopics.sources x WHERE x.id = p_source;
   v_script := coalesce(p_script, storetopics._store_script(p_source, p_store));
   -- A store has tens of thousands of terms and a list shows ten: the m best by score alone are taken (a bounded
   -- sort, no lexeme read), and only they are named, ranked by (score, term) and tested (storetopics._term_head).
@@ -189,8 +201,9 @@ BEGIN
     IF v_kept THEN v_kept := false; ELSE v_m := v_m * 8; END IF;
   END LOOP;
   -- the top 3 terms of each outlier file (storetopics._outlier_files: the files, best first, and their novelty),
-  -- even when they also rank as dominant (in a small store a needle's words do: they are still what the file is
-  -- about); a term two outlier files share is kept once, with its best file
+  -- its best, then its lead's words among its 10 best, even when they also rank as dominant (in a small store a needle's
+  -- words do: they are still what the file is about); a term two outlier files share is kept once, with its best
+  -- file
   SELECT array_agg(x.lexeme ORDER BY x.nov DESC, x.score DESC, x.lexeme),
          array_agg(x.score ORDER BY x.nov DESC, x.score DESC, x.lexeme),
          array_agg(x.files ORDER BY x.nov DESC, x.score DESC, x.lexeme),
@@ -198,16 +211,24 @@ BEGIN
          array_agg(x.file_key ORDER BY x.nov DESC, x.score DESC, x.lexeme)
     INTO v_out, v_out_score, v_out_files, v_out_total, v_out_file
     FROM (SELECT DISTINCT ON (x.lexeme) x.lexeme, x.score, x.files, x.total, x.file_key, x.nov FROM (
+          SELECT x.*, row_number() OVER (PARTITION BY x.file_key ORDER BY x.r = 1 DESC, (x.r <= 10 AND x.lead) DESC, x.r) AS pick
+            FROM (
             SELECT w.lexeme, w.n * w.idf AS score, w.files, w.total, w.file_key, w.nov,
+                   coalesce(w.lexeme = ANY (w.lead), false) AS lead,
                    row_number() OVER (PARTITION BY w.file_key ORDER BY w.n * w.idf DESC, w.lexeme) AS r
               -- only the outlier files' words, then the tests (OFFSET 0 keeps them above the joins)
-              FROM (SELECT u.file_key, o.nov, l.lexeme, u.n, ln(v_n / t.files) AS idf, t.files, t.total, t.total_sq
+              FROM (SELECT u.file_key, o.nov, o.lead, l.lexeme, u.n, ln(v_n / t.files) AS idf, t.files, t.total,
+                           t.total_sq
                       FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id, unnest(f.counts) AS n
                               FROM storetopics.file_terms f
                              WHERE f.source_id = p_source AND f.store_key = p_store
                                AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(outlier_files) x))
                                AND f.file_key = ANY (outlier_files)) u
-                      JOIN unnest(outlier_files, outlier_novelty) AS o(file_key, nov) ON o.file_key = u.file_key
+                      JOIN (SELECT o.file_key, o.nov,
+                                   tsvector_to_array(to_tsvector(v_cfg, array_to_string(
+                                     (regexp_split_to_array(btrim(o.lead), '\s+'))[1:20], ' '))) AS lead
+                              FROM unnest(outlier_files, outlier_novelty, outlier_leads) AS o(file_key, nov, lead)) o
+                        ON o.file_key = u.file_key
                       -- (probed per term, OFFSET 0: joined on statistics that had not seen the store, the store's
                       -- every term was read against the files' terms; see storetopics._store_dfs)
                       CROSS JOIN LATERAL (SELECT t.files, t.total, t.total_sq FROM storetopics.store_terms t
@@ -216,8 +237,9 @@ BEGIN
                       JOIN storetopics.lexemes l ON l.id = u.term_id
                     OFFSET 0) w
              WHERE storetopics._showable_term(w.lexeme) AND w.idf > 0
-               AND storetopics._noise(w.lexeme, w.files, w.total, w.total_sq, v_n::bigint, v_words, v_script) IS NULL) x
-           WHERE x.r <= 3
+               AND storetopics._noise(w.lexeme, w.files, w.total, w.total_sq, v_n::bigint, v_words, v_script) IS NULL
+            ) x) x
+           WHERE x.pick <= 3
            ORDER BY x.lexeme, x.nov DESC, x.score DESC, x.file_key) x;
   -- recurring dense terms, after the outlier files' terms: (total_sq / total) x IDF
   IF coalesce(cardinality(v_out), 0) < n_distinctive THEN
@@ -340,13 +362,20 @@ BEGIN
   RETURN v_n;
 END $$;
 
--- The reader's query for _learn_words (storetopics._reader_body puts it in read_<id>): texts (files, store), the
--- texts of those files of the store, as they are counted.
+-- The reader's queries for the words (storetopics._reader_body puts them in read_<id>): texts (files, store), the
+-- texts of those files of the store, as they are counted (_learn_words); leads (files, store), the start of each
+-- file's first chunk, where a page's title is (_render_terms).
 CREATE OR REPLACE FUNCTION storetopics._word_reads(src storetopics.sources) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN storetopics._read_arm('texts', format('SELECT (%s)::text FROM %s AS c WHERE %s AND %s',
                                              storetopics._read_text_sql(src), src.chunks,
                                              storetopics._read_by_files(src), storetopics._read_by_store(src)),
+                             'files, store')
+    || storetopics._read_arm('leads', format('SELECT DISTINCT ON (1) (%s)::text, left(%s, 1000) FROM %s AS c '
+                                             'WHERE %s AND %s ORDER BY 1, %s',
+                                             src.file_sql, storetopics._read_text_sql(src), src.chunks,
+                                             storetopics._read_by_files(src), storetopics._read_by_store(src),
+                                             storetopics._chunk_order_sql(src.chunks)),
                              'files, store');
 
 -- A lexeme as the texts of its source's owner write it (storetopics._learn_words), else the lexeme.
@@ -892,10 +921,18 @@ DECLARE
   v_file text[];
   v_outliers text[];
   v_novelty float8[];
+  v_leads text[];
   v_script text := storetopics._store_script(src.id, p_store);   -- (of both lists: computed once)
 BEGIN
   SELECT array_agg(o.file_key ORDER BY o.rank), array_agg(o.novelty ORDER BY o.rank) INTO v_outliers, v_novelty
     FROM storetopics._outlier_files(src.id, p_store) o;
+  -- the outlier files' leads, where their titles are (read as the table's owner, by the source's reader)
+  IF cardinality(v_outliers) > 0 THEN
+    EXECUTE format('SELECT array_agg(x.t ORDER BY o.i) FROM unnest($1) WITH ORDINALITY AS o(f, i) '
+                   'LEFT JOIN %s(''leads'', $1, $2, NULL) AS x(f text, t text) ON x.f = o.f',
+                   storetopics._reader(src.id))
+      INTO v_leads USING v_outliers, p_store;
+  END IF;
   -- the contrast head kept with the novelty, kept again when the catalog's list of touched terms started again
   -- since, or the store's catalog changed (storetopics._kept_contrast)
   IF EXISTS (SELECT 1 FROM storetopics.novelty_state k
@@ -909,7 +946,8 @@ BEGIN
          array_agg(k.total), array_agg(k.file_key)
     INTO v_kind, v_rank, v_lexeme, v_score, v_files, v_total, v_file
     FROM (SELECT k.kind, k.rank, k.lexeme, k.score, k.files, k.total, k.file_key
-            FROM storetopics._keywords(src.id, p_store, v_outliers, v_novelty, p_script => v_script) k
+            FROM storetopics._keywords(src.id, p_store, v_outliers, v_novelty, p_script => v_script,
+                                       outlier_leads => v_leads) k
           UNION ALL
           SELECT 'contrast', (row_number() OVER (ORDER BY c.score DESC, c.lexeme))::int, c.lexeme, c.score, c.files,
                  NULL, NULL
@@ -972,7 +1010,7 @@ BEGIN
 END $$;
 
 -- What \df+ shows a DBA.
-COMMENT ON FUNCTION storetopics._keywords(int, text, text[], float8[], int, int, text) IS
+COMMENT ON FUNCTION storetopics._keywords(int, text, text[], float8[], int, int, text, text[]) IS
   'A store''s dominant (by count) and distinctive (outlier files, dense terms) terms, exact, deterministic.';
 COMMENT ON FUNCTION storetopics._contrast_terms(int, text, int, text) IS
   'The terms that tell a store apart from the other stores of its catalog, best first (p ln(p/q) over file shares), exact.';
