@@ -181,7 +181,7 @@ BEGIN
   v_noise := ARRAY(
     SELECT l.word FROM pg_temp.storetopics_mine_lex l
       JOIN storetopics.lexemes x ON x.lexeme = l.lexeme
-      -- (probed per word, OFFSET 0: see storetopics._store_dfs)
+      -- (probed per word, OFFSET 0: see storetopics._novelty_moves)
       CROSS JOIN LATERAL (SELECT t.files, t.total, t.total_sq FROM storetopics.store_terms t
                            WHERE t.source_id = p_source AND t.store_key = p_store AND t.term_id = x.id OFFSET 0) t
      WHERE storetopics._noise(l.lexeme, t.files, t.total, t.total_sq, v_files, v_words, v_script) IS NOT NULL);

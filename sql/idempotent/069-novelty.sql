@@ -73,29 +73,27 @@ RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN (x - med) / (1.4826 * mad + 1e-9) >= CASE WHEN far THEN 1.0 WHEN apart THEN 2.5 ELSE 3.5 END;
 
--- The document frequency of each term of a store (p_files: only the terms of these files), by term id: an array
--- that the sums below index, 0 for a term the store does not hold.  The files' terms are looked up as an array of
--- ids, not joined: on statistics that had not seen the store yet, the join was planned as a nested loop over the
--- store's every term for each of the files' terms (bench/README.md).
-CREATE OR REPLACE FUNCTION storetopics._store_dfs(p_source int, p_store text, p_files text[]) RETURNS int[]
+-- The document frequency of each term of a store, by term id: an array that the sums below index, 0 for a term the
+-- store does not hold.  (The terms touched since, looked up one by one, are storetopics._novelty_moves'.)
+DO $$ BEGIN   -- (0.2 before: also of some files' terms, and the sums' fallback to them)
+  IF to_regprocedure('storetopics._store_dfs(int, text, text[])') IS NOT NULL THEN
+    DROP FUNCTION storetopics._store_dfs(int, text, text[]);
+  END IF;
+  IF EXISTS (SELECT 1 FROM pg_proc p
+              WHERE p.oid = to_regprocedure('storetopics._novelty_sums(int, text, text[], int[])')
+                AND p.pronargdefaults > 0) THEN
+    DROP FUNCTION storetopics._novelty_sums(int, text, text[], int[]);
+  END IF;
+END $$;
+CREATE OR REPLACE FUNCTION storetopics._store_dfs(p_source int, p_store text) RETURNS int[]
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_dfs int[];
-  v_ids int[];
   r record;
 BEGIN
-  IF p_files IS NOT NULL THEN
-    v_ids := ARRAY(SELECT DISTINCT unnest(f.term_ids) FROM storetopics.file_terms f
-                    WHERE f.source_id = p_source
-                      AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x))
-                      AND f.file_key = ANY (p_files) AND f.store_key = p_store);
-  END IF;
   -- (filled in place, from the highest id down: an expanded array, each assignment in constant time)
   FOR r IN SELECT t.term_id, t.files FROM storetopics.store_terms t
-            WHERE t.source_id = p_source AND t.store_key = p_store AND p_files IS NULL
-           UNION ALL   -- (the files' terms, each found by the index)
-           SELECT t.term_id, t.files FROM storetopics.store_terms t
-            WHERE t.source_id = p_source AND t.store_key = p_store AND t.term_id = ANY (v_ids) AND p_files IS NOT NULL
+            WHERE t.source_id = p_source AND t.store_key = p_store
            ORDER BY 1 DESC
   LOOP
     IF v_dfs IS NULL THEN
@@ -118,22 +116,18 @@ CREATE OR REPLACE FUNCTION storetopics._file_far(distance_ratio real) RETURNS bo
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN coalesce(distance_ratio >= 1.5, false);
 
--- The sums of some files of a store at the current document frequencies (p_dfs: those of their terms, by term id, if
--- known), and whether each is apart (far apart).
-CREATE OR REPLACE FUNCTION storetopics._novelty_sums(p_source int, p_store text, p_files text[],
-                                                     p_dfs int[] DEFAULT NULL)
+-- The sums of some files of a store at the current document frequencies (p_dfs: those of their terms, by term id),
+-- and whether each is apart (far apart).
+CREATE OR REPLACE FUNCTION storetopics._novelty_sums(p_source int, p_store text, p_files text[], p_dfs int[])
 RETURNS TABLE (file_key text, total bigint, words bigint, apart boolean, far boolean)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
-DECLARE
-  v_dfs int[];
 BEGIN
   IF cardinality(p_files) = 0 THEN
     RETURN;
   END IF;
-  v_dfs := coalesce(p_dfs, storetopics._store_dfs(p_source, p_store, p_files));
   RETURN QUERY
   SELECT f.file_key,
-         coalesce((SELECT sum(u.c::bigint * storetopics._ln9(v_dfs[u.t]))
+         coalesce((SELECT sum(u.c::bigint * storetopics._ln9(p_dfs[u.t]))
                      FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u), 0)::bigint,
          f.words, coalesce(storetopics._file_apart(c.cluster_chunks, c.cluster_outliers), false),
          storetopics._file_far(c.distance_ratio)
@@ -181,7 +175,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off SET work_me
 DECLARE
   v_rare int := 50;
   v_bands int[] := storetopics._novelty_bands();
-  v_dfs int[] := storetopics._store_dfs(p_source, p_store, NULL);
+  v_dfs int[] := storetopics._store_dfs(p_source, p_store);
   v_ln9 bigint[];
   v_inv float8[];    -- 1 / files, 0 for a rare term
   v_band int[];      -- the band of each term, 0 for a rare term
@@ -292,8 +286,10 @@ END;
 -- files then / the smaller of files then and now: a term's ln moved by at most that over its files then; and dfs,
 -- the files of each term now for every term it looked up (the others: as then; the sums of the files folded since
 -- read it, every term of theirs was touched).
--- p_touched: the terms fold changed since (novelty_state.touched), each looked up by its key; NULL: every term of
--- the store is compared, a scan of its terms at every render (bench/README.md).
+-- p_touched: the terms fold changed since (novelty_state.touched), each looked up by its key (an array of ids, not
+-- joined: on statistics that had not seen the store yet, a join was planned as a nested loop over the store's every
+-- term for each touched term, bench/README.md); NULL: every term of the store is compared, a scan of its terms at
+-- every render.
 CREATE OR REPLACE FUNCTION storetopics._novelty_moves(p_source int, p_store text, p_dfs int[], p_rare int,
                                                       p_bands int[], p_touched int[],
                                                       OUT moves bigint[], OUT rare int[], OUT rare_moves bigint[],

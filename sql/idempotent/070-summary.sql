@@ -230,7 +230,7 @@ BEGIN
                               FROM unnest(outlier_files, outlier_novelty, outlier_leads) AS o(file_key, nov, lead)) o
                         ON o.file_key = u.file_key
                       -- (probed per term, OFFSET 0: joined on statistics that had not seen the store, the store's
-                      -- every term was read against the files' terms; see storetopics._store_dfs)
+                      -- every term was read against the files' terms; see storetopics._novelty_moves)
                       CROSS JOIN LATERAL (SELECT t.files, t.total, t.total_sq FROM storetopics.store_terms t
                                            WHERE t.source_id = p_source AND t.store_key = p_store
                                              AND t.term_id = u.term_id OFFSET 0) t
