@@ -201,9 +201,9 @@ BEGIN
     IF v_kept THEN v_kept := false; ELSE v_m := v_m * 8; END IF;
   END LOOP;
   -- the top 3 terms of each outlier file (storetopics._outlier_files: the files, best first, and their novelty),
-  -- its best, then its lead's words among its 10 best, even when they also rank as dominant (in a small store a needle's
-  -- words do: they are still what the file is about); a term two outlier files share is kept once, with its best
-  -- file
+  -- its best, then its lead's words among its 10 best, even when they also rank as dominant (in a small store a
+  -- needle's words do: they are still what the file is about); a term two outlier files share is kept once, with its
+  -- best file
   SELECT array_agg(x.lexeme ORDER BY x.nov DESC, x.score DESC, x.lexeme),
          array_agg(x.score ORDER BY x.nov DESC, x.score DESC, x.lexeme),
          array_agg(x.files ORDER BY x.nov DESC, x.score DESC, x.lexeme),
@@ -211,7 +211,8 @@ BEGIN
          array_agg(x.file_key ORDER BY x.nov DESC, x.score DESC, x.lexeme)
     INTO v_out, v_out_score, v_out_files, v_out_total, v_out_file
     FROM (SELECT DISTINCT ON (x.lexeme) x.lexeme, x.score, x.files, x.total, x.file_key, x.nov FROM (
-          SELECT x.*, row_number() OVER (PARTITION BY x.file_key ORDER BY x.r = 1 DESC, (x.r <= 10 AND x.lead) DESC, x.r) AS pick
+          SELECT x.*, row_number() OVER (PARTITION BY x.file_key
+                                         ORDER BY x.r = 1 DESC, (x.r <= 10 AND x.lead) DESC, x.r) AS pick
             FROM (
             SELECT w.lexeme, w.n * w.idf AS score, w.files, w.total, w.file_key, w.nov,
                    coalesce(w.lexeme = ANY (w.lead), false) AS lead,
@@ -371,9 +372,11 @@ RETURN storetopics._read_arm('texts', format('SELECT (%s)::text FROM %s AS c WHE
                                              storetopics._read_text_sql(src), src.chunks,
                                              storetopics._read_by_files(src), storetopics._read_by_store(src)),
                              'files, store')
-    || storetopics._read_arm('leads', format('SELECT DISTINCT ON (1) (%s)::text, left(%s, 1000) FROM %s AS c '
-                                             'WHERE %s AND %s ORDER BY 1, %s',
-                                             src.file_sql, storetopics._read_text_sql(src), src.chunks,
+    -- (the text of the first chunk only made as counted: the sort carries every chunk's row)
+    || storetopics._read_arm('leads', format('SELECT x.f, storetopics._dehyphenated(left(x.t, 1000)) FROM ('
+                                             'SELECT DISTINCT ON (1) (%s)::text, (%s)::text FROM %s AS c '
+                                             'WHERE %s AND %s ORDER BY 1, %s) AS x(f, t)',
+                                             src.file_sql, src.content_sql, src.chunks,
                                              storetopics._read_by_files(src), storetopics._read_by_store(src),
                                              storetopics._chunk_order_sql(src.chunks)),
                              'files, store');
