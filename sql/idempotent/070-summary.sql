@@ -225,10 +225,12 @@ BEGIN
                              WHERE f.source_id = p_source AND f.store_key = p_store
                                AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(outlier_files) x))
                                AND f.file_key = ANY (outlier_files)) u
+                      -- (each lead's words made once: OFFSET 0, else made again for each of the file's terms)
                       JOIN (SELECT o.file_key, o.nov,
                                    tsvector_to_array(to_tsvector(v_cfg, array_to_string(
                                      (regexp_split_to_array(btrim(o.lead), '\s+'))[1:20], ' '))) AS lead
-                              FROM unnest(outlier_files, outlier_novelty, outlier_leads) AS o(file_key, nov, lead)) o
+                              FROM unnest(outlier_files, outlier_novelty, outlier_leads) AS o(file_key, nov, lead)
+                            OFFSET 0) o
                         ON o.file_key = u.file_key
                       -- (probed per term, OFFSET 0: joined on statistics that had not seen the store, the store's
                       -- every term was read against the files' terms; see storetopics._novelty_moves)
