@@ -87,7 +87,7 @@ BODY = ("The turntable stylus reads the vinyl groove. " * 4
         + "Each gramophone side is played whole, then transferred to a disc.")
 
 
-def planted_words(conn, chunks: list[tuple[int, str]], table: str = "chunks") -> list[str]:
+def planted_words(conn, chunks: list[tuple[int | None, str]], table: str = "chunks") -> list[str]:
     """The distinctive words render attributes to the planted file (file 0), its chunks written in the given order
     (id, text; id NULL: the table's own)."""
     for i, text in chunks:
@@ -103,7 +103,7 @@ def planted_words(conn, chunks: list[tuple[int, str]], table: str = "chunks") ->
     return [t["lexeme"] for t in topics["distinctive"] if t.get("file") == "0"]
 
 
-def test_an_outlier_files_title_words_come_first_by_the_chunks_written_order(conn):
+def test_an_outlier_files_title_words_follow_its_best_word_by_the_chunks_written_order(conn):
     create_chunks(conn)
     load_ordinary_files(conn, 2_000)
     attach_chunks(conn)
