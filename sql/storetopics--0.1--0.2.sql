@@ -100848,31 +100848,35 @@ CREATE OR REPLACE FUNCTION storetopics._tree(p_table regclass) RETURNS regclass[
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN ARRAY(SELECT p_table UNION SELECT x.relid FROM pg_partition_tree(p_table) x ORDER BY 1);
 
+-- A chunk table's single-column primary key: its column and type (NULL when it has none).
+CREATE OR REPLACE FUNCTION storetopics._chunk_key(tbl regclass, OUT name name, OUT type regtype)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  SELECT a.attname, a.atttypid::regtype
+    FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+   WHERE i.indrelid = tbl AND i.indisprimary AND i.indnatts = 1;
+END;
+
 -- How to name one chunk: its single-column primary key, else its ctid (good within one fit).
 CREATE OR REPLACE FUNCTION storetopics._chunk_ref_sql(tbl regclass) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN coalesce((SELECT format('c.%I::text', a.attname)
-                   FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-                  WHERE i.indrelid = tbl AND i.indisprimary AND i.indnatts = 1),
-                'c.ctid::text');
+RETURN (SELECT CASE WHEN k.name IS NULL THEN 'c.ctid::text' ELSE format('c.%I::text', k.name) END
+          FROM storetopics._chunk_key(tbl) k);
 
 -- The order chunks were written in, as far as the table tells: an integer single-column primary key (serial,
 -- identity), else the place in the heap (a UUID or text key says nothing of order).  What a file's first chunk is.
 CREATE OR REPLACE FUNCTION storetopics._chunk_order_sql(tbl regclass) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN coalesce((SELECT format('c.%I', a.attname)
-                   FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-                  WHERE i.indrelid = tbl AND i.indisprimary AND i.indnatts = 1
-                    AND a.atttypid IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype)),
-                'c.ctid');
+RETURN (SELECT CASE WHEN k.type IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype) THEN format('c.%I', k.name)
+                    ELSE 'c.ctid' END
+          FROM storetopics._chunk_key(tbl) k);
 
 -- The WHERE condition that finds chunks by the refs _chunk_ref_sql gave, bound as $1 (an index or TID scan).
 CREATE OR REPLACE FUNCTION storetopics._chunk_lookup_sql(tbl regclass) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN coalesce((SELECT format('c.%I = ANY ($1::%s[])', a.attname, a.atttypid::regtype)
-                   FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-                  WHERE i.indrelid = tbl AND i.indisprimary AND i.indnatts = 1),
-                'c.ctid = ANY ($1::tid[])');
+RETURN (SELECT CASE WHEN k.name IS NULL THEN 'c.ctid = ANY ($1::tid[])'
+                    ELSE format('c.%I = ANY ($1::%s[])', k.name, k.type) END
+          FROM storetopics._chunk_key(tbl) k);
 
 -- to_tsvector, or NULL for unusable text or text whose tsvector would pass 1 MB (one subtransaction per call: the
 -- slow path of a fold batch that hit such a row; parallel unsafe: workers may not start subtransactions).
@@ -108228,4 +108232,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '509840137') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2567932158') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
