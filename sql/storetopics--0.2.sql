@@ -100827,8 +100827,13 @@ CREATE UNLOGGED TABLE storetopics.novelty_state (
   per_word  float8[] NOT NULL,      -- per band, the largest sensitivity per counted word of those files
   gone      int[] NOT NULL DEFAULT '{}',   -- the numbers of the files folded since (changed, moved or deleted)
   words     int[] NOT NULL,         -- the counted words of each numbered file then, by number
-  -- the terms whose counts fold changed since, with repeats (NULL: too many to list; every term is compared)
+  -- the terms whose counts fold changed since, with repeats (NULL: too many to list; every term is compared), and in
+  -- step their counts in the store after that fold (files 0: it holds the term no more): a term's last listing is its
+  -- counts now, read without a lookup (storetopics._touched_now)
   touched   int[] DEFAULT '{}',
+  touched_files     int[] DEFAULT '{}',
+  touched_totals    bigint[] DEFAULT '{}',
+  touched_totals_sq bigint[] DEFAULT '{}',
   -- the heads of two rankings of the store's terms then, ties by id: the 400 first by total count and by files, and
   -- the 400th's count (NULL: the store had no more terms).  A term neither listed nor touched since still has at
   -- most that count, so the head and the touched terms hold every term that can rank above it
@@ -100838,6 +100843,11 @@ CREATE UNLOGGED TABLE storetopics.novelty_state (
   by_total_cut  bigint,
   by_files      int[],
   by_files_cut  int,
+  -- the terms of both heads, by id, and their counts when the heads were kept
+  head_ids       int[],
+  head_files     int[],
+  head_totals    bigint[],
+  head_totals_sq bigint[],
   -- the head of the ranking by contrast then (storetopics._keep_contrast): the 400 best terms, a bound on every
   -- other's score then (NULL: no other term qualified), what those scores were of ({the store's files, the
   -- catalog's files, its stores}), and how far the catalog's list of touched terms went then (its catalog,
@@ -103504,39 +103514,45 @@ BEGIN
   HAVING sum(d.df) <> 0 OR sum(d.tf) <> 0 OR sum(d.tf2) <> 0;
   -- The store terms: a row whose files fall to 0 goes, the others change, new ones come (a source's rows are
   -- written only by its fold, under its lock: no ON CONFLICT).  What each statement returns is the catalog's
-  -- background: per term the difference, and the stores that gain (+1) or lose (-1) it.
+  -- background: per term the difference, and the stores that gain (+1) or lose (-1) it; and the term's counts in
+  -- the store now.
   WITH gone AS (DELETE FROM storetopics.store_terms t USING pg_temp.storetopics_delta d
                  WHERE t.source_id = src.id AND t.store_key = d.store_key AND t.term_id = d.term_id
                    AND t.files + d.df <= 0
-                RETURNING d.term_id, d.tf, -1 AS stores, d.df),
+                RETURNING d.store_key, d.term_id, d.tf, -1 AS stores, d.df, 0 AS files, 0::bigint AS total,
+                          0::bigint AS total_sq),
        changed AS (UPDATE storetopics.store_terms t
                       SET files = t.files + d.df, total = t.total + d.tf, total_sq = t.total_sq + d.tf2
                      FROM pg_temp.storetopics_delta d
                     WHERE t.source_id = src.id AND t.store_key = d.store_key AND t.term_id = d.term_id
                       AND t.files + d.df > 0
-                   RETURNING d.term_id, d.tf, 0 AS stores, d.df),
+                   RETURNING d.store_key, d.term_id, d.tf, 0 AS stores, d.df, t.files, t.total, t.total_sq),
        added AS (INSERT INTO storetopics.store_terms (source_id, store_key, term_id, files, total, total_sq)
                  SELECT src.id, d.store_key, d.term_id, d.df, d.tf, d.tf2 FROM pg_temp.storetopics_delta d
                   WHERE d.df > 0 AND NOT EXISTS (SELECT 1 FROM storetopics.store_terms t
                                                   WHERE t.source_id = src.id AND t.store_key = d.store_key
                                                     AND t.term_id = d.term_id)
                   ORDER BY d.store_key, d.term_id
-                 RETURNING term_id, total AS tf, 1 AS stores, files AS df)
+                 RETURNING store_key, term_id, total AS tf, 1 AS stores, files AS df, files, total, total_sq),
+       y AS (SELECT * FROM gone UNION ALL SELECT * FROM changed UNION ALL SELECT * FROM added),
+       -- the terms whose counts moved, and their counts now, for what render keeps of the store
+       -- (storetopics._touched_now; past 100k of them, every term is read again); nothing to list before a
+       -- store's first render
+       listed AS (UPDATE storetopics.novelty_state k
+                     SET (touched, touched_files, touched_totals, touched_totals_sq) =
+                         (SELECT k.touched || d.ids, k.touched_files || d.files, k.touched_totals || d.totals,
+                                 k.touched_totals_sq || d.totals_sq
+                           WHERE cardinality(k.touched) + cardinality(d.ids) <= 100000)
+                    FROM (SELECT y.store_key, array_agg(y.term_id) AS ids, array_agg(y.files) AS files,
+                                 array_agg(y.total) AS totals, array_agg(y.total_sq) AS totals_sq
+                            FROM y WHERE EXISTS (SELECT 1 FROM storetopics.novelty_state k WHERE k.source_id = src.id)
+                           GROUP BY 1) d
+                   WHERE k.source_id = src.id AND k.store_key = d.store_key)
   SELECT array_agg(x.term_id), array_agg(x.total), array_agg(x.stores), array_agg(x.files)
     INTO v_terms, v_totals, v_stores, v_files
     FROM (SELECT y.term_id, sum(y.tf) AS total, sum(y.stores)::int AS stores, sum(y.df) AS files
-            FROM (SELECT * FROM gone UNION ALL SELECT * FROM changed UNION ALL SELECT * FROM added) y
-           GROUP BY 1) x;
+            FROM y GROUP BY 1) x;
   PERFORM storetopics._catalog_apply(storetopics._catalog(src.id), v_terms, v_totals, v_stores, v_files);
-  -- the terms whose counts moved, for what render keeps of the store (storetopics._novelty_moves compares only
-  -- those, storetopics._kept_head ranks only those and its head; past 100k of them, every term is read again);
-  -- nothing to list before a store's first render
-  IF EXISTS (SELECT 1 FROM storetopics.novelty_state k WHERE k.source_id = src.id) THEN
-    UPDATE storetopics.novelty_state k
-       SET touched = CASE WHEN cardinality(k.touched) + cardinality(d.ids) <= 100000 THEN k.touched || d.ids END
-      FROM (SELECT d.store_key, array_agg(d.term_id) AS ids FROM pg_temp.storetopics_delta d GROUP BY 1) d
-     WHERE k.source_id = src.id AND k.store_key = d.store_key;
-  END IF;
   DROP TABLE pg_temp.storetopics_delta;
 
   -- the clusters' sizes: the files' old cluster arrays subtracted, the new ones added
@@ -105347,13 +105363,14 @@ BEGIN
 END $$;
 
 -- Keep the heads of a store's rankings by total count and by files in its novelty_state (storetopics._kept_head):
--- the p_n first of each (ties by id) and the p_n-th's count.  With its novelty (the terms touched since are listed
--- from then), or later (they are then a few more than needed).
+-- the p_n first of each (ties by id), the p_n-th's count, and the counts of their terms.  With its novelty (the
+-- terms touched since are listed from then), or later (they are then a few more than needed).
 CREATE OR REPLACE FUNCTION storetopics._keep_heads(p_source int, p_store text, p_n int DEFAULT 400) RETURNS void
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   UPDATE storetopics.novelty_state k
-     SET by_total = t.ids, by_total_cut = t.cut, by_files = f.ids, by_files_cut = f.cut
+     SET by_total = t.ids, by_total_cut = t.cut, by_files = f.ids, by_files_cut = f.cut,
+         head_ids = h.ids, head_files = h.files, head_totals = h.totals, head_totals_sq = h.totals_sq
     FROM (SELECT coalesce(array_agg(t.term_id ORDER BY t.total DESC, t.term_id), '{}') AS ids,
                  CASE WHEN count(*) = p_n THEN min(t.total) END AS cut
             FROM (SELECT t.term_id, t.total FROM storetopics.store_terms t
@@ -105363,32 +105380,56 @@ BEGIN ATOMIC
                  CASE WHEN count(*) = p_n THEN min(t.files) END AS cut
             FROM (SELECT t.term_id, t.files FROM storetopics.store_terms t
                    WHERE t.source_id = p_source AND t.store_key = p_store
-                   ORDER BY t.files DESC, t.term_id LIMIT p_n) t) f
+                   ORDER BY t.files DESC, t.term_id LIMIT p_n) t) f,
+         LATERAL (SELECT coalesce(array_agg(s.term_id ORDER BY s.term_id), '{}') AS ids,
+                         coalesce(array_agg(s.files ORDER BY s.term_id), '{}') AS files,
+                         coalesce(array_agg(s.total ORDER BY s.term_id), '{}') AS totals,
+                         coalesce(array_agg(s.total_sq ORDER BY s.term_id), '{}') AS totals_sq
+                    FROM storetopics.store_terms s
+                   WHERE s.source_id = p_source AND s.store_key = p_store AND s.term_id = ANY (t.ids || f.ids)) h
    WHERE k.source_id = p_source AND k.store_key = p_store;
 END;
 
+-- The terms fold listed in a store since its novelty was kept, each with its counts now: those of its last listing
+-- (novelty_state.touched and the arrays in step with it; files 0: the store holds it no more).  Read from the row,
+-- not looked up: every change fold makes to a store's terms is listed there, in the transaction that makes it.
+CREATE OR REPLACE FUNCTION storetopics._touched_now(p_touched int[], p_files int[], p_totals bigint[],
+                                                    p_totals_sq bigint[])
+RETURNS TABLE (term_id int, files int, total bigint, total_sq bigint)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  SELECT DISTINCT ON (u.t) u.t, u.f, u.n, u.s
+    FROM unnest(p_touched, p_files, p_totals, p_totals_sq) WITH ORDINALITY AS u(t, f, n, s, i)
+   ORDER BY u.t, u.i DESC;
+END;
+
 -- The terms of a store that can rank above a kept cut, by total count (p_by 'total') or by files ('files'): those
--- of the head kept with its novelty (storetopics._keep_novelty) and those fold touched since, with their counts now
--- (each looked up by its key, in one statement: one snapshot of the head, the touched terms and the counts), and
--- the cut: every other term of the store has at most that many (NULL: there is no other term).  No row when nothing
--- kept vouches for it (no state, or too many terms touched to list): the caller sorts every term.
+-- of the heads kept with its novelty (storetopics._keep_heads: both heads, a few more than one needs) and those
+-- fold touched since, with their counts now (the touched terms' from their last listing, the others' as kept: read
+-- from the row, no term looked up), and the cut: every other term of the store has at most that many (NULL: there
+-- is no other term).  No row when nothing kept vouches for it (no state, or too many terms touched to list): the
+-- caller sorts every term.
 CREATE OR REPLACE FUNCTION storetopics._kept_head(p_source int, p_store text, p_by text, OUT ids int[],
                                                   OUT files int[], OUT totals bigint[], OUT totals_sq bigint[],
                                                   OUT cut bigint)
 RETURNS SETOF record
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-  SELECT coalesce(array_agg(t.term_id), '{}'), coalesce(array_agg(t.files), '{}'), coalesce(array_agg(t.total), '{}'),
-         coalesce(array_agg(t.total_sq), '{}'), min(h.cut)
-    FROM (SELECT k.source_id, k.store_key, k.touched,
-                 CASE p_by WHEN 'total' THEN k.by_total WHEN 'files' THEN k.by_files END AS head,
-                 CASE p_by WHEN 'total' THEN k.by_total_cut WHEN 'files' THEN k.by_files_cut END AS cut
-            FROM storetopics.novelty_state k
-           WHERE k.source_id = p_source AND k.store_key = p_store) h
-    LEFT JOIN LATERAL (SELECT t.term_id, t.files, t.total, t.total_sq FROM storetopics.store_terms t
-                        WHERE t.source_id = h.source_id AND t.store_key = h.store_key
-                          AND t.term_id = ANY (h.head || h.touched)) t ON true
-   WHERE h.head IS NOT NULL AND h.touched IS NOT NULL
+  SELECT coalesce(array_agg(x.term_id) FILTER (WHERE x.files > 0), '{}'),
+         coalesce(array_agg(x.files) FILTER (WHERE x.files > 0), '{}'),
+         coalesce(array_agg(x.total) FILTER (WHERE x.files > 0), '{}'),
+         coalesce(array_agg(x.total_sq) FILTER (WHERE x.files > 0), '{}'),
+         min(CASE p_by WHEN 'total' THEN h.by_total_cut WHEN 'files' THEN h.by_files_cut END)
+    FROM storetopics.novelty_state h
+   CROSS JOIN LATERAL (SELECT DISTINCT ON (u.term_id) u.*
+                         FROM (SELECT t.*, 0::bigint AS i
+                                 FROM unnest(h.head_ids, h.head_files, h.head_totals, h.head_totals_sq)
+                                      AS t(term_id, files, total, total_sq)
+                               UNION ALL
+                               SELECT t.*, 1 FROM storetopics._touched_now(h.touched, h.touched_files,
+                                                                          h.touched_totals, h.touched_totals_sq) t) u
+                        ORDER BY u.term_id, u.i DESC) x
+   WHERE h.source_id = p_source AND h.store_key = p_store AND h.head_ids IS NOT NULL AND h.touched IS NOT NULL
    GROUP BY h.source_id;
 END;
 
@@ -105398,12 +105439,16 @@ END;
 -- files then / the smaller of files then and now: a term's ln moved by at most that over its files then; and dfs,
 -- the files of each term now for every term it looked up (the others: as then; the sums of the files folded since
 -- read it, every term of theirs was touched).
--- p_touched: the terms fold changed since (novelty_state.touched), each looked up by its key (an array of ids, not
--- joined: on statistics that had not seen the store yet, a join was planned as a nested loop over the store's every
--- term for each touched term, bench/README.md); NULL: every term of the store is compared, a scan of its terms at
--- every render.
+-- p_touched, p_touched_files: the terms fold changed since and their files after each change (novelty_state.touched,
+-- touched_files: a term's last listing is its files now, storetopics._touched_now); NULL: every term of the store is
+-- compared, a scan of its terms at every render.
+DO $$ BEGIN   -- (0.2 before p_touched_files)
+  IF to_regprocedure('storetopics._novelty_moves(int, text, int[], int, int[], int[])') IS NOT NULL THEN
+    DROP FUNCTION storetopics._novelty_moves(int, text, int[], int, int[], int[]);
+  END IF;
+END $$;
 CREATE OR REPLACE FUNCTION storetopics._novelty_moves(p_source int, p_store text, p_dfs int[], p_rare int,
-                                                      p_bands int[], p_touched int[],
+                                                      p_bands int[], p_touched int[], p_touched_files int[],
                                                       OUT moves bigint[], OUT rare int[], OUT rare_moves bigint[],
                                                       OUT most bigint, OUT ratio float8[], OUT dfs int[])
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -105431,10 +105476,10 @@ BEGIN
                     FROM (SELECT t.term_id, t.files, coalesce(p_dfs[t.term_id], 0) AS was
                             FROM storetopics.store_terms t
                            WHERE t.source_id = p_source AND t.store_key = p_store AND p_touched IS NULL
-                          UNION ALL   -- (the touched terms, each found by the index)
-                          SELECT t.term_id, t.files, coalesce(p_dfs[t.term_id], 0) FROM storetopics.store_terms t
-                           WHERE t.source_id = p_source AND t.store_key = p_store AND p_touched IS NOT NULL
-                             AND t.term_id = ANY (ARRAY(SELECT DISTINCT x FROM unnest(p_touched) x))) t) u) m;
+                          UNION ALL   -- (the touched terms the store still holds)
+                          SELECT t.term_id, t.files, coalesce(p_dfs[t.term_id], 0)
+                            FROM storetopics._touched_now(p_touched, p_touched_files, NULL, NULL) t
+                           WHERE p_touched IS NOT NULL AND t.files > 0) t) u) m;
   dfs := p_dfs;
   FOR i IN 1..coalesce(cardinality(v_ids), 0) LOOP
     dfs[v_ids[i]] := v_files[i];
@@ -105659,7 +105704,7 @@ BEGIN
                       WHERE f.source_id = p_source AND f.store_key = p_store AND f.n IS NULL);
       v_rows := k.numbered - cardinality(k.gone) + cardinality(v_new);
       SELECT * INTO v_moves, v_rare, v_rare_moves, v_most, v_ratio, v_dfs
-        FROM storetopics._novelty_moves(p_source, p_store, k.dfs, k.rare, k.bands, k.touched);
+        FROM storetopics._novelty_moves(p_source, p_store, k.dfs, k.rare, k.bands, k.touched, k.touched_files);
     END IF;
     -- computed again when nothing is kept, when the kept rows do not add up to the store's files, when many files
     -- changed, or (a second attempt) when the bounds leave too many files to compute again: a tenth of them, whose
@@ -108469,4 +108514,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '2567932158') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '3518885679') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -370,39 +370,45 @@ BEGIN
   HAVING sum(d.df) <> 0 OR sum(d.tf) <> 0 OR sum(d.tf2) <> 0;
   -- The store terms: a row whose files fall to 0 goes, the others change, new ones come (a source's rows are
   -- written only by its fold, under its lock: no ON CONFLICT).  What each statement returns is the catalog's
-  -- background: per term the difference, and the stores that gain (+1) or lose (-1) it.
+  -- background: per term the difference, and the stores that gain (+1) or lose (-1) it; and the term's counts in
+  -- the store now.
   WITH gone AS (DELETE FROM storetopics.store_terms t USING pg_temp.storetopics_delta d
                  WHERE t.source_id = src.id AND t.store_key = d.store_key AND t.term_id = d.term_id
                    AND t.files + d.df <= 0
-                RETURNING d.term_id, d.tf, -1 AS stores, d.df),
+                RETURNING d.store_key, d.term_id, d.tf, -1 AS stores, d.df, 0 AS files, 0::bigint AS total,
+                          0::bigint AS total_sq),
        changed AS (UPDATE storetopics.store_terms t
                       SET files = t.files + d.df, total = t.total + d.tf, total_sq = t.total_sq + d.tf2
                      FROM pg_temp.storetopics_delta d
                     WHERE t.source_id = src.id AND t.store_key = d.store_key AND t.term_id = d.term_id
                       AND t.files + d.df > 0
-                   RETURNING d.term_id, d.tf, 0 AS stores, d.df),
+                   RETURNING d.store_key, d.term_id, d.tf, 0 AS stores, d.df, t.files, t.total, t.total_sq),
        added AS (INSERT INTO storetopics.store_terms (source_id, store_key, term_id, files, total, total_sq)
                  SELECT src.id, d.store_key, d.term_id, d.df, d.tf, d.tf2 FROM pg_temp.storetopics_delta d
                   WHERE d.df > 0 AND NOT EXISTS (SELECT 1 FROM storetopics.store_terms t
                                                   WHERE t.source_id = src.id AND t.store_key = d.store_key
                                                     AND t.term_id = d.term_id)
                   ORDER BY d.store_key, d.term_id
-                 RETURNING term_id, total AS tf, 1 AS stores, files AS df)
+                 RETURNING store_key, term_id, total AS tf, 1 AS stores, files AS df, files, total, total_sq),
+       y AS (SELECT * FROM gone UNION ALL SELECT * FROM changed UNION ALL SELECT * FROM added),
+       -- the terms whose counts moved, and their counts now, for what render keeps of the store
+       -- (storetopics._touched_now; past 100k of them, every term is read again); nothing to list before a
+       -- store's first render
+       listed AS (UPDATE storetopics.novelty_state k
+                     SET (touched, touched_files, touched_totals, touched_totals_sq) =
+                         (SELECT k.touched || d.ids, k.touched_files || d.files, k.touched_totals || d.totals,
+                                 k.touched_totals_sq || d.totals_sq
+                           WHERE cardinality(k.touched) + cardinality(d.ids) <= 100000)
+                    FROM (SELECT y.store_key, array_agg(y.term_id) AS ids, array_agg(y.files) AS files,
+                                 array_agg(y.total) AS totals, array_agg(y.total_sq) AS totals_sq
+                            FROM y WHERE EXISTS (SELECT 1 FROM storetopics.novelty_state k WHERE k.source_id = src.id)
+                           GROUP BY 1) d
+                   WHERE k.source_id = src.id AND k.store_key = d.store_key)
   SELECT array_agg(x.term_id), array_agg(x.total), array_agg(x.stores), array_agg(x.files)
     INTO v_terms, v_totals, v_stores, v_files
     FROM (SELECT y.term_id, sum(y.tf) AS total, sum(y.stores)::int AS stores, sum(y.df) AS files
-            FROM (SELECT * FROM gone UNION ALL SELECT * FROM changed UNION ALL SELECT * FROM added) y
-           GROUP BY 1) x;
+            FROM y GROUP BY 1) x;
   PERFORM storetopics._catalog_apply(storetopics._catalog(src.id), v_terms, v_totals, v_stores, v_files);
-  -- the terms whose counts moved, for what render keeps of the store (storetopics._novelty_moves compares only
-  -- those, storetopics._kept_head ranks only those and its head; past 100k of them, every term is read again);
-  -- nothing to list before a store's first render
-  IF EXISTS (SELECT 1 FROM storetopics.novelty_state k WHERE k.source_id = src.id) THEN
-    UPDATE storetopics.novelty_state k
-       SET touched = CASE WHEN cardinality(k.touched) + cardinality(d.ids) <= 100000 THEN k.touched || d.ids END
-      FROM (SELECT d.store_key, array_agg(d.term_id) AS ids FROM pg_temp.storetopics_delta d GROUP BY 1) d
-     WHERE k.source_id = src.id AND k.store_key = d.store_key;
-  END IF;
   DROP TABLE pg_temp.storetopics_delta;
 
   -- the clusters' sizes: the files' old cluster arrays subtracted, the new ones added

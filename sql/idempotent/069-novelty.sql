@@ -235,13 +235,14 @@ BEGIN
 END $$;
 
 -- Keep the heads of a store's rankings by total count and by files in its novelty_state (storetopics._kept_head):
--- the p_n first of each (ties by id) and the p_n-th's count.  With its novelty (the terms touched since are listed
--- from then), or later (they are then a few more than needed).
+-- the p_n first of each (ties by id), the p_n-th's count, and the counts of their terms.  With its novelty (the
+-- terms touched since are listed from then), or later (they are then a few more than needed).
 CREATE OR REPLACE FUNCTION storetopics._keep_heads(p_source int, p_store text, p_n int DEFAULT 400) RETURNS void
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   UPDATE storetopics.novelty_state k
-     SET by_total = t.ids, by_total_cut = t.cut, by_files = f.ids, by_files_cut = f.cut
+     SET by_total = t.ids, by_total_cut = t.cut, by_files = f.ids, by_files_cut = f.cut,
+         head_ids = h.ids, head_files = h.files, head_totals = h.totals, head_totals_sq = h.totals_sq
     FROM (SELECT coalesce(array_agg(t.term_id ORDER BY t.total DESC, t.term_id), '{}') AS ids,
                  CASE WHEN count(*) = p_n THEN min(t.total) END AS cut
             FROM (SELECT t.term_id, t.total FROM storetopics.store_terms t
@@ -251,32 +252,56 @@ BEGIN ATOMIC
                  CASE WHEN count(*) = p_n THEN min(t.files) END AS cut
             FROM (SELECT t.term_id, t.files FROM storetopics.store_terms t
                    WHERE t.source_id = p_source AND t.store_key = p_store
-                   ORDER BY t.files DESC, t.term_id LIMIT p_n) t) f
+                   ORDER BY t.files DESC, t.term_id LIMIT p_n) t) f,
+         LATERAL (SELECT coalesce(array_agg(s.term_id ORDER BY s.term_id), '{}') AS ids,
+                         coalesce(array_agg(s.files ORDER BY s.term_id), '{}') AS files,
+                         coalesce(array_agg(s.total ORDER BY s.term_id), '{}') AS totals,
+                         coalesce(array_agg(s.total_sq ORDER BY s.term_id), '{}') AS totals_sq
+                    FROM storetopics.store_terms s
+                   WHERE s.source_id = p_source AND s.store_key = p_store AND s.term_id = ANY (t.ids || f.ids)) h
    WHERE k.source_id = p_source AND k.store_key = p_store;
 END;
 
+-- The terms fold listed in a store since its novelty was kept, each with its counts now: those of its last listing
+-- (novelty_state.touched and the arrays in step with it; files 0: the store holds it no more).  Read from the row,
+-- not looked up: every change fold makes to a store's terms is listed there, in the transaction that makes it.
+CREATE OR REPLACE FUNCTION storetopics._touched_now(p_touched int[], p_files int[], p_totals bigint[],
+                                                    p_totals_sq bigint[])
+RETURNS TABLE (term_id int, files int, total bigint, total_sq bigint)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  SELECT DISTINCT ON (u.t) u.t, u.f, u.n, u.s
+    FROM unnest(p_touched, p_files, p_totals, p_totals_sq) WITH ORDINALITY AS u(t, f, n, s, i)
+   ORDER BY u.t, u.i DESC;
+END;
+
 -- The terms of a store that can rank above a kept cut, by total count (p_by 'total') or by files ('files'): those
--- of the head kept with its novelty (storetopics._keep_novelty) and those fold touched since, with their counts now
--- (each looked up by its key, in one statement: one snapshot of the head, the touched terms and the counts), and
--- the cut: every other term of the store has at most that many (NULL: there is no other term).  No row when nothing
--- kept vouches for it (no state, or too many terms touched to list): the caller sorts every term.
+-- of the heads kept with its novelty (storetopics._keep_heads: both heads, a few more than one needs) and those
+-- fold touched since, with their counts now (the touched terms' from their last listing, the others' as kept: read
+-- from the row, no term looked up), and the cut: every other term of the store has at most that many (NULL: there
+-- is no other term).  No row when nothing kept vouches for it (no state, or too many terms touched to list): the
+-- caller sorts every term.
 CREATE OR REPLACE FUNCTION storetopics._kept_head(p_source int, p_store text, p_by text, OUT ids int[],
                                                   OUT files int[], OUT totals bigint[], OUT totals_sq bigint[],
                                                   OUT cut bigint)
 RETURNS SETOF record
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-  SELECT coalesce(array_agg(t.term_id), '{}'), coalesce(array_agg(t.files), '{}'), coalesce(array_agg(t.total), '{}'),
-         coalesce(array_agg(t.total_sq), '{}'), min(h.cut)
-    FROM (SELECT k.source_id, k.store_key, k.touched,
-                 CASE p_by WHEN 'total' THEN k.by_total WHEN 'files' THEN k.by_files END AS head,
-                 CASE p_by WHEN 'total' THEN k.by_total_cut WHEN 'files' THEN k.by_files_cut END AS cut
-            FROM storetopics.novelty_state k
-           WHERE k.source_id = p_source AND k.store_key = p_store) h
-    LEFT JOIN LATERAL (SELECT t.term_id, t.files, t.total, t.total_sq FROM storetopics.store_terms t
-                        WHERE t.source_id = h.source_id AND t.store_key = h.store_key
-                          AND t.term_id = ANY (h.head || h.touched)) t ON true
-   WHERE h.head IS NOT NULL AND h.touched IS NOT NULL
+  SELECT coalesce(array_agg(x.term_id) FILTER (WHERE x.files > 0), '{}'),
+         coalesce(array_agg(x.files) FILTER (WHERE x.files > 0), '{}'),
+         coalesce(array_agg(x.total) FILTER (WHERE x.files > 0), '{}'),
+         coalesce(array_agg(x.total_sq) FILTER (WHERE x.files > 0), '{}'),
+         min(CASE p_by WHEN 'total' THEN h.by_total_cut WHEN 'files' THEN h.by_files_cut END)
+    FROM storetopics.novelty_state h
+   CROSS JOIN LATERAL (SELECT DISTINCT ON (u.term_id) u.*
+                         FROM (SELECT t.*, 0::bigint AS i
+                                 FROM unnest(h.head_ids, h.head_files, h.head_totals, h.head_totals_sq)
+                                      AS t(term_id, files, total, total_sq)
+                               UNION ALL
+                               SELECT t.*, 1 FROM storetopics._touched_now(h.touched, h.touched_files,
+                                                                          h.touched_totals, h.touched_totals_sq) t) u
+                        ORDER BY u.term_id, u.i DESC) x
+   WHERE h.source_id = p_source AND h.store_key = p_store AND h.head_ids IS NOT NULL AND h.touched IS NOT NULL
    GROUP BY h.source_id;
 END;
 
@@ -286,12 +311,16 @@ END;
 -- files then / the smaller of files then and now: a term's ln moved by at most that over its files then; and dfs,
 -- the files of each term now for every term it looked up (the others: as then; the sums of the files folded since
 -- read it, every term of theirs was touched).
--- p_touched: the terms fold changed since (novelty_state.touched), each looked up by its key (an array of ids, not
--- joined: on statistics that had not seen the store yet, a join was planned as a nested loop over the store's every
--- term for each touched term, bench/README.md); NULL: every term of the store is compared, a scan of its terms at
--- every render.
+-- p_touched, p_touched_files: the terms fold changed since and their files after each change (novelty_state.touched,
+-- touched_files: a term's last listing is its files now, storetopics._touched_now); NULL: every term of the store is
+-- compared, a scan of its terms at every render.
+DO $$ BEGIN   -- (0.2 before p_touched_files)
+  IF to_regprocedure('storetopics._novelty_moves(int, text, int[], int, int[], int[])') IS NOT NULL THEN
+    DROP FUNCTION storetopics._novelty_moves(int, text, int[], int, int[], int[]);
+  END IF;
+END $$;
 CREATE OR REPLACE FUNCTION storetopics._novelty_moves(p_source int, p_store text, p_dfs int[], p_rare int,
-                                                      p_bands int[], p_touched int[],
+                                                      p_bands int[], p_touched int[], p_touched_files int[],
                                                       OUT moves bigint[], OUT rare int[], OUT rare_moves bigint[],
                                                       OUT most bigint, OUT ratio float8[], OUT dfs int[])
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -319,10 +348,10 @@ BEGIN
                     FROM (SELECT t.term_id, t.files, coalesce(p_dfs[t.term_id], 0) AS was
                             FROM storetopics.store_terms t
                            WHERE t.source_id = p_source AND t.store_key = p_store AND p_touched IS NULL
-                          UNION ALL   -- (the touched terms, each found by the index)
-                          SELECT t.term_id, t.files, coalesce(p_dfs[t.term_id], 0) FROM storetopics.store_terms t
-                           WHERE t.source_id = p_source AND t.store_key = p_store AND p_touched IS NOT NULL
-                             AND t.term_id = ANY (ARRAY(SELECT DISTINCT x FROM unnest(p_touched) x))) t) u) m;
+                          UNION ALL   -- (the touched terms the store still holds)
+                          SELECT t.term_id, t.files, coalesce(p_dfs[t.term_id], 0)
+                            FROM storetopics._touched_now(p_touched, p_touched_files, NULL, NULL) t
+                           WHERE p_touched IS NOT NULL AND t.files > 0) t) u) m;
   dfs := p_dfs;
   FOR i IN 1..coalesce(cardinality(v_ids), 0) LOOP
     dfs[v_ids[i]] := v_files[i];
@@ -547,7 +576,7 @@ BEGIN
                       WHERE f.source_id = p_source AND f.store_key = p_store AND f.n IS NULL);
       v_rows := k.numbered - cardinality(k.gone) + cardinality(v_new);
       SELECT * INTO v_moves, v_rare, v_rare_moves, v_most, v_ratio, v_dfs
-        FROM storetopics._novelty_moves(p_source, p_store, k.dfs, k.rare, k.bands, k.touched);
+        FROM storetopics._novelty_moves(p_source, p_store, k.dfs, k.rare, k.bands, k.touched, k.touched_files);
     END IF;
     -- computed again when nothing is kept, when the kept rows do not add up to the store's files, when many files
     -- changed, or (a second attempt) when the bounds leave too many files to compute again: a tenth of them, whose

@@ -13,8 +13,13 @@ CREATE UNLOGGED TABLE storetopics.novelty_state (
   per_word  float8[] NOT NULL,      -- per band, the largest sensitivity per counted word of those files
   gone      int[] NOT NULL DEFAULT '{}',   -- the numbers of the files folded since (changed, moved or deleted)
   words     int[] NOT NULL,         -- the counted words of each numbered file then, by number
-  -- the terms whose counts fold changed since, with repeats (NULL: too many to list; every term is compared)
+  -- the terms whose counts fold changed since, with repeats (NULL: too many to list; every term is compared), and in
+  -- step their counts in the store after that fold (files 0: it holds the term no more): a term's last listing is its
+  -- counts now, read without a lookup (storetopics._touched_now)
   touched   int[] DEFAULT '{}',
+  touched_files     int[] DEFAULT '{}',
+  touched_totals    bigint[] DEFAULT '{}',
+  touched_totals_sq bigint[] DEFAULT '{}',
   -- the heads of two rankings of the store's terms then, ties by id: the 400 first by total count and by files, and
   -- the 400th's count (NULL: the store had no more terms).  A term neither listed nor touched since still has at
   -- most that count, so the head and the touched terms hold every term that can rank above it
@@ -24,6 +29,11 @@ CREATE UNLOGGED TABLE storetopics.novelty_state (
   by_total_cut  bigint,
   by_files      int[],
   by_files_cut  int,
+  -- the terms of both heads, by id, and their counts when the heads were kept
+  head_ids       int[],
+  head_files     int[],
+  head_totals    bigint[],
+  head_totals_sq bigint[],
   -- the head of the ranking by contrast then (storetopics._keep_contrast): the 400 best terms, a bound on every
   -- other's score then (NULL: no other term qualified), what those scores were of ({the store's files, the
   -- catalog's files, its stores}), and how far the catalog's list of touched terms went then (its catalog,
