@@ -100590,9 +100590,8 @@ CREATE UNLOGGED TABLE storetopics.novelty_state (
   per_word  float8[] NOT NULL,      -- per band, the largest sensitivity per counted word of those files
   gone      int[] NOT NULL DEFAULT '{}',   -- the numbers of the files folded since (changed, moved or deleted)
   words     int[] NOT NULL,         -- the counted words of each numbered file then, by number
-  -- the terms whose counts fold changed since, with repeats (NULL: too many to list; every term is compared), and in
-  -- step their counts in the store after that fold (files 0: it holds the term no more): a term's last listing is its
-  -- counts now, read without a lookup (storetopics._touched_now)
+  -- the terms whose counts fold changed since, each once (NULL: too many to list; every term is compared), and in
+  -- step their counts in the store now (files 0: it holds the term no more): read with them, not looked up
   touched   int[] DEFAULT '{}',
   touched_files     int[] DEFAULT '{}',
   touched_totals    bigint[] DEFAULT '{}',
@@ -103298,14 +103297,22 @@ BEGIN
                   ORDER BY d.store_key, d.term_id
                  RETURNING store_key, term_id, total AS tf, 1 AS stores, files AS df, files, total, total_sq),
        y AS (SELECT * FROM gone UNION ALL SELECT * FROM changed UNION ALL SELECT * FROM added),
-       -- the terms whose counts moved, and their counts now, for what render keeps of the store
-       -- (storetopics._touched_now; past 100k of them, every term is read again); nothing to list before a
-       -- store's first render
+       -- the terms whose counts moved since the store's novelty was kept, each once with its counts now, for what
+       -- render keeps of the store (novelty_state.touched; past 100k of them, every term is read again): those
+       -- listed before and not now, then those now; nothing to list before a store's first render
        listed AS (UPDATE storetopics.novelty_state k
                      SET (touched, touched_files, touched_totals, touched_totals_sq) =
-                         (SELECT k.touched || d.ids, k.touched_files || d.files, k.touched_totals || d.totals,
-                                 k.touched_totals_sq || d.totals_sq
-                           WHERE cardinality(k.touched) + cardinality(d.ids) <= 100000)
+                         (SELECT array_agg(u.t), array_agg(u.f), array_agg(u.n), array_agg(u.s)
+                            FROM (SELECT DISTINCT ON (u.t) u.t, u.f, u.n, u.s
+                                    FROM (SELECT o.*, 0 AS w
+                                            FROM unnest(k.touched, k.touched_files, k.touched_totals,
+                                                        k.touched_totals_sq) AS o(t, f, n, s)
+                                          UNION ALL
+                                          SELECT x.*, 1
+                                            FROM unnest(d.ids, d.files, d.totals, d.totals_sq) AS x(t, f, n, s)) u
+                                   WHERE k.touched IS NOT NULL
+                                   ORDER BY u.t, u.w DESC) u
+                          HAVING count(*) <= 100000)
                     FROM (SELECT y.store_key, array_agg(y.term_id) AS ids, array_agg(y.files) AS files,
                                  array_agg(y.total) AS totals, array_agg(y.total_sq) AS totals_sq
                             FROM y WHERE EXISTS (SELECT 1 FROM storetopics.novelty_state k WHERE k.source_id = src.id)
@@ -105153,22 +105160,9 @@ BEGIN ATOMIC
    WHERE k.source_id = p_source AND k.store_key = p_store;
 END;
 
--- The terms fold listed in a store since its novelty was kept, each with its counts now: those of its last listing
--- (novelty_state.touched and the arrays in step with it; files 0: the store holds it no more).  Read from the row,
--- not looked up: every change fold makes to a store's terms is listed there, in the transaction that makes it.
-CREATE OR REPLACE FUNCTION storetopics._touched_now(p_touched int[], p_files int[], p_totals bigint[],
-                                                    p_totals_sq bigint[])
-RETURNS TABLE (term_id int, files int, total bigint, total_sq bigint)
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-  SELECT DISTINCT ON (u.t) u.t, u.f, u.n, u.s
-    FROM unnest(p_touched, p_files, p_totals, p_totals_sq) WITH ORDINALITY AS u(t, f, n, s, i)
-   ORDER BY u.t, u.i DESC;
-END;
-
 -- The terms of a store that can rank above a kept cut, by total count (p_by 'total') or by files ('files'): those
 -- of the heads kept with its novelty (storetopics._keep_heads: both heads, a few more than one needs) and those
--- fold touched since, with their counts now (the touched terms' from their last listing, the others' as kept: read
+-- fold touched since, with their counts now (the touched terms' as fold listed them, the others' as kept: read
 -- from the row, no term looked up), and the cut: every other term of the store has at most that many (NULL: there
 -- is no other term).  No row when nothing kept vouches for it (no state, or too many terms touched to list): the
 -- caller sorts every term.
@@ -105189,8 +105183,9 @@ BEGIN ATOMIC
                                  FROM unnest(h.head_ids, h.head_files, h.head_totals, h.head_totals_sq)
                                       AS t(term_id, files, total, total_sq)
                                UNION ALL
-                               SELECT t.*, 1 FROM storetopics._touched_now(h.touched, h.touched_files,
-                                                                          h.touched_totals, h.touched_totals_sq) t) u
+                               SELECT t.*, 1
+                                 FROM unnest(h.touched, h.touched_files, h.touched_totals, h.touched_totals_sq)
+                                      AS t(term_id, files, total, total_sq)) u
                         ORDER BY u.term_id, u.i DESC) x
    WHERE h.source_id = p_source AND h.store_key = p_store AND h.head_ids IS NOT NULL AND h.touched IS NOT NULL
    GROUP BY h.source_id;
@@ -105202,9 +105197,9 @@ END;
 -- files then / the smaller of files then and now: a term's ln moved by at most that over its files then; and dfs,
 -- the files of each term now for every term it looked up (the others: as then; the sums of the files folded since
 -- read it, every term of theirs was touched).
--- p_touched, p_touched_files: the terms fold changed since and their files after each change (novelty_state.touched,
--- touched_files: a term's last listing is its files now, storetopics._touched_now); NULL: every term of the store is
--- compared, a scan of its terms at every render.
+-- p_touched, p_touched_files: the terms fold changed since and their files now (novelty_state.touched and
+-- touched_files: read as listed, no term looked up); NULL: every term of the store is compared, a scan of its terms
+-- at every render.
 DO $$ BEGIN   -- (0.2 before p_touched_files)
   IF to_regprocedure('storetopics._novelty_moves(int, text, int[], int, int[], int[])') IS NOT NULL THEN
     DROP FUNCTION storetopics._novelty_moves(int, text, int[], int, int[], int[]);
@@ -105241,7 +105236,7 @@ BEGIN
                            WHERE t.source_id = p_source AND t.store_key = p_store AND p_touched IS NULL
                           UNION ALL   -- (the touched terms the store still holds)
                           SELECT t.term_id, t.files, coalesce(p_dfs[t.term_id], 0)
-                            FROM storetopics._touched_now(p_touched, p_touched_files, NULL, NULL) t
+                            FROM unnest(p_touched, p_touched_files) AS t(term_id, files)
                            WHERE p_touched IS NOT NULL AND t.files > 0) t) u) m;
   dfs := p_dfs;
   FOR i IN 1..coalesce(cardinality(v_ids), 0) LOOP
@@ -106265,14 +106260,26 @@ BEGIN
    WHERE k.source_id = p_source AND k.store_key = p_store;
 END $$;
 
+-- The most a term of a store can score by contrast (storetopics._contrast_raw) with `files` in the store, whatever
+-- the rest of the catalog holds: its share q of the rest is at least half a file's (0: it cannot qualify).
+CREATE OR REPLACE FUNCTION storetopics._contrast_most(files int, store_files float8, all_files float8, stores numeric)
+RETURNS float8
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN files < 2 THEN 0
+            WHEN stores < 2 THEN files / store_files
+            WHEN files / store_files <= 0.5 / (all_files - store_files + 0.5) THEN 0
+            ELSE files / store_files * ln(files / store_files / (0.5 / (all_files - store_files + 0.5))) END;
+
 -- The terms of a store that can score more than a bound by contrast now (storetopics._contrast_terms), with their
 -- scores now, and the bound, rounded as the scores are: those of the kept head (novelty_state.by_contrast), those
--- fold touched in the store since its novelty was kept and those whose counts changed in the catalog since the head
--- was (each looked up by its key, in one statement).  Every other term has the counts it had when the head was
--- kept; with p = files / N and q = (rest's files + 1/2) / (A - N + 1/2), its score p ln(p / q) moved from s to
--- (N / N') (s + p d), d = ln(N / N') + ln((A' - N' + 1/2) / (A - N + 1/2)), and p <= 1: it is at most
--- (N / N') (cut + max(d, 0)).  No row when nothing kept vouches for it (no head, the catalog's list started again,
--- the store under 20 files, or alone in its catalog then and not now, or the reverse): the caller ranks every term.
+-- whose counts changed in the catalog since the head was kept and fold did not touch in the store, and those fold
+-- touched in the store since its novelty was kept whose files now could score more than the bound whatever the rest
+-- of the catalog holds (storetopics._contrast_most), each looked up by its key, in one statement.  Every other term
+-- has the counts it had when the head was kept; with p = files / N and q = (rest's files + 1/2) / (A - N + 1/2), its
+-- score p ln(p / q) moved from s to (N / N') (s + p d), d = ln(N / N') + ln((A' - N' + 1/2) / (A - N + 1/2)), and
+-- p <= 1: it is at most (N / N') (cut + max(d, 0)).  No row when nothing kept vouches for it (no head, the catalog's
+-- list started again, the store under 20 files, or alone in its catalog then and not now, or the reverse): the
+-- caller ranks every term.
 CREATE OR REPLACE FUNCTION storetopics._kept_contrast(p_source int, p_store text, p_catalog text, p_files float8,
                                                       p_all float8, p_stores numeric, OUT ids int[],
                                                       OUT scores float8[], OUT files int[], OUT totals bigint[],
@@ -106285,7 +106292,8 @@ BEGIN ATOMIC
          coalesce(array_agg(x.files), '{}'), coalesce(array_agg(x.total), '{}'), coalesce(array_agg(x.total_sq), '{}'),
          coalesce(array_agg(x.p), '{}'), coalesce(array_agg(x.q), '{}'),
          round((min(h.bound) * (1 + 1e-9) + 1e-12)::numeric, 9)::float8
-    FROM (SELECT k.source_id, k.store_key, k.by_contrast || k.touched || c.touched[k.catalog_position + 1:] AS terms,
+    FROM (SELECT k.source_id, k.store_key, k.by_contrast, k.touched, k.touched_files, k.touched_totals,
+                 k.touched_totals_sq, c.touched[k.catalog_position + 1:] AS in_catalog,
                  k.contrast_basis[1] / p_files
                  * (coalesce(k.by_contrast_cut, 0)
                     + CASE WHEN p_stores < 2 THEN 0
@@ -106304,9 +106312,17 @@ BEGIN ATOMIC
                      storetopics._contrast_q(t.files, (SELECT a.files FROM storetopics.catalog_terms a
                                                         WHERE a.catalog = p_catalog AND a.term_id = t.term_id),
                                              p_files, p_all) AS q
-                FROM storetopics.store_terms t
-               WHERE t.source_id = h.source_id AND t.store_key = h.store_key AND t.term_id = ANY (h.terms)
-                 AND t.files >= 2) s
+                -- (the head and the catalog's changes the store did not list, looked up; the listed, as listed)
+                FROM (SELECT t.term_id, t.files, t.total, t.total_sq FROM storetopics.store_terms t
+                       WHERE t.source_id = h.source_id AND t.store_key = h.store_key
+                         AND t.term_id = ANY (ARRAY(SELECT unnest(h.by_contrast) UNION SELECT unnest(h.in_catalog)
+                                                    EXCEPT SELECT unnest(h.touched)))
+                      UNION ALL
+                      SELECT t.* FROM unnest(h.touched, h.touched_files, h.touched_totals, h.touched_totals_sq)
+                                      AS t(term_id, files, total, total_sq)
+                       WHERE storetopics._contrast_most(t.files, p_files, p_all, p_stores) * (1 + 1e-9) + 1e-9
+                             > h.bound) t
+               WHERE t.files >= 2) s
        WHERE p_stores < 2 OR s.p > s.q) x ON true
    GROUP BY h.source_id;
 END;
@@ -108277,4 +108293,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '3518885679') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1587843964') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

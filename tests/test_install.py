@@ -33,7 +33,8 @@ BOUND_AT_CREATION: set[str] = {"_dehyphenated(text)", "_ln9(bigint)", "_novelty(
                                "_page_chrome(bigint,bigint,bigint,bigint,bigint)", "_clause_fragment(text[])",
                                "_showable_term(text)", "_terms_digest(integer[],integer[])",
                                "_contrast_q(integer,bigint,double precision,double precision)",
-                               "_contrast_raw(double precision,double precision,numeric)"}
+                               "_contrast_raw(double precision,double precision,numeric)",
+                               "_contrast_most(integer,double precision,double precision,numeric)"}
 PUBLIC_EXECUTE = {"_usable_text(text)", "_dehyphenated(text)", "_showable_term(text)", "_human_count(bigint)",
                   "_tsvector_or_null(regconfig,text)", "_max_store_key()", "_tool_name(text,text)",
                   # checks every caller itself: contents go only to roles that may SELECT the chunk table

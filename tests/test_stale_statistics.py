@@ -97,28 +97,34 @@ def test_contrast_terms_read_the_catalog_once(second, store, per_term):
 
 def test_the_terms_an_upload_touched_are_read_from_the_kept_state(second):
     """What a render after an upload reads first, the counts now of the terms fold touched since the store's novelty
-    was kept, is in novelty_state, in step with the touched terms (each term's last listing is its counts now; files 0:
-    the store holds it no more): no term is looked up in store_terms, whatever the statistics say."""
+    was kept, is in novelty_state, in step with the touched terms (each listed once, with its counts now; files 0: the
+    store holds it no more): no term is looked up in store_terms, whatever the statistics say."""
     conn, source = second
     words = conn.execute("SELECT string_agg(l.lexeme, ' ') FROM storetopics.store_terms t JOIN storetopics.lexemes l "
                          "ON l.id = t.term_id WHERE t.source_id = %s AND t.store_key = 's' AND t.files = 1",
                          (source,)).fetchone()[0].split()
     assert len(words) >= 10 and store_terms(conn, source, "s") > 3000
-    # a new file with new words and some of the store's, a file changed, a file deleted (some of its words with it)
+    # a new file with new words and some of the store's; then, folded apart, a file changed to hold one of its new
+    # words, and a file deleted (some of its words with it)
     conn.execute("INSERT INTO b.docs (store, file, content) VALUES ('s', 9001, %s)",
                  (" ".join(["qqzzyx", "qqzzyw"] * 3 + words[:5]),))
+    while conn.execute("SELECT storetopics._fold(%s)", (source,)).fetchone()[0]:
+        pass
     conn.execute("UPDATE b.docs SET content = content || ' qqzzyx' WHERE store = 's' AND file = 8")
     conn.execute("DELETE FROM b.docs WHERE store = 's' AND file = 7")
     while conn.execute("SELECT storetopics._fold(%s)", (source,)).fetchone()[0]:
         pass
-    now = {t: (f, n, q) for t, f, n, q in conn.execute(
-        "SELECT x.* FROM storetopics.novelty_state k, storetopics._touched_now(k.touched, k.touched_files, "
-        "k.touched_totals, k.touched_totals_sq) x WHERE k.source_id = %s AND k.store_key = 's'", (source,))}
+    listed = conn.execute(
+        "SELECT x.* FROM storetopics.novelty_state k, unnest(k.touched, k.touched_files, k.touched_totals, "
+        "k.touched_totals_sq) x WHERE k.source_id = %s AND k.store_key = 's'", (source,)).fetchall()
+    now = {t: (f, n, q) for t, f, n, q in listed}
+    assert len(now) == len(listed)
     rows = {t: (f, n, q) for t, f, n, q in conn.execute(
         "SELECT term_id, files, total, total_sq FROM storetopics.store_terms WHERE source_id = %s AND store_key = 's' "
         "AND term_id = ANY (%s)", (source, list(now)))}
     assert len(now) >= 100 and sum(f == 0 for f, _, _ in now.values()) >= 1
     assert {t: v for t, v in now.items() if v[0] > 0} == rows
+    assert rows[conn.execute("SELECT id FROM storetopics.lexemes WHERE lexeme = 'qqzzyx'").fetchone()[0]][0] == 2
     top = conn.execute("SELECT max(id) FROM storetopics.lexemes").fetchone()[0]
     sql = ("SELECT (storetopics._novelty_moves(%s, 's', array_fill(0, ARRAY[%s]), 50, storetopics._novelty_bands(), "
            "k.touched, k.touched_files)).dfs FROM storetopics.novelty_state k WHERE k.source_id = %s "

@@ -391,14 +391,22 @@ BEGIN
                   ORDER BY d.store_key, d.term_id
                  RETURNING store_key, term_id, total AS tf, 1 AS stores, files AS df, files, total, total_sq),
        y AS (SELECT * FROM gone UNION ALL SELECT * FROM changed UNION ALL SELECT * FROM added),
-       -- the terms whose counts moved, and their counts now, for what render keeps of the store
-       -- (storetopics._touched_now; past 100k of them, every term is read again); nothing to list before a
-       -- store's first render
+       -- the terms whose counts moved since the store's novelty was kept, each once with its counts now, for what
+       -- render keeps of the store (novelty_state.touched; past 100k of them, every term is read again): those
+       -- listed before and not now, then those now; nothing to list before a store's first render
        listed AS (UPDATE storetopics.novelty_state k
                      SET (touched, touched_files, touched_totals, touched_totals_sq) =
-                         (SELECT k.touched || d.ids, k.touched_files || d.files, k.touched_totals || d.totals,
-                                 k.touched_totals_sq || d.totals_sq
-                           WHERE cardinality(k.touched) + cardinality(d.ids) <= 100000)
+                         (SELECT array_agg(u.t), array_agg(u.f), array_agg(u.n), array_agg(u.s)
+                            FROM (SELECT DISTINCT ON (u.t) u.t, u.f, u.n, u.s
+                                    FROM (SELECT o.*, 0 AS w
+                                            FROM unnest(k.touched, k.touched_files, k.touched_totals,
+                                                        k.touched_totals_sq) AS o(t, f, n, s)
+                                          UNION ALL
+                                          SELECT x.*, 1
+                                            FROM unnest(d.ids, d.files, d.totals, d.totals_sq) AS x(t, f, n, s)) u
+                                   WHERE k.touched IS NOT NULL
+                                   ORDER BY u.t, u.w DESC) u
+                          HAVING count(*) <= 100000)
                     FROM (SELECT y.store_key, array_agg(y.term_id) AS ids, array_agg(y.files) AS files,
                                  array_agg(y.total) AS totals, array_agg(y.total_sq) AS totals_sq
                             FROM y WHERE EXISTS (SELECT 1 FROM storetopics.novelty_state k WHERE k.source_id = src.id)

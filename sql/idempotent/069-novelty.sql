@@ -262,22 +262,9 @@ BEGIN ATOMIC
    WHERE k.source_id = p_source AND k.store_key = p_store;
 END;
 
--- The terms fold listed in a store since its novelty was kept, each with its counts now: those of its last listing
--- (novelty_state.touched and the arrays in step with it; files 0: the store holds it no more).  Read from the row,
--- not looked up: every change fold makes to a store's terms is listed there, in the transaction that makes it.
-CREATE OR REPLACE FUNCTION storetopics._touched_now(p_touched int[], p_files int[], p_totals bigint[],
-                                                    p_totals_sq bigint[])
-RETURNS TABLE (term_id int, files int, total bigint, total_sq bigint)
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-  SELECT DISTINCT ON (u.t) u.t, u.f, u.n, u.s
-    FROM unnest(p_touched, p_files, p_totals, p_totals_sq) WITH ORDINALITY AS u(t, f, n, s, i)
-   ORDER BY u.t, u.i DESC;
-END;
-
 -- The terms of a store that can rank above a kept cut, by total count (p_by 'total') or by files ('files'): those
 -- of the heads kept with its novelty (storetopics._keep_heads: both heads, a few more than one needs) and those
--- fold touched since, with their counts now (the touched terms' from their last listing, the others' as kept: read
+-- fold touched since, with their counts now (the touched terms' as fold listed them, the others' as kept: read
 -- from the row, no term looked up), and the cut: every other term of the store has at most that many (NULL: there
 -- is no other term).  No row when nothing kept vouches for it (no state, or too many terms touched to list): the
 -- caller sorts every term.
@@ -298,8 +285,9 @@ BEGIN ATOMIC
                                  FROM unnest(h.head_ids, h.head_files, h.head_totals, h.head_totals_sq)
                                       AS t(term_id, files, total, total_sq)
                                UNION ALL
-                               SELECT t.*, 1 FROM storetopics._touched_now(h.touched, h.touched_files,
-                                                                          h.touched_totals, h.touched_totals_sq) t) u
+                               SELECT t.*, 1
+                                 FROM unnest(h.touched, h.touched_files, h.touched_totals, h.touched_totals_sq)
+                                      AS t(term_id, files, total, total_sq)) u
                         ORDER BY u.term_id, u.i DESC) x
    WHERE h.source_id = p_source AND h.store_key = p_store AND h.head_ids IS NOT NULL AND h.touched IS NOT NULL
    GROUP BY h.source_id;
@@ -311,9 +299,9 @@ END;
 -- files then / the smaller of files then and now: a term's ln moved by at most that over its files then; and dfs,
 -- the files of each term now for every term it looked up (the others: as then; the sums of the files folded since
 -- read it, every term of theirs was touched).
--- p_touched, p_touched_files: the terms fold changed since and their files after each change (novelty_state.touched,
--- touched_files: a term's last listing is its files now, storetopics._touched_now); NULL: every term of the store is
--- compared, a scan of its terms at every render.
+-- p_touched, p_touched_files: the terms fold changed since and their files now (novelty_state.touched and
+-- touched_files: read as listed, no term looked up); NULL: every term of the store is compared, a scan of its terms
+-- at every render.
 DO $$ BEGIN   -- (0.2 before p_touched_files)
   IF to_regprocedure('storetopics._novelty_moves(int, text, int[], int, int[], int[])') IS NOT NULL THEN
     DROP FUNCTION storetopics._novelty_moves(int, text, int[], int, int[], int[]);
@@ -350,7 +338,7 @@ BEGIN
                            WHERE t.source_id = p_source AND t.store_key = p_store AND p_touched IS NULL
                           UNION ALL   -- (the touched terms the store still holds)
                           SELECT t.term_id, t.files, coalesce(p_dfs[t.term_id], 0)
-                            FROM storetopics._touched_now(p_touched, p_touched_files, NULL, NULL) t
+                            FROM unnest(p_touched, p_touched_files) AS t(term_id, files)
                            WHERE p_touched IS NOT NULL AND t.files > 0) t) u) m;
   dfs := p_dfs;
   FOR i IN 1..coalesce(cardinality(v_ids), 0) LOOP

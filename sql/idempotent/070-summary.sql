@@ -517,14 +517,26 @@ BEGIN
    WHERE k.source_id = p_source AND k.store_key = p_store;
 END $$;
 
+-- The most a term of a store can score by contrast (storetopics._contrast_raw) with `files` in the store, whatever
+-- the rest of the catalog holds: its share q of the rest is at least half a file's (0: it cannot qualify).
+CREATE OR REPLACE FUNCTION storetopics._contrast_most(files int, store_files float8, all_files float8, stores numeric)
+RETURNS float8
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN files < 2 THEN 0
+            WHEN stores < 2 THEN files / store_files
+            WHEN files / store_files <= 0.5 / (all_files - store_files + 0.5) THEN 0
+            ELSE files / store_files * ln(files / store_files / (0.5 / (all_files - store_files + 0.5))) END;
+
 -- The terms of a store that can score more than a bound by contrast now (storetopics._contrast_terms), with their
 -- scores now, and the bound, rounded as the scores are: those of the kept head (novelty_state.by_contrast), those
--- fold touched in the store since its novelty was kept and those whose counts changed in the catalog since the head
--- was (each looked up by its key, in one statement).  Every other term has the counts it had when the head was
--- kept; with p = files / N and q = (rest's files + 1/2) / (A - N + 1/2), its score p ln(p / q) moved from s to
--- (N / N') (s + p d), d = ln(N / N') + ln((A' - N' + 1/2) / (A - N + 1/2)), and p <= 1: it is at most
--- (N / N') (cut + max(d, 0)).  No row when nothing kept vouches for it (no head, the catalog's list started again,
--- the store under 20 files, or alone in its catalog then and not now, or the reverse): the caller ranks every term.
+-- whose counts changed in the catalog since the head was kept and fold did not touch in the store, and those fold
+-- touched in the store since its novelty was kept whose files now could score more than the bound whatever the rest
+-- of the catalog holds (storetopics._contrast_most), each looked up by its key, in one statement.  Every other term
+-- has the counts it had when the head was kept; with p = files / N and q = (rest's files + 1/2) / (A - N + 1/2), its
+-- score p ln(p / q) moved from s to (N / N') (s + p d), d = ln(N / N') + ln((A' - N' + 1/2) / (A - N + 1/2)), and
+-- p <= 1: it is at most (N / N') (cut + max(d, 0)).  No row when nothing kept vouches for it (no head, the catalog's
+-- list started again, the store under 20 files, or alone in its catalog then and not now, or the reverse): the
+-- caller ranks every term.
 CREATE OR REPLACE FUNCTION storetopics._kept_contrast(p_source int, p_store text, p_catalog text, p_files float8,
                                                       p_all float8, p_stores numeric, OUT ids int[],
                                                       OUT scores float8[], OUT files int[], OUT totals bigint[],
@@ -537,7 +549,8 @@ BEGIN ATOMIC
          coalesce(array_agg(x.files), '{}'), coalesce(array_agg(x.total), '{}'), coalesce(array_agg(x.total_sq), '{}'),
          coalesce(array_agg(x.p), '{}'), coalesce(array_agg(x.q), '{}'),
          round((min(h.bound) * (1 + 1e-9) + 1e-12)::numeric, 9)::float8
-    FROM (SELECT k.source_id, k.store_key, k.by_contrast || k.touched || c.touched[k.catalog_position + 1:] AS terms,
+    FROM (SELECT k.source_id, k.store_key, k.by_contrast, k.touched, k.touched_files, k.touched_totals,
+                 k.touched_totals_sq, c.touched[k.catalog_position + 1:] AS in_catalog,
                  k.contrast_basis[1] / p_files
                  * (coalesce(k.by_contrast_cut, 0)
                     + CASE WHEN p_stores < 2 THEN 0
@@ -556,9 +569,17 @@ BEGIN ATOMIC
                      storetopics._contrast_q(t.files, (SELECT a.files FROM storetopics.catalog_terms a
                                                         WHERE a.catalog = p_catalog AND a.term_id = t.term_id),
                                              p_files, p_all) AS q
-                FROM storetopics.store_terms t
-               WHERE t.source_id = h.source_id AND t.store_key = h.store_key AND t.term_id = ANY (h.terms)
-                 AND t.files >= 2) s
+                -- (the head and the catalog's changes the store did not list, looked up; the listed, as listed)
+                FROM (SELECT t.term_id, t.files, t.total, t.total_sq FROM storetopics.store_terms t
+                       WHERE t.source_id = h.source_id AND t.store_key = h.store_key
+                         AND t.term_id = ANY (ARRAY(SELECT unnest(h.by_contrast) UNION SELECT unnest(h.in_catalog)
+                                                    EXCEPT SELECT unnest(h.touched)))
+                      UNION ALL
+                      SELECT t.* FROM unnest(h.touched, h.touched_files, h.touched_totals, h.touched_totals_sq)
+                                      AS t(term_id, files, total, total_sq)
+                       WHERE storetopics._contrast_most(t.files, p_files, p_all, p_stores) * (1 + 1e-9) + 1e-9
+                             > h.bound) t
+               WHERE t.files >= 2) s
        WHERE p_stores < 2 OR s.p > s.q) x ON true
    GROUP BY h.source_id;
 END;

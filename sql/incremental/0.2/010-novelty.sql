@@ -13,9 +13,8 @@ CREATE UNLOGGED TABLE storetopics.novelty_state (
   per_word  float8[] NOT NULL,      -- per band, the largest sensitivity per counted word of those files
   gone      int[] NOT NULL DEFAULT '{}',   -- the numbers of the files folded since (changed, moved or deleted)
   words     int[] NOT NULL,         -- the counted words of each numbered file then, by number
-  -- the terms whose counts fold changed since, with repeats (NULL: too many to list; every term is compared), and in
-  -- step their counts in the store after that fold (files 0: it holds the term no more): a term's last listing is its
-  -- counts now, read without a lookup (storetopics._touched_now)
+  -- the terms whose counts fold changed since, each once (NULL: too many to list; every term is compared), and in
+  -- step their counts in the store now (files 0: it holds the term no more): read with them, not looked up
   touched   int[] DEFAULT '{}',
   touched_files     int[] DEFAULT '{}',
   touched_totals    bigint[] DEFAULT '{}',
