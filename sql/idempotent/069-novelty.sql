@@ -505,6 +505,8 @@ DECLARE
   v_dfs int[];           -- by term id: the files holding it now (of the terms touched since)
   v_rare int[];          -- the rare terms among them
   v_rare_moves bigint[];
+  v_changed int[];       -- the rare terms whose move changed since the last render, and by how much
+  v_changed_by bigint[];
   v_file_moves bigint[]; -- by file number: how far the rare terms moved a kept file's sum
   v_ns int[];            -- (the same, for the files they moved only)
   v_words int[];         -- (novelty_state.words)
@@ -580,16 +582,36 @@ BEGIN
                 ELSE least(v_most::float8,
                            storetopics._novelty_slack(k.per_word, v_ratio) * 1e9 * (1 + 1e-9) + 2)
            END / 1e9 + 2e-9;
-    -- what the rare terms moved, by file number (the postings of those terms only, each probed by its key; an
-    -- array, not a join, so that no estimate of the files, stale after a keep, can make it a loop over them)
+    -- what the rare terms moved, by file number: what they had moved at the last render (novelty_state.file_moves,
+    -- for the moves in rare_moved_by), and the postings of the terms whose move changed since, each probed by its
+    -- key (an array, not a join, so that no estimate of the files, stale after a keep, can make it a loop over them)
     IF v_rare IS NOT NULL THEN
+      SELECT array_agg(x.t), array_agg(x.d) INTO v_changed, v_changed_by
+        FROM (SELECT coalesce(a.t, b.t) AS t, coalesce(a.m, 0) - coalesce(b.m, 0) AS d
+                FROM unnest(v_rare, v_rare_moves) AS a(t, m)
+                FULL JOIN unnest(k.rare_moved, k.rare_moved_by) AS b(t, m) ON b.t = a.t) x
+       WHERE x.d <> 0;
       SELECT array_agg(x.n), array_agg(x.move) INTO v_ns, v_ns_moves
-        FROM (SELECT u.n, sum(u.c::bigint * m.move)::bigint AS move
-                FROM storetopics.novelty_postings p
-                JOIN unnest(v_rare, v_rare_moves) AS m(term_id, move) ON m.term_id = p.term_id,
-                     unnest(p.file_ns, p.counts) AS u(n, c)
-               WHERE p.source_id = p_source AND p.store_key = p_store AND p.term_id = ANY (v_rare)
+        FROM (SELECT u.n, sum(u.move)::bigint AS move
+                FROM (SELECT f.n, f.move FROM unnest(k.file_moves_ns, k.file_moves) AS f(n, move)
+                      UNION ALL
+                      SELECT u.n, u.c::bigint * m.d
+                        FROM storetopics.novelty_postings p
+                        JOIN unnest(v_changed, v_changed_by) AS m(term_id, d) ON m.term_id = p.term_id,
+                             unnest(p.file_ns, p.counts) AS u(n, c)
+                       WHERE p.source_id = p_source AND p.store_key = p_store AND p.term_id = ANY (v_changed)) u
                GROUP BY u.n) x;
+      -- kept for the next render, unless a fold holds the row: it waits for this render (fold writes novelty_state,
+      -- then store_state, which render holds), and the next render adds the postings from the last pair kept
+      IF v_changed IS NOT NULL THEN
+        PERFORM FROM storetopics.novelty_state s WHERE s.source_id = p_source AND s.store_key = p_store
+          FOR NO KEY UPDATE SKIP LOCKED;
+        IF FOUND THEN
+          UPDATE storetopics.novelty_state s
+             SET rare_moved = v_rare, rare_moved_by = v_rare_moves, file_moves_ns = v_ns, file_moves = v_ns_moves
+           WHERE s.source_id = p_source AND s.store_key = p_store;
+        END IF;
+      END IF;
       v_file_moves := array_fill(0::bigint, ARRAY[greatest(k.numbered, 1)]);
       FOR i IN 1..coalesce(cardinality(v_ns), 0) LOOP
         v_file_moves[v_ns[i]] := v_ns_moves[i];

@@ -19,6 +19,13 @@ CREATE UNLOGGED TABLE storetopics.novelty_state (
   touched_files     int[] DEFAULT '{}',
   touched_totals    bigint[] DEFAULT '{}',
   touched_totals_sq bigint[] DEFAULT '{}',
+  -- what the rare terms' moves came to at the last render (storetopics._outlier_files): the rare terms that had
+  -- moved and by how much, and per file they hold (by number) the sum of count x move: the next render adds the
+  -- postings of the terms whose move changed since
+  rare_moved    int[],
+  rare_moved_by bigint[],
+  file_moves_ns int[],
+  file_moves    bigint[],
   -- the heads of two rankings of the store's terms then, ties by id: the 400 first by total count and by files, and
   -- the 400th's count (NULL: the store had no more terms).  A term neither listed nor touched since still has at
   -- most that count, so the head and the touched terms hold every term that can rank above it
