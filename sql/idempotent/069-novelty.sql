@@ -601,8 +601,9 @@ BEGIN
                              unnest(p.file_ns, p.counts) AS u(n, c)
                        WHERE p.source_id = p_source AND p.store_key = p_store AND p.term_id = ANY (v_changed)) u
                GROUP BY u.n) x;
-      -- kept for the next render, unless a fold holds the row: it waits for this render (fold writes novelty_state,
-      -- then store_state, which render holds), and the next render adds the postings from the last pair kept
+      -- kept for the next render, unless another session holds the row (a fold takes its stores' store_state rows,
+      -- which render holds, before novelty_state: it does not; this render does not wait for one that would): the
+      -- next render adds the postings from the last pair kept
       IF v_changed IS NOT NULL THEN
         PERFORM FROM storetopics.novelty_state s WHERE s.source_id = p_source AND s.store_key = p_store
           FOR NO KEY UPDATE SKIP LOCKED;
