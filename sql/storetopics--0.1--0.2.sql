@@ -100603,20 +100603,17 @@ CREATE UNLOGGED TABLE storetopics.novelty_state (
   rare_moved_by bigint[],
   file_moves_ns int[],
   file_moves    bigint[],
-  -- the heads of two rankings of the store's terms then, ties by id: the 400 first by total count and by files, and
-  -- the 400th's count (NULL: the store had no more terms).  A term neither listed nor touched since still has at
-  -- most that count, so the head and the touched terms hold every term that can rank above it
-  -- (storetopics._kept_head: the dominant terms and the store's script after a small change, without a sort of
-  -- every term of the store)
-  by_total      int[],
-  by_total_cut  bigint,
-  by_files      int[],
-  by_files_cut  int,
-  -- the terms of both heads, by id, and their counts when the heads were kept
+  -- the heads of two rankings of the store's terms then, ties by id: the terms of the 400 first by total count and
+  -- of the 400 first by files, by id, with their counts then, and each ranking's 400th count (NULL: the store had no
+  -- more terms).  A term neither in the heads nor touched since still has at most that count, so the heads and the
+  -- touched terms hold every term that can rank above it (storetopics._kept_head: the dominant terms and the
+  -- store's script after a small change, without a sort of every term of the store)
   head_ids       int[],
   head_files     int[],
   head_totals    bigint[],
   head_totals_sq bigint[],
+  by_total_cut  bigint,
+  by_files_cut  int,
   -- the head of the ranking by contrast then (storetopics._keep_contrast): the 400 best terms, a bound on every
   -- other's score then (NULL: no other term qualified), what those scores were of ({the store's files, the
   -- catalog's files, its stores}), and how far the catalog's list of touched terms went then (its catalog,
@@ -105149,21 +105146,19 @@ BEGIN
 END $$;
 
 -- Keep the heads of a store's rankings by total count and by files in its novelty_state (storetopics._kept_head):
--- the p_n first of each (ties by id), the p_n-th's count, and the counts of their terms.  With its novelty (the
--- terms touched since are listed from then), or later (they are then a few more than needed).
+-- the terms of the p_n first of each (ties by id) with their counts, and each one's p_n-th count.  With its novelty
+-- (the terms touched since are listed from then), or later (they are then a few more than needed).
 CREATE OR REPLACE FUNCTION storetopics._keep_heads(p_source int, p_store text, p_n int DEFAULT 400) RETURNS void
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   UPDATE storetopics.novelty_state k
-     SET by_total = t.ids, by_total_cut = t.cut, by_files = f.ids, by_files_cut = f.cut,
+     SET by_total_cut = t.cut, by_files_cut = f.cut,
          head_ids = h.ids, head_files = h.files, head_totals = h.totals, head_totals_sq = h.totals_sq
-    FROM (SELECT coalesce(array_agg(t.term_id ORDER BY t.total DESC, t.term_id), '{}') AS ids,
-                 CASE WHEN count(*) = p_n THEN min(t.total) END AS cut
+    FROM (SELECT coalesce(array_agg(t.term_id), '{}') AS ids, CASE WHEN count(*) = p_n THEN min(t.total) END AS cut
             FROM (SELECT t.term_id, t.total FROM storetopics.store_terms t
                    WHERE t.source_id = p_source AND t.store_key = p_store
                    ORDER BY t.total DESC, t.term_id LIMIT p_n) t) t,
-         (SELECT coalesce(array_agg(t.term_id ORDER BY t.files DESC, t.term_id), '{}') AS ids,
-                 CASE WHEN count(*) = p_n THEN min(t.files) END AS cut
+         (SELECT coalesce(array_agg(t.term_id), '{}') AS ids, CASE WHEN count(*) = p_n THEN min(t.files) END AS cut
             FROM (SELECT t.term_id, t.files FROM storetopics.store_terms t
                    WHERE t.source_id = p_source AND t.store_key = p_store
                    ORDER BY t.files DESC, t.term_id LIMIT p_n) t) f,
@@ -108332,4 +108327,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '3760414461') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '3182739473') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -235,21 +235,19 @@ BEGIN
 END $$;
 
 -- Keep the heads of a store's rankings by total count and by files in its novelty_state (storetopics._kept_head):
--- the p_n first of each (ties by id), the p_n-th's count, and the counts of their terms.  With its novelty (the
--- terms touched since are listed from then), or later (they are then a few more than needed).
+-- the terms of the p_n first of each (ties by id) with their counts, and each one's p_n-th count.  With its novelty
+-- (the terms touched since are listed from then), or later (they are then a few more than needed).
 CREATE OR REPLACE FUNCTION storetopics._keep_heads(p_source int, p_store text, p_n int DEFAULT 400) RETURNS void
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   UPDATE storetopics.novelty_state k
-     SET by_total = t.ids, by_total_cut = t.cut, by_files = f.ids, by_files_cut = f.cut,
+     SET by_total_cut = t.cut, by_files_cut = f.cut,
          head_ids = h.ids, head_files = h.files, head_totals = h.totals, head_totals_sq = h.totals_sq
-    FROM (SELECT coalesce(array_agg(t.term_id ORDER BY t.total DESC, t.term_id), '{}') AS ids,
-                 CASE WHEN count(*) = p_n THEN min(t.total) END AS cut
+    FROM (SELECT coalesce(array_agg(t.term_id), '{}') AS ids, CASE WHEN count(*) = p_n THEN min(t.total) END AS cut
             FROM (SELECT t.term_id, t.total FROM storetopics.store_terms t
                    WHERE t.source_id = p_source AND t.store_key = p_store
                    ORDER BY t.total DESC, t.term_id LIMIT p_n) t) t,
-         (SELECT coalesce(array_agg(t.term_id ORDER BY t.files DESC, t.term_id), '{}') AS ids,
-                 CASE WHEN count(*) = p_n THEN min(t.files) END AS cut
+         (SELECT coalesce(array_agg(t.term_id), '{}') AS ids, CASE WHEN count(*) = p_n THEN min(t.files) END AS cut
             FROM (SELECT t.term_id, t.files FROM storetopics.store_terms t
                    WHERE t.source_id = p_source AND t.store_key = p_store
                    ORDER BY t.files DESC, t.term_id LIMIT p_n) t) f,

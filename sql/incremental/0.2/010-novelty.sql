@@ -26,20 +26,17 @@ CREATE UNLOGGED TABLE storetopics.novelty_state (
   rare_moved_by bigint[],
   file_moves_ns int[],
   file_moves    bigint[],
-  -- the heads of two rankings of the store's terms then, ties by id: the 400 first by total count and by files, and
-  -- the 400th's count (NULL: the store had no more terms).  A term neither listed nor touched since still has at
-  -- most that count, so the head and the touched terms hold every term that can rank above it
-  -- (storetopics._kept_head: the dominant terms and the store's script after a small change, without a sort of
-  -- every term of the store)
-  by_total      int[],
-  by_total_cut  bigint,
-  by_files      int[],
-  by_files_cut  int,
-  -- the terms of both heads, by id, and their counts when the heads were kept
+  -- the heads of two rankings of the store's terms then, ties by id: the terms of the 400 first by total count and
+  -- of the 400 first by files, by id, with their counts then, and each ranking's 400th count (NULL: the store had no
+  -- more terms).  A term neither in the heads nor touched since still has at most that count, so the heads and the
+  -- touched terms hold every term that can rank above it (storetopics._kept_head: the dominant terms and the
+  -- store's script after a small change, without a sort of every term of the store)
   head_ids       int[],
   head_files     int[],
   head_totals    bigint[],
   head_totals_sq bigint[],
+  by_total_cut  bigint,
+  by_files_cut  int,
   -- the head of the ranking by contrast then (storetopics._keep_contrast): the 400 best terms, a bound on every
   -- other's score then (NULL: no other term qualified), what those scores were of ({the store's files, the
   -- catalog's files, its stores}), and how far the catalog's list of touched terms went then (its catalog,
