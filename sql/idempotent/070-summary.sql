@@ -104,6 +104,61 @@ BEGIN ATOMIC
    LIMIT n;
 END;
 
+-- The 10 best terms of each of a store's outlier files (p_files, their leads in p_leads) by count x IDF in the store,
+-- ties by lexeme, of those a reader may be shown (showable, no noise in the store, in fewer than all its files), with
+-- their rank and whether the file's lead (its first 20 words) says them: what _keywords picks an outlier file's words
+-- from.  Only the p_k best of a file by score are named and tested (a bounded sort): its other terms score less than
+-- each of those, so when 10 pass there, they are its 10 best; a file where fewer pass has its other terms tested too.
+-- (A long page has thousands of terms: named and tested all, they took most of a render after an upload.)
+CREATE OR REPLACE FUNCTION storetopics._outlier_terms(p_source int, p_store text, p_files text[], p_leads text[],
+                                                      p_n float8, p_words bigint, p_script text, p_cfg regconfig,
+                                                      p_k int DEFAULT 20)
+RETURNS TABLE (file_key text, lexeme text, score float8, files int, total bigint, r bigint, lead boolean)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+  WITH t AS MATERIALIZED (
+    SELECT u.file_key, u.term_id, u.n * ln(p_n / s.files) AS score, s.files, s.total, s.total_sq,
+           row_number() OVER (PARTITION BY u.file_key ORDER BY u.n * ln(p_n / s.files) DESC) AS r1
+      FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id, unnest(f.counts) AS n
+              FROM storetopics.file_terms f
+             WHERE f.source_id = p_source AND f.store_key = p_store
+               AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x))
+               AND f.file_key = ANY (p_files)) u
+      -- (probed per term, OFFSET 0: joined on statistics that had not seen the store, the store's every term was read
+      -- against the files' terms; see storetopics._novelty_moves)
+      CROSS JOIN LATERAL (SELECT s.files, s.total, s.total_sq FROM storetopics.store_terms s
+                           WHERE s.source_id = p_source AND s.store_key = p_store AND s.term_id = u.term_id
+                          OFFSET 0) s
+     WHERE ln(p_n / s.files) > 0
+  ), cut AS MATERIALIZED (   -- each file's p_k-th score (NULL: it has no more terms)
+    SELECT t.file_key, max(t.score) FILTER (WHERE t.r1 = p_k) AS kth FROM t GROUP BY 1
+  ), head AS MATERIALIZED (
+    SELECT t.file_key, l.lexeme, t.score, t.files, t.total
+      FROM (SELECT t.* FROM t JOIN cut c ON c.file_key = t.file_key
+             WHERE c.kth IS NULL OR t.score >= c.kth OFFSET 0) t   -- (OFFSET 0: the tests after the cut)
+      JOIN storetopics.lexemes l ON l.id = t.term_id
+     WHERE storetopics._showable_term(l.lexeme)
+       AND storetopics._noise(l.lexeme, t.files, t.total, t.total_sq, p_n::bigint, p_words, p_script) IS NULL
+  ), short AS (   -- the files where fewer than 10 passed, and that have more terms
+    SELECT c.file_key, c.kth FROM cut c
+     WHERE c.kth IS NOT NULL AND (SELECT count(*) FROM head h WHERE h.file_key = c.file_key) < 10
+  ), rest AS (   -- their other terms
+    SELECT t.file_key, l.lexeme, t.score, t.files, t.total
+      FROM (SELECT t.* FROM t JOIN short c ON c.file_key = t.file_key WHERE t.score < c.kth OFFSET 0) t
+      JOIN storetopics.lexemes l ON l.id = t.term_id
+     WHERE storetopics._showable_term(l.lexeme)
+       AND storetopics._noise(l.lexeme, t.files, t.total, t.total_sq, p_n::bigint, p_words, p_script) IS NULL
+  )
+  SELECT x.file_key, x.lexeme, x.score, x.files, x.total, x.r, coalesce(x.lexeme = ANY (o.lead), false)
+    FROM (SELECT x.*, row_number() OVER (PARTITION BY x.file_key ORDER BY x.score DESC, x.lexeme) AS r
+            FROM (SELECT * FROM head UNION ALL SELECT * FROM rest) x) x
+    -- (each lead's words made once)
+    JOIN (SELECT o.file_key, tsvector_to_array(to_tsvector(p_cfg, array_to_string(
+                   (regexp_split_to_array(btrim(o.lead), '\s+'))[1:20], ' '))) AS lead
+            FROM unnest(p_files, p_leads) AS o(file_key, lead) OFFSET 0) o ON o.file_key = x.file_key
+   WHERE x.r <= 10;
+END;
+
 -- Two ranked lists per store, both computed from the exact counts, deterministic (ties broken by term):
 --   dominant:    by total count (what the store is mostly about);
 --   distinctive: what is dense and rare.  Two sources, in this order:
@@ -211,37 +266,11 @@ BEGIN
          array_agg(x.file_key ORDER BY x.nov DESC, x.score DESC, x.lexeme)
     INTO v_out, v_out_score, v_out_files, v_out_total, v_out_file
     FROM (SELECT DISTINCT ON (x.lexeme) x.lexeme, x.score, x.files, x.total, x.file_key, x.nov FROM (
-          SELECT x.*, row_number() OVER (PARTITION BY x.file_key
-                                         ORDER BY x.r = 1 DESC, (x.r <= 10 AND x.lead) DESC, x.r) AS pick
-            FROM (
-            SELECT w.lexeme, w.n * w.idf AS score, w.files, w.total, w.file_key, w.nov,
-                   coalesce(w.lexeme = ANY (w.lead), false) AS lead,
-                   row_number() OVER (PARTITION BY w.file_key ORDER BY w.n * w.idf DESC, w.lexeme) AS r
-              -- only the outlier files' words, then the tests (OFFSET 0 keeps them above the joins)
-              FROM (SELECT u.file_key, o.nov, o.lead, l.lexeme, u.n, ln(v_n / t.files) AS idf, t.files, t.total,
-                           t.total_sq
-                      FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id, unnest(f.counts) AS n
-                              FROM storetopics.file_terms f
-                             WHERE f.source_id = p_source AND f.store_key = p_store
-                               AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(outlier_files) x))
-                               AND f.file_key = ANY (outlier_files)) u
-                      -- (each lead's words made once: OFFSET 0, else made again for each of the file's terms)
-                      JOIN (SELECT o.file_key, o.nov,
-                                   tsvector_to_array(to_tsvector(v_cfg, array_to_string(
-                                     (regexp_split_to_array(btrim(o.lead), '\s+'))[1:20], ' '))) AS lead
-                              FROM unnest(outlier_files, outlier_novelty, outlier_leads) AS o(file_key, nov, lead)
-                            OFFSET 0) o
-                        ON o.file_key = u.file_key
-                      -- (probed per term, OFFSET 0: joined on statistics that had not seen the store, the store's
-                      -- every term was read against the files' terms; see storetopics._novelty_moves)
-                      CROSS JOIN LATERAL (SELECT t.files, t.total, t.total_sq FROM storetopics.store_terms t
-                                           WHERE t.source_id = p_source AND t.store_key = p_store
-                                             AND t.term_id = u.term_id OFFSET 0) t
-                      JOIN storetopics.lexemes l ON l.id = u.term_id
-                    OFFSET 0) w
-             WHERE storetopics._showable_term(w.lexeme) AND w.idf > 0
-               AND storetopics._noise(w.lexeme, w.files, w.total, w.total_sq, v_n::bigint, v_words, v_script) IS NULL
-            ) x) x
+          SELECT w.*, o.nov, row_number() OVER (PARTITION BY w.file_key
+                                                ORDER BY w.r = 1 DESC, (w.r <= 10 AND w.lead) DESC, w.r) AS pick
+            FROM storetopics._outlier_terms(p_source, p_store, outlier_files, outlier_leads, v_n, v_words, v_script,
+                                            v_cfg) w
+            JOIN unnest(outlier_files, outlier_novelty) AS o(file_key, nov) ON o.file_key = w.file_key) x
            WHERE x.pick <= 3
            ORDER BY x.lexeme, x.nov DESC, x.score DESC, x.file_key) x;
   -- recurring dense terms, after the outlier files' terms: (total_sq / total) x IDF
