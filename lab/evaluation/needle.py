@@ -23,6 +23,7 @@ the subject widened by the page's top TF-IDF words against the host's pages, and
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from dataclasses import dataclass
 
@@ -358,6 +359,10 @@ def top_tfidf(counts: dict[str, int], df: dict[str, int], n_files: int, k: int) 
     return [x for _, x in sorted(scored)[:k]]
 
 
+# storetopics._showable_term: letters, maybe inner hyphens or apostrophes (3-40 of them, tested with the match)
+SHOWABLE = re.compile(r"[^\W\d_](?:[^\W\d_]|['-])*[^\W\d_]")
+
+
 def doc_subject(page: data.Package) -> str:
     """The text whose lexemes are a document needle's subject: its title and its product's name (the Debian
     needle's synopsis and package name)."""
@@ -408,6 +413,11 @@ def run_docs(dsn: str, cfg: DocNeedleConfig, embedder, log=print) -> dict:
                 t_add = time.perf_counter() - t0
                 subject = pg.lexemes(conn, doc_subject(p))
                 counts = pg.lexeme_counts(conn, [p.text + " " + p.short])[0]
+                # what any summary of the page's words could show of its subject: a word of it that the stored
+                # chunks hold, that a list may show (storetopics._showable_term), not shown before the plant
+                held = pg.lexeme_counts(conn, [" ".join(p.chunks)])[0]
+                reachable = sorted(x for x in subject - lex_before if x in held and SHOWABLE.fullmatch(x)
+                                   and 3 <= len(x) <= 40)
                 tfidf = top_tfidf(counts, df, len(stored[h]), cfg.tfidf_words)
                 words = set(counts) | subject
                 lex_after = pg.lexemes(conn, after["store_topics"])
@@ -424,6 +434,7 @@ def run_docs(dsn: str, cfg: DocNeedleConfig, embedder, log=print) -> dict:
                     "store": h, "needle": p.name, "needle_store": p.section, "title": p.short,
                     "chunks": len(p.chunks), "subject": sorted(subject), "tfidf_words": tfidf,
                     "subject_hit": bool(found), "tfidf_hit": bool(found_tfidf), "any_word_hit": bool(new & words),
+                    "subject_reachable": reachable,
                     "subject_words_new": found, "tfidf_words_new": found_tfidf,
                     "needle_words_new": sorted(new & words), "attributed_terms": attributed,
                     "store_topics": after["store_topics"],
@@ -453,6 +464,8 @@ def run_docs(dsn: str, cfg: DocNeedleConfig, embedder, log=print) -> dict:
                            "n": sum(t["needle_store"] == s for t in trials)} for s in cfg.sources},
         "any_word_rate": sum(t["any_word_hit"] for t in trials) / n if n else float("nan"),
         "attributed_rate": sum(bool(t["attributed_terms"]) for t in trials) / n if n else float("nan"),
+        "reachable": {"trials": sum(bool(t["subject_reachable"]) for t in trials),
+                      "hits": sum(bool(t["subject_reachable"]) and t["subject_hit"] for t in trials), "n": n},
         "restored_exactly": sum(t["restored_exactly"] for t in trials),
         "trial_seconds_median": float(np.median([t["seconds"] for t in trials])) if trials else None,
         "novelty": _novelty_summary(trials),

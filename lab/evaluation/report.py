@@ -453,6 +453,10 @@ def needle_docs_section(res: dict) -> list[str]:
          f"- subject widened by the page's top {cfg['tfidf_words']} TF-IDF words (against the host's pages): "
          f"{_rate(dd['tfidf_rate'])}",
          f"- any word of the page newly in `store_topics`: {pct(dd['any_word_rate'])} %",
+         *([f"- trials whose stored page holds a word of its subject that a summary may show (3–40 letters) and "
+            f"`store_topics` did not show before the plant: {dd['reachable']['trials']}/{dd['reachable']['n']} (in "
+            f"the others no summary of the page's words can name it); found in {dd['reachable']['hits']} of them"]
+           if "reachable" in dd else []),
          f"- trials where topics attributes distinctive terms to the page: {pct(dd['attributed_rate'])} %",
          f"- summary restored byte for byte after deleting the page: **{dd['restored_exactly']}/{sr['n']}**",
          f"- median time of insert + backfill + read: {dd['trial_seconds_median']:.2f} s", ""]
@@ -469,7 +473,10 @@ def needle_docs_section(res: dict) -> list[str]:
         L += ["Misses (host + page: title → new words of the page in `store_topics`):", ""]
         for t in misses[:10]:
             L.append(f"- {t['store']} + {t['needle_store']}: \"{t['title']}\" → "
-                     f"{', '.join(t['needle_words_new']) or 'none'}")
+                     f"{', '.join(t['needle_words_new']) or 'none'}"
+                     + ("" if "subject_reachable" not in t else
+                        f" (subject words the page holds, not shown before: {', '.join(t['subject_reachable'])})"
+                        if t["subject_reachable"] else " (the page holds no word of its subject a summary could add)"))
         L.append("")
     hits = [t for t in dd["trials"] if t["subject_hit"]][:3]
     if hits:
