@@ -240,6 +240,8 @@ def run(dsn: str, cfg: NeedleConfig, embedder, log=print) -> dict:
                 trials.append({
                     "store": s, "needle": p.name, "needle_section": p.section, "synopsis": p.short,
                     "subject_hit": bool(found), "any_word_hit": bool(new & words),
+                    "subject_reachable": reachable(subject, lex_before,
+                                                   pg.lexemes(conn, " ".join(c for c, _ in nvec[p.name]))),
                     "subject_words_new": found, "needle_words_new": sorted(new & words),
                     "attributed_terms": attributed, "store_topics": after["store_topics"],
                     "restored_exactly": restored["store_topics"] == before["store_topics"]
@@ -288,6 +290,7 @@ def run(dsn: str, cfg: NeedleConfig, embedder, log=print) -> dict:
         "isolation": {"rank_median": float(np.median([t["isolation_rank"] for t in trials])),
                       "most_isolated": sum(t["isolation_rank"] == 1 for t in trials),
                       "top3": sum(t["isolation_rank"] <= 3 for t in trials), "trials": n} if trials else None,
+        "reachable": _reachable_summary(trials),
         "flood": flood,
         "timings": {"embed_seconds": t_embed, "backfill_seconds": t_backfill,
                     "total_seconds": time.perf_counter() - t_start},
@@ -363,6 +366,17 @@ def top_tfidf(counts: dict[str, int], df: dict[str, int], n_files: int, k: int) 
 SHOWABLE = re.compile(r"[^\W\d_](?:[^\W\d_]|['-])*[^\W\d_]")
 
 
+def reachable(subject: set[str], shown_before: set[str], held) -> list[str]:
+    """What any summary of a planted file's words could show of its subject: the words of it that the stored
+    chunks hold (held: their lexemes), that a list may show (storetopics._showable_term), not shown before."""
+    return sorted(x for x in subject - shown_before if x in held and SHOWABLE.fullmatch(x) and 3 <= len(x) <= 40)
+
+
+def _reachable_summary(trials: list[dict]) -> dict:
+    return {"trials": sum(bool(t["subject_reachable"]) for t in trials),
+            "hits": sum(bool(t["subject_reachable"]) and t["subject_hit"] for t in trials), "n": len(trials)}
+
+
 def doc_subject(page: data.Package) -> str:
     """The text whose lexemes are a document needle's subject: its title and its product's name (the Debian
     needle's synopsis and package name)."""
@@ -413,11 +427,6 @@ def run_docs(dsn: str, cfg: DocNeedleConfig, embedder, log=print) -> dict:
                 t_add = time.perf_counter() - t0
                 subject = pg.lexemes(conn, doc_subject(p))
                 counts = pg.lexeme_counts(conn, [p.text + " " + p.short])[0]
-                # what any summary of the page's words could show of its subject: a word of it that the stored
-                # chunks hold, that a list may show (storetopics._showable_term), not shown before the plant
-                held = pg.lexeme_counts(conn, [" ".join(p.chunks)])[0]
-                reachable = sorted(x for x in subject - lex_before if x in held and SHOWABLE.fullmatch(x)
-                                   and 3 <= len(x) <= 40)
                 tfidf = top_tfidf(counts, df, len(stored[h]), cfg.tfidf_words)
                 words = set(counts) | subject
                 lex_after = pg.lexemes(conn, after["store_topics"])
@@ -434,7 +443,8 @@ def run_docs(dsn: str, cfg: DocNeedleConfig, embedder, log=print) -> dict:
                     "store": h, "needle": p.name, "needle_store": p.section, "title": p.short,
                     "chunks": len(p.chunks), "subject": sorted(subject), "tfidf_words": tfidf,
                     "subject_hit": bool(found), "tfidf_hit": bool(found_tfidf), "any_word_hit": bool(new & words),
-                    "subject_reachable": reachable,
+                    "subject_reachable": reachable(subject, lex_before,
+                                                   pg.lexeme_counts(conn, [" ".join(p.chunks)])[0]),
                     "subject_words_new": found, "tfidf_words_new": found_tfidf,
                     "needle_words_new": sorted(new & words), "attributed_terms": attributed,
                     "store_topics": after["store_topics"],
@@ -464,8 +474,7 @@ def run_docs(dsn: str, cfg: DocNeedleConfig, embedder, log=print) -> dict:
                            "n": sum(t["needle_store"] == s for t in trials)} for s in cfg.sources},
         "any_word_rate": sum(t["any_word_hit"] for t in trials) / n if n else float("nan"),
         "attributed_rate": sum(bool(t["attributed_terms"]) for t in trials) / n if n else float("nan"),
-        "reachable": {"trials": sum(bool(t["subject_reachable"]) for t in trials),
-                      "hits": sum(bool(t["subject_reachable"]) and t["subject_hit"] for t in trials), "n": n},
+        "reachable": _reachable_summary(trials),
         "restored_exactly": sum(t["restored_exactly"] for t in trials),
         "trial_seconds_median": float(np.median([t["seconds"] for t in trials])) if trials else None,
         "novelty": _novelty_summary(trials),

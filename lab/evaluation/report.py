@@ -433,6 +433,15 @@ def needle_summary(res: dict) -> list[str]:
     return L + [""]
 
 
+def _reach_note(trial: dict) -> str:
+    """A missed needle's subject words that any summary of its words could have shown (needle.reachable)."""
+    if "subject_reachable" not in trial:
+        return ""
+    if not trial["subject_reachable"]:
+        return " (it holds no word of its subject a summary could add)"
+    return f" (subject words it holds, not shown before: {', '.join(trial['subject_reachable'])})"
+
+
 def needle_docs_section(res: dict) -> list[str]:
     dd = res.get("needle_docs")
     if not dd:
@@ -473,10 +482,7 @@ def needle_docs_section(res: dict) -> list[str]:
         L += ["Misses (host + page: title → new words of the page in `store_topics`):", ""]
         for t in misses[:10]:
             L.append(f"- {t['store']} + {t['needle_store']}: \"{t['title']}\" → "
-                     f"{', '.join(t['needle_words_new']) or 'none'}"
-                     + ("" if "subject_reachable" not in t else
-                        f" (subject words the page holds, not shown before: {', '.join(t['subject_reachable'])})"
-                        if t["subject_reachable"] else " (the page holds no word of its subject a summary could add)"))
+                     f"{', '.join(t['needle_words_new']) or 'none'}" + _reach_note(t))
         L.append("")
     hits = [t for t in dd["trials"] if t["subject_hit"]][:3]
     if hits:
@@ -837,6 +843,10 @@ def markdown(res: dict, images: list[str]) -> str:
               *(["- per store: " + ", ".join(f"{st} {v['hits']}/{v['n']}" for st, v in nd["per_store"].items())]
                 if nd.get("per_store") else []),
               f"- any word of the needle newly in `store_topics`: {pct(nd['any_word_rate'])} %",
+              *([f"- trials whose stored needle holds a word of its subject that a summary may show (3–40 letters) "
+                 f"and `store_topics` did not show before the plant: {nd['reachable']['trials']}/"
+                 f"{nd['reachable']['n']} (in the others no summary of its words can name it); found in "
+                 f"{nd['reachable']['hits']} of them"] if "reachable" in nd else []),
               f"- trials where topics attributes distinctive terms to the needle file: "
               f"{pct(nd['attributed_rate'])} %",
               f"- summary restored byte for byte after deleting the needle: {nd['restored_exactly']}/{sr['n']}",
@@ -865,7 +875,7 @@ def markdown(res: dict, images: list[str]) -> str:
             L += ["Misses (needle: synopsis → what the summary showed of it):", ""]
             for t in misses[:8]:
                 L.append(f"- {t['store']} + {t['needle']} ({t['needle_section']}): \"{t['synopsis']}\" → new "
-                         f"needle words {', '.join(t['needle_words_new']) or 'none'}")
+                         f"needle words {', '.join(t['needle_words_new']) or 'none'}" + _reach_note(t))
             L.append("")
         hits = [t for t in nd["trials"] if t["subject_hit"]][:3]
         if hits:
