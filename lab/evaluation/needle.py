@@ -356,7 +356,6 @@ def top_tfidf(counts: dict[str, int], df: dict[str, int], n_files: int, k: int) 
     df the store files holding the lexeme (a lexeme no file holds weighs most); only lexemes with two letters or
     more (no numbers, no version strings); ties by lexeme."""
     import math
-    import re
     scored = [(-n * math.log((1 + n_files) / (1 + df.get(x, 0))), x) for x, n in counts.items()
               if len(re.findall(r"[^\W\d_]", x)) >= 2]
     return [x for _, x in sorted(scored)[:k]]
