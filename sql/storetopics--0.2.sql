@@ -106046,7 +106046,8 @@ RETURN of_files >= 8 AND files >= 0.9 * of_files AND total <= 1.5 * files AND st
 --                "copyright", glued links such as "contentsnext"): at least 8 files of 10 or more, in 30% of them
 --                with a count that hardly varies (variance at most a tenth of its square, mean at most 3), or page
 --                chrome (storetopics._page_chrome: in 90% of them about once each);
---   navigation   previous/next and the words of page chrome, alone or glued to a word ("nextchapter", "menuprev");
+--   navigation   previous/next and the words of page chrome, alone or glued to a word ("nextchapter", "menuprev"),
+--                and a language selector's locale codes ("zh-cn", "pt-br": "Available Languages: de | en | zh-cn");
 --   date         month and weekday names and their abbreviations (changelogs, release notes: "Fri, 03 Mar"; a
 --                store about the sun or SAT solvers loses those words from its lists, its other words stay);
 --   fragment     the second half of a word a line break hyphenated ("tions", "ment"), where the text did not join it;
@@ -106064,7 +106065,9 @@ RETURN CASE
             OR storetopics._page_chrome(files, total, store_files, store_files, store_words)) THEN 'boilerplate'
   WHEN lexeme COLLATE "C" ~ '^(prev|previous|next|toc|sitemap|breadcrumb|navbar|permalink)$'
        OR lexeme COLLATE "C" ~ '^(prev|previous|next)[a-z]{3,}$|^[a-z]{3,}(prev|previous|next)[a-z]*$'
-          AND lexeme COLLATE "C" !~ '^(prevent|preview|prevail|prevalen)' THEN 'navigation'
+          AND lexeme COLLATE "C" !~ '^(prevent|preview|prevail|prevalen)'
+       OR lexeme COLLATE "C" ~ '^(zh|pt|en|es|fr|de|ja|ko|ru|it|nl|sv|pl|tr|da|fi|nb|nn|cs|hu|ro|uk|el|he|ar|id|vi|th)'
+                               '-[a-z]{2}$' THEN 'navigation'
   WHEN lexeme COLLATE "C" ~ '^(jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec|januari|februari|march|april|june|'
                             'juli|august|septemb|octob|novemb|decemb|mon|tue|tues|wed|thu|thur|thurs|fri|sat|sun|'
                             'monday|tuesday|wednesday|thursday|friday|saturday|sunday)$' THEN 'date'
@@ -106397,7 +106400,17 @@ BEGIN
                            WHERE storetopics._usable_text(t) GROUP BY r) r,
                          LATERAL (SELECT btrim(r.r, '''-')
                                   UNION ALL
-                                  SELECT btrim(p, '''') FROM regexp_split_to_table(r.r, '-') p) AS x(word)
+                                  SELECT btrim(p, '''') FROM regexp_split_to_table(r.r, '-') p
+                                  UNION ALL
+                                  -- and the runs of parts inside a word of three or more: the parser reads
+                                  -- "server.max-request-size" as a host and "request-size", whose lexeme no whole
+                                  -- word or part gives
+                                  SELECT array_to_string(a.a[i:j], '-')
+                                    FROM (SELECT string_to_array(btrim(r.r, '''-'), '-') AS a) a,
+                                         generate_series(1, cardinality(a.a) - 1) i,
+                                         generate_series(i + 1, cardinality(a.a)) j
+                                   WHERE strpos(r.r, '-') > 0 AND cardinality(a.a) >= 3
+                                     AND (i > 1 OR j < cardinality(a.a))) AS x(word)
                    WHERE length(x.word) BETWEEN 2 AND 40
                    GROUP BY x.word) w,
                  LATERAL (SELECT tsvector_to_array(to_tsvector(src.ts_config, w.word)) AS ls) v,
@@ -108595,4 +108608,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '871721251') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '3832902958') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from lab import embedding
-from lab.evaluation import cost, data, metrics, needle, pg, quality, report, routers, routing
+from lab.evaluation import cost, data, metrics, needle, pg, quality, report, residue, routers, routing
 
 
 def test_wilson_and_ranks():
@@ -236,3 +236,19 @@ def test_stability_shares():
     # 1 changed store-round in 6 over 150 events: 1/6 of the stores per round, rounds of 75 events on average
     assert s["all"]["untouched_changed_share_per_100_events"] == pytest.approx((1 / 6) * 100 * 2 / 150)
     assert s["by_backfill"]["sql"]["untouched_changed"] == 0 and s["by_backfill"]["cli"]["touched_changed"] == 1
+
+
+def test_residue_audit_judges_shown_words_against_the_pages():
+    pages = ("Known issuesReport a bugSee also\n\nmod_proxy sets server.max-request-size and keep-alive. "
+             "Available Languages: en | zh-cn\nA patch fixes the pro-\ngram's output on Jan 3.")
+    text = ("Topics: proxy server, value is specified. Terms: proxy bugsee request-s request-size zh-cn keep-alive "
+            "responsive jan nextchapter. Distinctive: patch. 3 files.")
+    got = {c: v["examples"] for c, v in residue.audit({"web": text}, {"web": pages})["classes"].items()}
+    assert got["navigation"] == ["web: bugsee", "web: zh-cn", "web: nextchapter"]
+    # a stem no one wrote, a word of another store; "request-size" is written inside "max-request-size"
+    assert got["not written"] == ["web: request-s", "web: responsive"]
+    assert got["date"] == ["web: jan"]
+    assert got["sentence piece"] == ["web: value is specified"]
+    assert got["script"] == []
+    lines = report.residue_lines(residue.audit({"web": text}, {"web": pages}))
+    assert lines[0].startswith("Residue in these 1 texts") and "| navigation | 3 |" in "\n".join(lines)

@@ -72,6 +72,26 @@ def test_words_in_another_script_than_the_stores_are_not_shown(conn):
     assert not re.search(r"[\u0400-\u04ff\u0370-\u03ff\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]", text), text
 
 
+def test_a_language_selectors_locale_codes_are_not_shown(conn):
+    # the first chunk of Apache httpd's pages: "Available Languages: de | en | es | fr | ja | ko | pt-br | tr | zh-cn"
+    text, _ = _render(conn, "apache", files=16)
+    assert not re.search(r"\b(zh-cn|pt-br|zh-tw)\b", text), text
+    assert {"apache", "httpd", "http", "module", "server", "directive", "directives"} & _words(text), text
+
+
+def test_words_of_dotted_option_names_are_shown_as_written(conn):
+    # lighttpd's options ("setenv.add-response-header", "server.max-request-size"): the parser reads "setenv.add" as
+    # a host and the rest as a word, whose lexeme ("response-head", "request-s") is no word a person wrote
+    rows = [json.loads(line)["text"] for line in (DATA / "lighttpd.jsonl").read_text(encoding="utf-8").splitlines()]
+    written = {w.lower() for t in rows for run in re.findall(r"[A-Za-z]+(?:-[A-Za-z]+)+", t)
+               for parts in [run.split("-")] for i in range(len(parts)) for j in range(i + 2, len(parts) + 1)
+               for w in ["-".join(parts[i:j])]}
+    text, _ = _render(conn, "lighttpd", files=18)
+    shown = {w for w in _words(text) if "-" in w}
+    assert "response-header" in shown, text
+    assert shown <= written, (sorted(shown - written), text)
+
+
 def test_changelog_dates_are_not_shown(conn):
     text, _ = _render(conn, "changelog")
     months = ("jan feb mar apr may jun jul aug sep sept oct nov dec january february march april june july august "

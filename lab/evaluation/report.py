@@ -319,8 +319,21 @@ def summaries_section(res: dict) -> list[str]:
         if outs:
             L.append("- queries no store holds: " + "; ".join(
                 f"{s}: " + " · ".join(f"“{q}”" for st in styles for q in ex[st].get(s, [])[:1]) for s in outs))
-        L += [""]
+        L += [""] + residue_lines(r.get("residue"))
     return L
+
+
+def residue_lines(res: dict | None) -> list[str]:
+    """Issue 29's classes of ingestion residue in the texts above, judged against each store's pages
+    (evaluation/residue.py)."""
+    if not res:
+        return []
+    L = [f"Residue in these {res['stores']} texts, judged against the pages each store holds (`lab/evaluation/"
+         "residue.py`; target: none of any class):", "",
+         "| class | shown | which (store: word or topic) |", "|---|---:|---|"]
+    for c, v in res["classes"].items():
+        L.append(f"| {c} | {v['count']} | {', '.join(v['examples']) or '–'} |")
+    return L + [""]
 
 
 def abstention_section(res: dict) -> list[str]:

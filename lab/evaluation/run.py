@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from .. import embedding
-from . import cost, data, docs, metrics, needle, pg, quality, report, routing, sqlroute, wordnet
+from . import cost, data, docs, metrics, needle, pg, quality, report, residue, routing, sqlroute, wordnet
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
@@ -176,6 +176,11 @@ def doc_family(dsn: str, rc: routing.RoutingConfig, emb, log=print, quick: bool 
     log(f"third family: document stores ({', '.join(stores)}; never in the catalog: {', '.join(abstain)})")
     out = {"docs": routing.run(dsn, dc, emb, log, corpus=corpus, handwritten={}, query_styles=docs.query_styles,
                                lookalike_pairs=docs.LOOKALIKE_PAIRS)[0], "docs_halves": {}}
+    # what ingestion left in the summaries, judged against the pages each store was loaded with
+    out["docs"]["residue"] = residue.audit(
+        {s: v["descriptions"].get("hybrid") or "" for s, v in out["docs"]["stores"].items()},
+        {s: "\n".join(c for p in corpus[s] if not data.is_held_out(p.name, rc.held_share) for c in p.chunks)
+         for s in stores})
     for name, secs in halves.items():
         if len(secs) < 2:
             continue
