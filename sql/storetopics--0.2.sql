@@ -100982,6 +100982,11 @@ ALTER TABLE storetopics.term_words ADD PRIMARY KEY (owner, ts_config, lexeme);
 -- the same build), else screens the words again.
 ALTER TABLE storetopics.clusters ADD COLUMN keywords_dropped int[], ADD COLUMN keywords_screened text;
 
+-- incremental/0.2/016-term-words-glued.sql
+-- storetopics 0.2: a stem whose word its texts write glued to the next one by a page converter ("Report a bugSee
+-- also", "--config fileUse a textual ...") is never shown (storetopics._learn_words, storetopics._show).
+ALTER TABLE storetopics.term_words ADD COLUMN glued boolean NOT NULL DEFAULT false;
+
 -- idempotent/010-helpers.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Helpers
@@ -104462,7 +104467,8 @@ BEGIN
     LEFT JOIN (SELECT z.cluster_id, (array_agg(z.word ORDER BY z.r))[1:n_words] AS words
                  FROM (SELECT DISTINCT ON (c.cluster_id, storetopics._show(p_source, c.lexeme)) c.cluster_id, c.r,
                               storetopics._show(p_source, c.lexeme) AS word
-                         FROM pg_temp.storetopics_ct c ORDER BY c.cluster_id, storetopics._show(p_source, c.lexeme), c.r) z
+                         FROM pg_temp.storetopics_ct c WHERE storetopics._show(p_source, c.lexeme) IS NOT NULL
+                        ORDER BY c.cluster_id, storetopics._show(p_source, c.lexeme), c.r) z
                 GROUP BY 1) w ON w.cluster_id = k2.cluster_id
    WHERE k.source_id = p_source AND k.store_key = p_store
      AND k2.source_id = k.source_id AND k2.store_key = k.store_key AND k2.cluster_id = k.cluster_id
@@ -104729,6 +104735,15 @@ COMMENT ON FUNCTION storetopics._cluster(int, text) IS
 -- "genome assembly" does.  The offline label of a cluster is therefore a short phrase (2-3 words) that occurs in its
 -- files: written by someone, shown as written.  The same miner gives a keyword-only store its topics.
 
+-- Two words a page converter glued ("NotesUsing", "Report a bugSee also", "--config fileUse a textual ..."): a word,
+-- then one that starts a line, a heading or a link.  A name written in camel case ("ImageMagick", "digiKam",
+-- "setTimeout") is not one of those.  (Under COLLATE "C"; no SET search_path: a constant, inlined where it is read.)
+CREATE OR REPLACE FUNCTION storetopics._glued_re() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN '[a-z]{2}(Use|Using|Print|See|The|Report|Next|Prev|Previous|Chapter|Home|Table|Contents|Download|Search|'
+       'Help|Show|Set|Get|Add|This|That|If|For|When|Note|Notes|Example|Default|Specify|Enable|Disable|Display|Read|'
+       'Write|Run|Return|Back|Up|Top|Index)(\M|[A-Z])';
+
 -- Why a run of words is a piece of a sentence, not the name of a topic (NULL: it may name one): a run that holds
 -- a verb of being or a modal ("value is specified", "tics may"), a verb with its object ("Specifies the widget",
 -- "loads this function": a determiner second), a passive ("permitted by law", "generated using makeinfo"), two
@@ -104747,11 +104762,7 @@ RETURN CASE
        'next topic', 'previous topic', 'quick search', 'contact us', 'report a bug', 'back to top', 'skip to content',
        'edit this page', 'keep in mind', 'this page', 'main page', 'home page') THEN 'page chrome'
   WHEN string_to_array(lower(array_to_string(words, ' ')), ' ') && ARRAY['http', 'https', 'www', 'ftp'] THEN 'address'
-  -- two words a page converter glued ("NotesUsing", "directoryUse"): a word, then one that starts a line or a link
-  -- (a name written in camel case, "ImageMagick", "LilyPond", is not one of those)
-  WHEN array_to_string(words, ' ') COLLATE "C" ~ ('[a-z]{2}(Use|Using|Print|See|The|Report|Next|Prev|Previous|'
-       'Chapter|Home|Table|Contents|Download|Search|Help|Show|Set|Get|Add|This|That|If|For|When|Note|Notes|Example|'
-       'Default|Specify|Enable|Disable|Display|Read|Write|Run|Return|Back|Up|Top|Index)(\M|[A-Z])') THEN 'glued'
+  WHEN array_to_string(words, ' ') COLLATE "C" ~ storetopics._glued_re() THEN 'glued'
   WHEN string_to_array(lower(array_to_string(words, ' ')), ' ') && ARRAY['is', 'are', 'was', 'were', 'be', 'been',
        'being', 'am', 'has', 'have', 'had', 'does', 'did', 'can', 'could', 'will', 'would', 'shall', 'should', 'may',
        'might', 'must'] THEN 'verb'
@@ -106387,8 +106398,8 @@ BEGIN
   EXECUTE format('SELECT array_agg(x.t) FROM %s(''texts'', $1, $2, NULL) AS x(t text)',
                  storetopics._reader(p_source))
     INTO v_texts USING v_files, p_store;
-  INSERT INTO storetopics.term_words (owner, ts_config, lexeme, word)
-  SELECT DISTINCT ON (m.lexeme) src.owner, src.ts_config, m.lexeme, m.word
+  INSERT INTO storetopics.term_words (owner, ts_config, lexeme, word, glued)
+  SELECT DISTINCT ON (m.lexeme) src.owner, src.ts_config, m.lexeme, m.word, coalesce(g.n * 4 > m.n, false)
     -- Words are read both whole ("open-source") and split at hyphens ("open", "source").  A word speaks for a
     -- lexeme when it gives only that lexeme, or, for a hyphenated word, for its compound lexeme only.
     FROM (SELECT w.word, w.n, l.lexeme
@@ -106418,6 +106429,12 @@ BEGIN
                  LATERAL unnest(v.ls) AS l(lexeme)
            WHERE l.lexeme = ANY (v_missing)
              AND (cardinality(v.ls) = 1 OR (strpos(w.word, '-') > 0 AND strpos(l.lexeme, '-') > 0))) m
+    -- a word written mostly glued to the next one by a page converter ("Report a bugSee also": "bugsee",
+    -- storetopics._glued_re) is learnt as such, and never shown (m.n counts a word without hyphens twice: whole and
+    -- as its one part)
+    LEFT JOIN (SELECT lower(x.x[1]) AS word, count(*) AS n
+                 FROM unnest(v_texts) t, regexp_matches(t COLLATE "C", '\m([a-z]{2,}[A-Z][a-z]+)\M', 'g') x
+                WHERE x.x[1] COLLATE "C" ~ storetopics._glued_re() GROUP BY 1) g ON g.word = m.word
    ORDER BY m.lexeme, m.n DESC, length(m.word), m.word
   ON CONFLICT DO NOTHING;
   GET DIAGNOSTICS v_n = ROW_COUNT;
@@ -106442,13 +106459,14 @@ RETURN storetopics._read_arm('texts', format('SELECT (%s)::text FROM %s AS c WHE
                                              storetopics._chunk_order_sql(src.chunks)),
                              'files, store');
 
--- A lexeme as the texts of its source's owner write it (storetopics._learn_words), else the lexeme.
+-- A lexeme as the texts of its source's owner write it (storetopics._learn_words), else the lexeme; NULL, shown
+-- nowhere, when they write it glued to the next word ("bugsee").
 CREATE OR REPLACE FUNCTION storetopics._show(p_source int, lexeme text) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-RETURN coalesce((SELECT w.word FROM storetopics.sources s JOIN storetopics.term_words w
-                      ON w.owner = s.owner AND w.ts_config = s.ts_config AND w.lexeme = _show.lexeme
-                  WHERE s.id = p_source),
-                lexeme);
+RETURN (SELECT CASE WHEN w.lexeme IS NULL THEN _show.lexeme WHEN NOT w.glued THEN w.word END
+          FROM storetopics.sources s LEFT JOIN storetopics.term_words w
+               ON w.owner = s.owner AND w.ts_config = s.ts_config AND w.lexeme = _show.lexeme
+         WHERE s.id = p_source);
 
 CREATE OR REPLACE FUNCTION storetopics._human_count(n bigint) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
@@ -106983,6 +107001,7 @@ BEGIN
       FROM (SELECT DISTINCT ON (w.word) w.*
               FROM (SELECT u.lexeme, storetopics._show(p_source, u.lexeme) AS word, u.score, u.files, u.i
                       FROM unnest(v_lexemes, v_scores, v_files) WITH ORDINALITY AS u(lexeme, score, files, i)) w
+             WHERE w.word IS NOT NULL
              ORDER BY w.word, w.i) x
      ORDER BY x.i;
 END $$;
@@ -107056,6 +107075,7 @@ BEGIN
                          x.files, x.total, x.file_key
                     FROM unnest(v_kind, v_rank, v_lexeme, v_score, v_files, v_total, v_file)
                          AS x(kind, rank, lexeme, score, files, total, file_key)) u
+           WHERE u.word IS NOT NULL
            ORDER BY u.kind, u.word, u.rank) k;
 END $$;
 
@@ -108307,7 +108327,7 @@ BEGIN
      GROUP BY u.source_id, u.store_key
   )
   SELECT p.source_id, p.store_key, p.tool_name, p.score, NULL::int,
-         storetopics._show(p.source_id, p.best),
+         coalesce(storetopics._show(p.source_id, p.best), p.best),
          NULL::float8, NULL::boolean,
          p.score >= (storetopics._settings(p.source_id) ->> 'route_text_threshold')::float8
     FROM per_store p JOIN storetopics.sources s ON s.id = p.source_id
@@ -108609,4 +108629,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1896685484') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '186728750') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -72,6 +72,14 @@ def test_words_in_another_script_than_the_stores_are_not_shown(conn):
     assert not re.search(r"[\u0400-\u04ff\u0370-\u03ff\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]", text), text
 
 
+def test_words_a_page_converter_glued_are_not_shown(conn):
+    # the sidebar of Apache httpd's how-to pages: "Known issues", "Report a bug", "See also", read as "Known
+    # issuesReport a bugSee also"
+    text, topics = _render(conn, "apache-howto")
+    assert "bugsee" not in _words(text) and "bugsee" not in {t["term"] for t in topics["contrast"]}, text
+    assert {"apache", "httpd", "http", "module", "server", "directive", "directives"} & _words(text), text
+
+
 def test_a_language_selectors_locale_codes_are_not_shown(conn):
     # the first chunk of Apache httpd's pages: "Available Languages: de | en | es | fr | ja | ko | pt-br | tr | zh-cn"
     text, _ = _render(conn, "apache", files=16)

@@ -5,6 +5,15 @@
 -- "genome assembly" does.  The offline label of a cluster is therefore a short phrase (2-3 words) that occurs in its
 -- files: written by someone, shown as written.  The same miner gives a keyword-only store its topics.
 
+-- Two words a page converter glued ("NotesUsing", "Report a bugSee also", "--config fileUse a textual ..."): a word,
+-- then one that starts a line, a heading or a link.  A name written in camel case ("ImageMagick", "digiKam",
+-- "setTimeout") is not one of those.  (Under COLLATE "C"; no SET search_path: a constant, inlined where it is read.)
+CREATE OR REPLACE FUNCTION storetopics._glued_re() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN '[a-z]{2}(Use|Using|Print|See|The|Report|Next|Prev|Previous|Chapter|Home|Table|Contents|Download|Search|'
+       'Help|Show|Set|Get|Add|This|That|If|For|When|Note|Notes|Example|Default|Specify|Enable|Disable|Display|Read|'
+       'Write|Run|Return|Back|Up|Top|Index)(\M|[A-Z])';
+
 -- Why a run of words is a piece of a sentence, not the name of a topic (NULL: it may name one): a run that holds
 -- a verb of being or a modal ("value is specified", "tics may"), a verb with its object ("Specifies the widget",
 -- "loads this function": a determiner second), a passive ("permitted by law", "generated using makeinfo"), two
@@ -23,11 +32,7 @@ RETURN CASE
        'next topic', 'previous topic', 'quick search', 'contact us', 'report a bug', 'back to top', 'skip to content',
        'edit this page', 'keep in mind', 'this page', 'main page', 'home page') THEN 'page chrome'
   WHEN string_to_array(lower(array_to_string(words, ' ')), ' ') && ARRAY['http', 'https', 'www', 'ftp'] THEN 'address'
-  -- two words a page converter glued ("NotesUsing", "directoryUse"): a word, then one that starts a line or a link
-  -- (a name written in camel case, "ImageMagick", "LilyPond", is not one of those)
-  WHEN array_to_string(words, ' ') COLLATE "C" ~ ('[a-z]{2}(Use|Using|Print|See|The|Report|Next|Prev|Previous|'
-       'Chapter|Home|Table|Contents|Download|Search|Help|Show|Set|Get|Add|This|That|If|For|When|Note|Notes|Example|'
-       'Default|Specify|Enable|Disable|Display|Read|Write|Run|Return|Back|Up|Top|Index)(\M|[A-Z])') THEN 'glued'
+  WHEN array_to_string(words, ' ') COLLATE "C" ~ storetopics._glued_re() THEN 'glued'
   WHEN string_to_array(lower(array_to_string(words, ' ')), ' ') && ARRAY['is', 'are', 'was', 'were', 'be', 'been',
        'being', 'am', 'has', 'have', 'had', 'does', 'did', 'can', 'could', 'will', 'would', 'shall', 'should', 'may',
        'might', 'must'] THEN 'verb'

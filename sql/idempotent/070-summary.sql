@@ -373,8 +373,8 @@ BEGIN
   EXECUTE format('SELECT array_agg(x.t) FROM %s(''texts'', $1, $2, NULL) AS x(t text)',
                  storetopics._reader(p_source))
     INTO v_texts USING v_files, p_store;
-  INSERT INTO storetopics.term_words (owner, ts_config, lexeme, word)
-  SELECT DISTINCT ON (m.lexeme) src.owner, src.ts_config, m.lexeme, m.word
+  INSERT INTO storetopics.term_words (owner, ts_config, lexeme, word, glued)
+  SELECT DISTINCT ON (m.lexeme) src.owner, src.ts_config, m.lexeme, m.word, coalesce(g.n * 4 > m.n, false)
     -- Words are read both whole ("open-source") and split at hyphens ("open", "source").  A word speaks for a
     -- lexeme when it gives only that lexeme, or, for a hyphenated word, for its compound lexeme only.
     FROM (SELECT w.word, w.n, l.lexeme
@@ -404,6 +404,12 @@ BEGIN
                  LATERAL unnest(v.ls) AS l(lexeme)
            WHERE l.lexeme = ANY (v_missing)
              AND (cardinality(v.ls) = 1 OR (strpos(w.word, '-') > 0 AND strpos(l.lexeme, '-') > 0))) m
+    -- a word written mostly glued to the next one by a page converter ("Report a bugSee also": "bugsee",
+    -- storetopics._glued_re) is learnt as such, and never shown (m.n counts a word without hyphens twice: whole and
+    -- as its one part)
+    LEFT JOIN (SELECT lower(x.x[1]) AS word, count(*) AS n
+                 FROM unnest(v_texts) t, regexp_matches(t COLLATE "C", '\m([a-z]{2,}[A-Z][a-z]+)\M', 'g') x
+                WHERE x.x[1] COLLATE "C" ~ storetopics._glued_re() GROUP BY 1) g ON g.word = m.word
    ORDER BY m.lexeme, m.n DESC, length(m.word), m.word
   ON CONFLICT DO NOTHING;
   GET DIAGNOSTICS v_n = ROW_COUNT;
@@ -428,13 +434,14 @@ RETURN storetopics._read_arm('texts', format('SELECT (%s)::text FROM %s AS c WHE
                                              storetopics._chunk_order_sql(src.chunks)),
                              'files, store');
 
--- A lexeme as the texts of its source's owner write it (storetopics._learn_words), else the lexeme.
+-- A lexeme as the texts of its source's owner write it (storetopics._learn_words), else the lexeme; NULL, shown
+-- nowhere, when they write it glued to the next word ("bugsee").
 CREATE OR REPLACE FUNCTION storetopics._show(p_source int, lexeme text) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-RETURN coalesce((SELECT w.word FROM storetopics.sources s JOIN storetopics.term_words w
-                      ON w.owner = s.owner AND w.ts_config = s.ts_config AND w.lexeme = _show.lexeme
-                  WHERE s.id = p_source),
-                lexeme);
+RETURN (SELECT CASE WHEN w.lexeme IS NULL THEN _show.lexeme WHEN NOT w.glued THEN w.word END
+          FROM storetopics.sources s LEFT JOIN storetopics.term_words w
+               ON w.owner = s.owner AND w.ts_config = s.ts_config AND w.lexeme = _show.lexeme
+         WHERE s.id = p_source);
 
 CREATE OR REPLACE FUNCTION storetopics._human_count(n bigint) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
@@ -969,6 +976,7 @@ BEGIN
       FROM (SELECT DISTINCT ON (w.word) w.*
               FROM (SELECT u.lexeme, storetopics._show(p_source, u.lexeme) AS word, u.score, u.files, u.i
                       FROM unnest(v_lexemes, v_scores, v_files) WITH ORDINALITY AS u(lexeme, score, files, i)) w
+             WHERE w.word IS NOT NULL
              ORDER BY w.word, w.i) x
      ORDER BY x.i;
 END $$;
@@ -1042,6 +1050,7 @@ BEGIN
                          x.files, x.total, x.file_key
                     FROM unnest(v_kind, v_rank, v_lexeme, v_score, v_files, v_total, v_file)
                          AS x(kind, rank, lexeme, score, files, total, file_key)) u
+           WHERE u.word IS NOT NULL
            ORDER BY u.kind, u.word, u.rank) k;
 END $$;
 
