@@ -100982,10 +100982,11 @@ ALTER TABLE storetopics.term_words ADD PRIMARY KEY (owner, ts_config, lexeme);
 -- the same build), else screens the words again.
 ALTER TABLE storetopics.clusters ADD COLUMN keywords_dropped int[], ADD COLUMN keywords_screened text;
 
--- incremental/0.2/016-term-words-glued.sql
--- storetopics 0.2: a stem whose word its texts write glued to the next one by a page converter ("Report a bugSee
--- also", "--config fileUse a textual ...") is never shown (storetopics._learn_words, storetopics._show).
-ALTER TABLE storetopics.term_words ADD COLUMN glued boolean NOT NULL DEFAULT false;
+-- incremental/0.2/016-term-words-residue.sql
+-- storetopics 0.2: a stem whose word its texts write mostly as residue of a page converter is never shown
+-- (storetopics._learn_words, storetopics._show): glued to the next word ("Report a bugSee also": 'glued'), or in a
+-- link's target ("<#std-iscman-named>": 'link').  NULL: a word people wrote.
+ALTER TABLE storetopics.term_words ADD COLUMN residue text CHECK (residue IN ('glued', 'link'));
 
 -- idempotent/010-helpers.sql
 -- ------------------------------------------------------------------------------------------------------------
@@ -106345,12 +106346,73 @@ BEGIN
              ORDER BY x.pass, x.i LIMIT n_distinctive) x;
 END $$;
 
+-- The words some texts write for some lexemes (storetopics._learn_words), each with how often they write it and
+-- whether mostly as a page converter's residue.  Words are read both whole ("open-source") and split at hyphens
+-- ("open", "source"); a word speaks for a lexeme when it gives only that lexeme, or, for a hyphenated word, for its
+-- compound lexeme only.  (jit off: the split's row estimates are the set functions' defaults, a thousand a row, and
+-- compiling the plan they price cost more than running it.)
+CREATE OR REPLACE FUNCTION storetopics._text_words(cfg regconfig, texts text[], lexemes text[])
+RETURNS TABLE (lexeme text, word text, n numeric, residue text)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off
+BEGIN ATOMIC
+  SELECT m.lexeme, m.word, m.n, m.residue
+    FROM (SELECT w.word, w.n, w.residue, l.lexeme
+            FROM (SELECT x.word, sum(r.n) FILTER (WHERE r.kind = 'text') AS n,
+                         -- a word the texts write mostly as a page converter's residue is learnt as such, and
+                         -- never shown (storetopics._show)
+                         CASE WHEN 2 * sum(r.n) FILTER (WHERE r.kind = 'glued')
+                                   > sum(r.n) FILTER (WHERE r.kind = 'text') THEN 'glued'
+                              WHEN 2 * sum(r.n) FILTER (WHERE r.kind = 'link')
+                                   > sum(r.n) FILTER (WHERE r.kind = 'text') THEN 'link' END AS residue
+                    -- the texts are split once, into runs of letters, quotes and hyphens, counted; each distinct
+                    -- run then gives its whole word and its parts between hyphens (quotes and hyphens at either
+                    -- end are punctuation, not part of the word)
+                    FROM (SELECT 'text' AS kind, r.r, count(*) AS n
+                            FROM unnest(texts) t, regexp_split_to_table(lower(t), '[^[:alpha:]''-]+') r
+                           WHERE storetopics._usable_text(t) GROUP BY r.r
+                          UNION ALL
+                          -- the runs inside a link's target, which a page converter left in ("<#std-iscman-named>")
+                          SELECT 'link', r.r, count(*)
+                            FROM unnest(texts) t,
+                                 regexp_matches(t, '<(?:#|[[:alpha:]][[:alnum:]+.-]*:)[[:space:]]*'
+                                                   '([^<>[:space:]]+)>', 'g') a,
+                                 regexp_split_to_table(lower(a.a[1]), '[^[:alpha:]''-]+') r
+                           WHERE storetopics._usable_text(t) GROUP BY r.r
+                          UNION ALL
+                          -- two words a page converter glued into one run ("Report a bugSee also",
+                          -- storetopics._glued_re)
+                          SELECT 'glued', lower(g.g[1]), count(*)
+                            FROM unnest(texts) t,
+                                 regexp_matches(t COLLATE "C", '\m([a-z]{2,}[A-Z][a-z]+)\M', 'g') g
+                           WHERE storetopics._usable_text(t) AND g.g[1] COLLATE "C" ~ storetopics._glued_re()
+                           GROUP BY lower(g.g[1])) r,
+                         LATERAL (SELECT btrim(r.r, '''-')
+                                  UNION ALL
+                                  SELECT btrim(p, '''') FROM regexp_split_to_table(r.r, '-') p
+                                  UNION ALL
+                                  -- and the runs of parts inside a word of three or more: the parser reads
+                                  -- "server.max-request-size" as a host and "request-size", whose lexeme no whole
+                                  -- word or part gives
+                                  SELECT array_to_string(a.a[i:j], '-')
+                                    FROM (SELECT string_to_array(btrim(r.r, '''-'), '-') AS a) a,
+                                         generate_series(1, cardinality(a.a) - 1) i,
+                                         generate_series(i + 1, cardinality(a.a)) j
+                                   WHERE strpos(r.r, '-') > 0 AND cardinality(a.a) >= 3
+                                     AND (i > 1 OR j < cardinality(a.a))) AS x(word)
+                   WHERE length(x.word) BETWEEN 2 AND 40
+                   GROUP BY x.word
+                  HAVING sum(r.n) FILTER (WHERE r.kind = 'text') > 0) w,
+                 LATERAL (SELECT tsvector_to_array(to_tsvector(cfg, w.word)) AS ls) v,
+                 LATERAL unnest(v.ls) AS l(lexeme)
+           WHERE l.lexeme = ANY (lexemes)
+             AND (cardinality(v.ls) = 1 OR (strpos(w.word, '-') > 0 AND strpos(l.lexeme, '-') > 0))) m;
+END;
+
 -- The words people wrote for some lexemes of a store, learnt from the texts of files that contain them and
 -- remembered in storetopics.term_words for the source's owner (per owner, as catalogs are: another tenant's texts
--- never choose them).  Returns how many lexemes were learnt.  (jit off: the split's row estimates are the set
--- functions' defaults, a thousand a row, and compiling the plan they price cost more than running it.)
+-- never choose them).  Returns how many lexemes were learnt.
 CREATE OR REPLACE FUNCTION storetopics._learn_words(p_source int, p_store text, p_lexemes text[]) RETURNS int
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   src storetopics.sources;
   v_missing text[];
@@ -106398,43 +106460,9 @@ BEGIN
   EXECUTE format('SELECT array_agg(x.t) FROM %s(''texts'', $1, $2, NULL) AS x(t text)',
                  storetopics._reader(p_source))
     INTO v_texts USING v_files, p_store;
-  INSERT INTO storetopics.term_words (owner, ts_config, lexeme, word, glued)
-  SELECT DISTINCT ON (m.lexeme) src.owner, src.ts_config, m.lexeme, m.word, coalesce(g.n * 4 > m.n, false)
-    -- Words are read both whole ("open-source") and split at hyphens ("open", "source").  A word speaks for a
-    -- lexeme when it gives only that lexeme, or, for a hyphenated word, for its compound lexeme only.
-    FROM (SELECT w.word, w.n, l.lexeme
-            FROM (SELECT x.word, sum(r.n) AS n
-                    -- the texts are split once, into runs of letters, quotes and hyphens, counted; each distinct
-                    -- run then gives its whole word and its parts between hyphens (quotes and hyphens at either
-                    -- end are punctuation, not part of the word)
-                    FROM (SELECT r, count(*) AS n
-                            FROM unnest(v_texts) t, regexp_split_to_table(lower(t), '[^[:alpha:]''-]+') r
-                           WHERE storetopics._usable_text(t) GROUP BY r) r,
-                         LATERAL (SELECT btrim(r.r, '''-')
-                                  UNION ALL
-                                  SELECT btrim(p, '''') FROM regexp_split_to_table(r.r, '-') p
-                                  UNION ALL
-                                  -- and the runs of parts inside a word of three or more: the parser reads
-                                  -- "server.max-request-size" as a host and "request-size", whose lexeme no whole
-                                  -- word or part gives
-                                  SELECT array_to_string(a.a[i:j], '-')
-                                    FROM (SELECT string_to_array(btrim(r.r, '''-'), '-') AS a) a,
-                                         generate_series(1, cardinality(a.a) - 1) i,
-                                         generate_series(i + 1, cardinality(a.a)) j
-                                   WHERE strpos(r.r, '-') > 0 AND cardinality(a.a) >= 3
-                                     AND (i > 1 OR j < cardinality(a.a))) AS x(word)
-                   WHERE length(x.word) BETWEEN 2 AND 40
-                   GROUP BY x.word) w,
-                 LATERAL (SELECT tsvector_to_array(to_tsvector(src.ts_config, w.word)) AS ls) v,
-                 LATERAL unnest(v.ls) AS l(lexeme)
-           WHERE l.lexeme = ANY (v_missing)
-             AND (cardinality(v.ls) = 1 OR (strpos(w.word, '-') > 0 AND strpos(l.lexeme, '-') > 0))) m
-    -- a word written mostly glued to the next one by a page converter ("Report a bugSee also": "bugsee",
-    -- storetopics._glued_re) is learnt as such, and never shown (m.n counts a word without hyphens twice: whole and
-    -- as its one part)
-    LEFT JOIN (SELECT lower(x.x[1]) AS word, count(*) AS n
-                 FROM unnest(v_texts) t, regexp_matches(t COLLATE "C", '\m([a-z]{2,}[A-Z][a-z]+)\M', 'g') x
-                WHERE x.x[1] COLLATE "C" ~ storetopics._glued_re() GROUP BY 1) g ON g.word = m.word
+  INSERT INTO storetopics.term_words (owner, ts_config, lexeme, word, residue)
+  SELECT DISTINCT ON (m.lexeme) src.owner, src.ts_config, m.lexeme, m.word, m.residue
+    FROM storetopics._text_words(src.ts_config, v_texts, v_missing) m
    ORDER BY m.lexeme, m.n DESC, length(m.word), m.word
   ON CONFLICT DO NOTHING;
   GET DIAGNOSTICS v_n = ROW_COUNT;
@@ -106460,10 +106488,11 @@ RETURN storetopics._read_arm('texts', format('SELECT (%s)::text FROM %s AS c WHE
                              'files, store');
 
 -- A lexeme as the texts of its source's owner write it (storetopics._learn_words), else the lexeme; NULL, shown
--- nowhere, when they write it glued to the next word ("bugsee").
+-- nowhere, when they write it mostly as a page converter's residue (glued to the next word: "bugsee"; in a link's
+-- target: "iscman" of "<#std-iscman-named>").
 CREATE OR REPLACE FUNCTION storetopics._show(p_source int, lexeme text) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-RETURN (SELECT CASE WHEN w.lexeme IS NULL THEN _show.lexeme WHEN NOT w.glued THEN w.word END
+RETURN (SELECT CASE WHEN w.lexeme IS NULL THEN _show.lexeme WHEN w.residue IS NULL THEN w.word END
           FROM storetopics.sources s LEFT JOIN storetopics.term_words w
                ON w.owner = s.owner AND w.ts_config = s.ts_config AND w.lexeme = _show.lexeme
          WHERE s.id = p_source);
@@ -108629,4 +108658,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '186728750') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1153041768') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

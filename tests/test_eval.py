@@ -240,15 +240,16 @@ def test_stability_shares():
 
 def test_residue_audit_judges_shown_words_against_the_pages():
     pages = ("Known issuesReport a bugSee also\n\nmod_proxy sets server.max-request-size and keep-alive. "
-             "Available Languages: en | zh-cn\nA patch fixes the pro-\ngram's output on Jan 3.")
+             "Available Languages: en | zh-cn\nA patch fixes the pro-\ngram's output on Jan 3, see named <#\n"
+             "std-iscman-named>.")
     text = ("Topics: proxy server, value is specified. Terms: proxy bugsee request-s request-size zh-cn keep-alive "
-            "responsive jan nextchapter. Distinctive: patch. 3 files.")
+            "responsive jan nextchapter iscman named. Distinctive: patch. 3 files.")
     got = {c: v["examples"] for c, v in residue.audit({"web": text}, {"web": pages})["classes"].items()}
-    assert got["navigation"] == ["web: bugsee", "web: zh-cn", "web: nextchapter"]
+    assert got["navigation"] == ["web: bugsee", "web: zh-cn", "web: nextchapter", "web: iscman"]
     # a stem no one wrote, a word of another store; "request-size" is written inside "max-request-size"
     assert got["not written"] == ["web: request-s", "web: responsive"]
     assert got["date"] == ["web: jan"]
     assert got["sentence piece"] == ["web: value is specified"]
     assert got["script"] == []
     lines = report.residue_lines(residue.audit({"web": text}, {"web": pages}))
-    assert lines[0].startswith("Residue in these 1 texts") and "| navigation | 3 |" in "\n".join(lines)
+    assert lines[0].startswith("Residue in these 1 texts") and "| navigation | 4 |" in "\n".join(lines)

@@ -80,6 +80,14 @@ def test_words_a_page_converter_glued_are_not_shown(conn):
     assert {"apache", "httpd", "http", "module", "server", "directive", "directives"} & _words(text), text
 
 
+def test_words_of_links_targets_are_not_shown(conn):
+    # BIND 9's manual, HTML to text, keeps its links' targets: "named <#std-iscman-named>", "rndc <#std-iscman-rndc>"
+    text, topics = _render(conn, "bind9")
+    assert not {"iscman", "std-iscman-named", "std-iscman-rndc", "std"} & _words(text), text
+    assert not {"iscman", "std"} & {t["term"] for t in topics["contrast"]}, topics["contrast"]
+    assert {"named", "rndc", "dns", "zone", "zones", "bind", "dnssec"} & _words(text), text
+
+
 def test_a_language_selectors_locale_codes_are_not_shown(conn):
     # the first chunk of Apache httpd's pages: "Available Languages: de | en | es | fr | ja | ko | pt-br | tr | zh-cn"
     text, _ = _render(conn, "apache", files=16)

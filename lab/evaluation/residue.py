@@ -4,8 +4,8 @@ audit(texts, pages) reads each store's rendered `store_topics` and the text of t
 lists the shown words (and topics) of each class:
 
 * navigation: previous/next links, alone or glued ("nextchapter"); a word the store's pages write only glued to the
-  next one by HTML-to-text, a lower-case word run into a capitalised one ("Report a bugSee also" shows "bugsee");
-  a language selector's locale code ("zh-cn");
+  next one by HTML-to-text, a lower-case word run into a capitalised one ("Report a bugSee also" shows "bugsee"), or
+  only inside a link's target ("<#std-iscman-named>" shows "iscman"); a language selector's locale code ("zh-cn");
 * not written: a word the store's pages never write, whole or as a part between hyphens or other punctuation: the
   half of a word a line break hyphenated ("tions"), a stem no one wrote ("request-s" from "max-request-size");
 * script: letters of another script than most of the store's words;
@@ -55,13 +55,22 @@ def _script(w: str) -> str:
     return "other"
 
 
-def written_forms(pages_text: str) -> tuple[Counter, Counter]:
-    """(words the text writes, lower-cased: runs of letters with inner hyphens or apostrophes, their parts and runs
-    of parts; words written only glued: a lower-case word run into a capitalised one, lower-cased)."""
-    whole = Counter()
-    glued = Counter()
-    for word in re.findall(r"[^\W\d_]+(?:['’-][^\W\d_]+)*", pages_text):
-        if re.fullmatch(r"[a-z]{2,}[A-Z][a-z]+|[A-Z]{2,}[A-Z][a-z]{2,}", word):
+LINK = re.compile(r"<(?:#|[A-Za-z][\w+.-]*:)\s*([^<>\s]+)>")
+
+
+def written_forms(pages_text: str) -> tuple[Counter, Counter, Counter]:
+    """(words the text writes outside links' targets, lower-cased: runs of letters with inner hyphens or apostrophes,
+    their parts and runs of parts; words written glued: a lower-case word run into a capitalised one, lower-cased;
+    words of links' targets, "<#std-iscman-named>", counted as the first are)."""
+    linked = _runs(" ".join(LINK.findall(pages_text)), Counter())
+    whole, glued = Counter(), Counter()
+    _runs(LINK.sub(" ", pages_text), whole, glued)
+    return whole, glued, linked
+
+
+def _runs(text: str, whole: Counter, glued: Counter | None = None) -> Counter:
+    for word in re.findall(r"[^\W\d_]+(?:['’-][^\W\d_]+)*", text):
+        if glued is not None and re.fullmatch(r"[a-z]{2,}[A-Z][a-z]+|[A-Z]{2,}[A-Z][a-z]{2,}", word):
             glued[word.lower()] += 1
             continue
         parts = re.split(r"([-'’])", word.lower())
@@ -72,7 +81,7 @@ def written_forms(pages_text: str) -> tuple[Counter, Counter]:
             for j in range(i + 1, len(words)):
                 run += seps[j - 1] + words[j]
                 whole[run] += 1
-    return whole, glued
+    return whole
 
 
 NAVIGATION = re.compile(r"^(prev|previous|next|toc|sitemap|breadcrumb|navbar|permalink)$"
@@ -86,13 +95,13 @@ def audit(texts: dict[str, str], pages: dict[str, str]) -> dict:
         if not text or store not in pages:
             continue
         topics, words = _sections(text)
-        whole, glued = written_forms(pages[store])
+        whole, glued, linked = written_forms(pages[store])
         scripts = Counter(_script(w) for w in words)
         main = scripts.most_common(1)[0][0] if scripts else "latin"
         for w in words:
             low = w.lower()
             if (NAVIGATION.match(low) and not low.startswith(("prevent", "preview", "prevail", "prevalen"))
-                    or LOCALE.match(low) or glued[low] and not whole[low]):
+                    or LOCALE.match(low) or (glued[low] or linked[low]) and not whole[low]):
                 found["navigation"].append(f"{store}: {w}")
             elif not whole[low] and _script(w) == "latin":
                 found["not written"].append(f"{store}: {w}")
