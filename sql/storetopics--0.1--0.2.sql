@@ -106142,13 +106142,14 @@ BEGIN ATOMIC
                                  regexp_split_to_table(lower(a.a[1]), '[^[:alpha:]''-]+') r
                            WHERE storetopics._usable_text(t) GROUP BY r.r
                           UNION ALL
-                          -- two words a page converter glued into one run ("Report a bugSee also",
-                          -- storetopics._glued_re)
-                          SELECT 'glued', lower(g.g[1]), count(*)
+                          -- two words a page converter glued into one run ("Report a bugSee also", "--config
+                          -- FILEUse a textual ...": storetopics._glued_re)
+                          SELECT 'glued', lower(g.g[1] || g.g[2]), count(*)
                             FROM unnest(texts) t,
-                                 regexp_matches(t COLLATE "C", '\m([a-z]{2,}[A-Z][a-z]+)\M', 'g') g
-                           WHERE storetopics._usable_text(t) AND g.g[1] COLLATE "C" ~ storetopics._glued_re()
-                           GROUP BY lower(g.g[1])) r,
+                                 regexp_matches(t COLLATE "C", '\m([a-z]{2,}|[A-Z]{2,})([A-Z][a-z]+)\M', 'g') g
+                           WHERE storetopics._usable_text(t)
+                             AND lower(g.g[1]) || g.g[2] COLLATE "C" ~ storetopics._glued_re()
+                           GROUP BY lower(g.g[1] || g.g[2])) r,
                          LATERAL (SELECT btrim(r.r, '''-')
                                   UNION ALL
                                   SELECT btrim(p, '''') FROM regexp_split_to_table(r.r, '-') p
@@ -108421,4 +108422,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1153041768') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '993648709') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -154,3 +154,15 @@ def test_a_clusters_first_words_shown_as_its_label_end_on_no_dangling_word(conn)
                        "storetopics._offline_label(ARRAY['mouse', 'keyboard', 'lets', 'marks']), "
                        "storetopics._offline_label(ARRAY['octave', 'forge', 'octave-forge', 'signal'])").fetchone()
     assert got == ("name zone set", "mouse keyboard marks", "octave forge signal")
+
+
+def test_the_learner_tells_a_page_converters_residue_from_words(conn):
+    """storetopics._text_words: the word each text writes for a lexeme, and whether mostly as residue: glued to the
+    next word (in lower or upper case), or inside a link's target (a line break in it too)."""
+    text = ("-c, --config FILEUse a textual file; --journal-db fileUse a path.\nKnown issuesReport a bugSee also. "
+            "See named <#\nstd-iscman-named> and set server.max-request-size in a textual way.")
+    got = {r[0]: r[1:] for r in conn.execute(
+        "SELECT lexeme, word, residue FROM storetopics._text_words('english', ARRAY[%s], "
+        "ARRAY['fileus', 'bugse', 'iscman', 'request-s', 'textual', 'name'])", (text,))}
+    assert got == {"fileus": ("fileuse", "glued"), "bugse": ("bugsee", "glued"), "iscman": ("iscman", "link"),
+                   "request-s": ("request-size", None), "textual": ("textual", None), "name": ("named", None)}, got
