@@ -4,7 +4,7 @@ audit(texts, pages) reads each store's rendered `store_topics` and the text of t
 lists the shown words (and topics) of each class:
 
 * navigation: previous/next links, alone or glued ("nextchapter"); a word the store's pages write only glued to the
-  next one by HTML-to-text, a lower-case word run into a capitalised one ("Report a bugSee also" shows "bugsee"), or
+  next one by HTML-to-text, a word run into a capitalised one ("Report a bugSee also" shows "bugsee"), or
   only inside a link's target ("<#std-iscman-named>" shows "iscman"); a language selector's locale code ("zh-cn");
 * not written: a word the store's pages never write, whole or as a part between hyphens or other punctuation: the
   half of a word a line break hyphenated ("tions"), a stem no one wrote ("request-s" from "max-request-size");
@@ -31,7 +31,6 @@ FUNCTION_LAST = {"the", "a", "an", "of", "to", "for", "with", "and", "or", "in",
                  "into", "is", "are"}
 LOCALE = re.compile(r"^(zh|pt|en|es|fr|de|ja|ko|ru|it|nl|sv|pl|tr|da|fi|nb|nn|cs|hu|ro|uk|el|he|ar|id|vi|th)"
                     r"-[a-z]{2}$")
-TOKEN = re.compile(r"[^\W\d_][\w'’-]*")
 
 
 def _sections(text: str) -> tuple[list[str], list[str]]:
@@ -60,8 +59,8 @@ LINK = re.compile(r"<(?:#|[A-Za-z][\w+.-]*:)\s*([^<>\s]+)>")
 
 def written_forms(pages_text: str) -> tuple[Counter, Counter, Counter]:
     """(words the text writes outside links' targets, lower-cased: runs of letters with inner hyphens or apostrophes,
-    their parts and runs of parts; words written glued: a lower-case word run into a capitalised one, lower-cased;
-    words of links' targets, "<#std-iscman-named>", counted as the first are)."""
+    their parts and runs of parts; words written glued, a lower-case or capitals word run into a capitalised one
+    ("bugSee", "FILEUse"), lower-cased; the words of links' targets ("<#std-iscman-named>"), counted as the first)."""
     linked = _runs(" ".join(LINK.findall(pages_text)), Counter())
     whole, glued = Counter(), Counter()
     _runs(LINK.sub(" ", pages_text), whole, glued)
