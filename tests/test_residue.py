@@ -1,7 +1,8 @@
 """Summaries of document stores say what the documents are about, not what the ingestion pipeline left in.
 
-Each store below is 20 files of real extracted text with one class of residue (tests/data/doc_residue/README.md):
-navigation glued by HTML-to-text, words hyphenated at line breaks, words in another script, changelog dates,
+Each store below is up to 20 files of real extracted text with one class of residue (tests/data/doc_residue/README.md):
+navigation glued by HTML-to-text, words glued into one ("bugSee"), links' targets left in, a language selector's
+locale codes, dotted option names, words hyphenated at line breaks, words in another script, changelog dates,
 sentence pieces that the offline phrase miner would take for topics; and 12 files whose every page carries a web
 site's header and footer (a small store of long documents).  Keyword-only stores, rendered by SQL alone
 (what `SELECT storetopics.backfill()` shows where no worker runs).

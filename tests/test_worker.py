@@ -482,10 +482,10 @@ def test_kill_9_twenty_times_while_writers_write(make_db, workers):
             # there were at the time (storetopics.term_words): history, not state.  The clean run starts from the
             # same cache, so what is compared is what the counts and clusters make of the final data.
             with clean.cursor() as cur:
-                cur.executemany("INSERT INTO storetopics.term_words (owner, ts_config, lexeme, word) "
-                                "VALUES (%s, %s, %s, %s)",
-                                conn.execute("SELECT owner, ts_config::text, lexeme, word FROM storetopics.term_words")
-                                .fetchall())
+                cur.executemany("INSERT INTO storetopics.term_words (owner, ts_config, lexeme, word, residue) "
+                                "VALUES (%s, %s, %s, %s, %s)",
+                                conn.execute("SELECT owner, ts_config::text, lexeme, word, residue "
+                                             "FROM storetopics.term_words").fetchall())
             r = subprocess.run([sys.executable, "-m", "storetopics.cli", "--dsn", clean_dsn, "worker", "--once"],
                                env=dict(os.environ, **env), capture_output=True, text=True, timeout=300)
             assert r.returncode == 0, r.stderr
