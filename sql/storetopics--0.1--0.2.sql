@@ -104229,10 +104229,10 @@ BEGIN
          keywords_screened = storetopics._words_screen_key(coalesce(w.words, '{}'))
     FROM storetopics.clusters k2
     LEFT JOIN (SELECT z.cluster_id, (array_agg(z.word ORDER BY z.r))[1:n_words] AS words
-                 FROM (SELECT DISTINCT ON (c.cluster_id, storetopics._show(p_source, c.lexeme)) c.cluster_id, c.r,
-                              storetopics._show(p_source, c.lexeme) AS word
-                         FROM pg_temp.storetopics_ct c WHERE storetopics._show(p_source, c.lexeme) IS NOT NULL
-                        ORDER BY c.cluster_id, storetopics._show(p_source, c.lexeme), c.r) z
+                 FROM (SELECT DISTINCT ON (c.cluster_id, s.word) c.cluster_id, c.r, s.word
+                         FROM pg_temp.storetopics_ct c, LATERAL (SELECT storetopics._show(p_source, c.lexeme)) s(word)
+                        WHERE s.word IS NOT NULL
+                        ORDER BY c.cluster_id, s.word, c.r) z
                 GROUP BY 1) w ON w.cluster_id = k2.cluster_id
    WHERE k.source_id = p_source AND k.store_key = p_store
      AND k2.source_id = k.source_id AND k2.store_key = k.store_key AND k2.cluster_id = k.cluster_id
@@ -108422,4 +108422,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '993648709') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2786633979') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
