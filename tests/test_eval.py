@@ -253,3 +253,27 @@ def test_residue_audit_judges_shown_words_against_the_pages():
     assert got["script"] == []
     lines = report.residue_lines(residue.audit({"web": text}, {"web": pages}))
     assert lines[0].startswith("Residue in these 1 texts") and "| navigation | 4 |" in "\n".join(lines)
+
+
+def test_text_study_reshapes_sections_and_keeps_the_rest():
+    from lab.evaluation import text_study as ts
+    text = "Topics: text editor, syntax highlighting. Terms: emacs vim buffers lisp. Distinctive: evil, nvi. 183 files."
+    d = {"tfidf150": "editors: vim emacs editor plugin", "clusters":
+         "Topics: text editor (40%): editor, text, nano; syntax highlighting (20%): syntax, colors, vim."}
+    t = ts.TRANSFORMS
+    assert t["ident"]("editors", text, d) == text
+    assert ts.section(text, "Terms") == "emacs vim buffers lisp" and ts.section(text, "Distinctive") == "evil, nvi"
+    assert t["no_file_count"]("editors", text, d).endswith("Distinctive: evil, nvi.")
+    assert t["no_topics"]("editors", text, d).startswith("Terms: emacs")
+    assert t["terms_first"]("editors", text, d) == ("Terms: emacs vim buffers lisp. Distinctive: evil, nvi. "
+                                                    "Topics: text editor, syntax highlighting. 183 files.")
+    # ours and the baseline's in turn, each word once, as many words as ours
+    assert ts.section(t["terms_mix_ob"]("editors", text, d), "Terms") == "emacs vim buffers editor"
+    assert ts.section(t["labels_kw2"]("editors", text, d), "Topics") == "editor text, syntax colors"
+    assert ts.section(t["label_plus_1"]("editors", text, d), "Topics") == "text editor nano, syntax highlighting colors"
+    # the longer labels are paid for by the last terms: no longer than the text was, in the eval's estimate
+    longer = text.replace("lisp.", "lisp dired org elpa folding keys undo cursor ctags regexp paste.")
+    plus2 = t["label_plus_2"]("editors", longer, d)
+    assert ts.section(plus2, "Topics") == "text editor (nano), syntax highlighting (colors vim)"
+    assert routers.tokens_estimate(plus2) <= routers.tokens_estimate(longer)
+    assert ts.section(longer, "Terms").startswith(ts.section(plus2, "Terms")) and len(ts.section(plus2, "Terms")) < 80
