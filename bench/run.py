@@ -722,8 +722,9 @@ def bench_catchup(conn, tables: Tables, cfg: Config, chunks: list[Chunk], explai
         """Start over from 'nothing folded': resync the source, forget learnt surface words."""
         conn.execute("SELECT storetopics.resync(%s)", (name,))
         conn.execute("DELETE FROM storetopics.term_words")
+        conn.execute("DELETE FROM storetopics.store_words")
         conn.execute("VACUUM ANALYZE storetopics.pending, storetopics.file_terms, storetopics.store_terms, "
-                     "storetopics.store_state, storetopics.term_words")
+                     "storetopics.store_state, storetopics.term_words, storetopics.store_words")
         settle(conn)
 
     # Catch-up is judged against the tokeniser's own speed on the same table in the same run (issue 17): the
@@ -787,7 +788,8 @@ def bench_catchup(conn, tables: Tables, cfg: Config, chunks: list[Chunk], explai
                   f"pending file + render each of the {len(out)} stores. Median {statistics.median(secs_total):.2f} s. "
                   f"The stores counted {total.extra['counted_terms']:,} terms (to_tsvector lexeme occurrences, "
                   f"after stopwords). First rep: the state right after the attached load; later reps: after "
-                  f"storetopics.resync() and emptying storetopics.term_words (nothing folded or learnt)." + cpu_note("backfill"))
+                  f"storetopics.resync() and emptying storetopics.term_words and store_words (nothing folded or "
+                  f"learnt)." + cpu_note("backfill"))
     fold.note = (f"fold() loop until 0 after storetopics.resync(), same words. Median "
                  f"{statistics.median(secs_fold):.2f} s." + cpu_note("fold"))
     render.note = ("backfill() right after the fold loop: renders every store (keywords(), learns surface words)."

@@ -104,8 +104,8 @@ TARGET_RENDER_S = 2.0                  # render after a 1-file upload at 1M chun
 # what storetopics keeps about the data (the kept novelty of issue 33 included); not the tokenizer's fixed ranks
 # (cl100k), the fit's scratch table (file_means) or the configuration and worker tables
 STATE_TABLES = ("file_terms", "file_clusters", "store_terms", "store_state", "clusters", "pending", "catalog_terms",
-                "catalog_touched", "lexemes", "term_words", "token_counts", "novelty_state", "file_novelty",
-                "novelty_postings")
+                "catalog_touched", "lexemes", "term_words", "store_words", "token_counts", "novelty_state",
+                "file_novelty", "novelty_postings")
 
 
 def state_bytes(state: dict) -> int:

@@ -100988,6 +100988,21 @@ ALTER TABLE storetopics.clusters ADD COLUMN keywords_dropped int[], ADD COLUMN k
 -- link's target ("<#std-iscman-named>": 'link').  NULL: a word people wrote.
 ALTER TABLE storetopics.term_words ADD COLUMN residue text CHECK (residue IN ('glued', 'link'));
 
+-- incremental/0.2/017-store-words.sql
+-- storetopics 0.2: a store shows a stem in a word it writes.  The word learnt for its owner (term_words) came from the
+-- texts of whichever store needed the stem first: "organize" where an anatomy store writes "organ", "responsive"
+-- where a web server's manual writes "response".  Checked once per (store, stem) shown, in up to 20 of the store's
+-- files that hold the stem (storetopics._learn_store_words): word NULL when the owner's word is among what they
+-- write, else the word they write most (and residue as term_words has it).
+CREATE TABLE storetopics.store_words (
+  source_id int NOT NULL,
+  store_key text NOT NULL,
+  lexeme    text NOT NULL,
+  word      text,
+  residue   text CHECK (residue IN ('glued', 'link')),
+  PRIMARY KEY (source_id, store_key, lexeme)
+);
+
 -- idempotent/010-helpers.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Helpers
@@ -102607,6 +102622,7 @@ BEGIN
   DELETE FROM storetopics.clusters WHERE source_id = p_source;
   DELETE FROM storetopics.label_ledger WHERE source_id = p_source;
   DELETE FROM storetopics.grants WHERE source_id = p_source;
+  DELETE FROM storetopics.store_words WHERE source_id = p_source;
   -- the words learnt from the owner's texts, with the owner's last source
   DELETE FROM storetopics.term_words w USING storetopics.sources s
    WHERE s.id = p_source AND w.owner = s.owner
@@ -104467,21 +104483,24 @@ BEGIN
     FROM storetopics.clusters k2
     LEFT JOIN (SELECT z.cluster_id, (array_agg(z.word ORDER BY z.r))[1:n_words] AS words
                  FROM (SELECT DISTINCT ON (c.cluster_id, s.word) c.cluster_id, c.r, s.word
-                         FROM pg_temp.storetopics_ct c, LATERAL (SELECT storetopics._show(p_source, c.lexeme)) s(word)
+                         FROM pg_temp.storetopics_ct c, LATERAL (SELECT storetopics._show(p_source, p_store, c.lexeme)) s(word)
                         WHERE s.word IS NOT NULL
                         ORDER BY c.cluster_id, s.word, c.r) z
                 GROUP BY 1) w ON w.cluster_id = k2.cluster_id
    WHERE k.source_id = p_source AND k.store_key = p_store
      AND k2.source_id = k.source_id AND k2.store_key = k.store_key AND k2.cluster_id = k.cluster_id
      AND (p_clusters IS NULL OR k.cluster_id = ANY (p_clusters));
-  -- remembered only for the whole store, and only when every lexeme's word is learnt (else computing them again
-  -- learns again, and may then show another word)
+  -- remembered only for the whole store, and only when every lexeme's word is learnt and checked in the store
+  -- (else computing them again learns again, and may then show another word)
   UPDATE storetopics.store_state
      SET cluster_words_from = CASE WHEN p_clusters IS NULL AND NOT EXISTS (
                                      SELECT 1 FROM pg_temp.storetopics_ct c
                                       WHERE NOT EXISTS (SELECT 1 FROM storetopics.sources s, storetopics.term_words w
                                                          WHERE s.id = p_source AND w.owner = s.owner
-                                                           AND w.ts_config = s.ts_config AND w.lexeme = c.lexeme))
+                                                           AND w.ts_config = s.ts_config AND w.lexeme = c.lexeme)
+                                         OR NOT EXISTS (SELECT 1 FROM storetopics.store_words x
+                                                         WHERE x.source_id = p_source AND x.store_key = p_store
+                                                           AND x.lexeme = c.lexeme))
                                    THEN v_from END
    WHERE source_id = p_source AND store_key = p_store;
   DROP TABLE pg_temp.storetopics_ct;
@@ -106431,6 +106450,7 @@ BEGIN
                                          WHERE w.owner = src.owner AND w.ts_config = src.ts_config
                                            AND w.lexeme = l));
   IF cardinality(v_missing) = 0 THEN
+    PERFORM storetopics._learn_store_words(src, p_store, p_lexemes);
     RETURN 0;
   END IF;
   -- One file per missing lexeme (the first by key), then those files' texts.  Most lexemes are in one of the
@@ -106467,6 +106487,83 @@ BEGIN
    ORDER BY m.lexeme, m.n DESC, length(m.word), m.word
   ON CONFLICT DO NOTHING;
   GET DIAGNOSTICS v_n = ROW_COUNT;
+  PERFORM storetopics._learn_store_words(src, p_store, p_lexemes);
+  RETURN v_n;
+END $$;
+
+-- Whether a store writes its owner's words for some lexemes (storetopics.store_words): each lexeme it has not been
+-- checked for, in up to 20 of its files that hold it (the first by key among its first 1,000 by key, else among all
+-- of them).  The owner's word written there as a word: word NULL.  Else the word those texts write most for it (of
+-- the texts that hold the lexeme's start: splitting every text into words costs ~1 us a word, a substring test far
+-- less).  One file would not do: the owner's word is often in a store's other files ("files", where the first says
+-- "file").  Returns how many lexemes it checked.
+CREATE OR REPLACE FUNCTION storetopics._learn_store_words(src storetopics.sources, p_store text, p_lexemes text[])
+RETURNS int
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_check text[];
+  v_ids int[];
+  v_found int[];
+  v_files text[];
+  v_texts text[];
+  v_unwritten text[];
+  v_n int;
+BEGIN
+  v_check := ARRAY(SELECT DISTINCT l FROM unnest(p_lexemes) l
+                    WHERE NOT EXISTS (SELECT 1 FROM storetopics.store_words w
+                                       WHERE w.source_id = src.id AND w.store_key = p_store AND w.lexeme = l));
+  IF cardinality(v_check) = 0 THEN
+    RETURN 0;
+  END IF;
+  v_ids := ARRAY(SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (v_check));
+  -- (as _learn_words finds a lexeme's first file: among the first 1,000 by key, else in the whole store)
+  SELECT coalesce(array_agg(DISTINCT y.term_id), '{}'), coalesce(array_agg(DISTINCT y.file_key), '{}')
+    INTO v_found, v_files
+    FROM (SELECT u.term_id, u.file_key, row_number() OVER (PARTITION BY u.term_id ORDER BY u.file_key) AS r
+            FROM (SELECT k.file_key, unnest(a.term_ids) AS term_id
+                    FROM (SELECT f.file_key, f.ctid AS tid FROM storetopics.file_terms f
+                           WHERE f.source_id = src.id AND f.store_key = p_store
+                           ORDER BY f.file_key LIMIT 1000) k,
+                         -- (a few lexemes, after a small change: only the files that hold one are unnested)
+                         LATERAL (SELECT f.term_ids FROM storetopics.file_terms f
+                                   WHERE f.ctid = k.tid AND (cardinality(v_ids) > 16 OR f.term_ids && v_ids)
+                                  OFFSET 0) a) u
+           WHERE u.term_id IN (SELECT unnest(v_ids))) y
+   WHERE y.r <= 20;
+  v_ids := ARRAY(SELECT unnest(v_ids) EXCEPT SELECT unnest(v_found));
+  IF cardinality(v_ids) > 0 THEN
+    SELECT v_files || coalesce(array_agg(y.file_key), '{}') INTO v_files
+      FROM (SELECT u.file_key, row_number() OVER (PARTITION BY u.term_id ORDER BY u.file_key) AS r
+              FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id FROM storetopics.file_terms f
+                     WHERE f.source_id = src.id AND f.store_key = p_store
+                       AND (cardinality(v_ids) > 16 OR f.term_ids && v_ids)) u
+             WHERE u.term_id IN (SELECT unnest(v_ids))) y
+     WHERE y.r <= 20;
+  END IF;
+  EXECUTE format('SELECT array_agg(lower(x.t)) FROM %s(''texts'', $1, $2, NULL) AS x(t text) '
+                 'WHERE storetopics._usable_text(x.t)', storetopics._reader(src.id))
+    INTO v_texts USING ARRAY(SELECT DISTINCT unnest(v_files)), p_store;
+  v_texts := coalesce(v_texts, '{}');
+  -- the lexemes whose owner's word (if any) no text writes as a word
+  v_unwritten := ARRAY(
+    SELECT c.l FROM unnest(v_check) c(l)
+      LEFT JOIN storetopics.term_words o ON o.owner = src.owner AND o.ts_config = src.ts_config AND o.lexeme = c.l
+     WHERE o.word IS NULL
+        OR NOT EXISTS (SELECT 1 FROM unnest(v_texts) t
+                        WHERE strpos(t, o.word) > 0 AND t ~ ('(^|[^[:alpha:]])' || o.word || '($|[^[:alpha:]])')));
+  INSERT INTO storetopics.store_words (source_id, store_key, lexeme, word, residue)
+  SELECT src.id, p_store, c.l, b.word, b.residue
+    FROM unnest(v_check) c(l)
+    LEFT JOIN (SELECT DISTINCT ON (m.lexeme) m.lexeme, m.word, m.residue
+                 FROM storetopics._text_words(
+                        src.ts_config,
+                        ARRAY(SELECT t FROM unnest(v_texts) t
+                               WHERE EXISTS (SELECT 1 FROM unnest(v_unwritten) u
+                                              WHERE strpos(t, left(u, greatest(3, length(u) - 2))) > 0)),
+                        v_unwritten) m
+                ORDER BY m.lexeme, m.n DESC, length(m.word), m.word) b ON b.lexeme = c.l
+  ON CONFLICT DO NOTHING;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
   RETURN v_n;
 END $$;
 
@@ -106488,14 +106585,23 @@ RETURN storetopics._read_arm('texts', format('SELECT (%s)::text FROM %s AS c WHE
                                              storetopics._chunk_order_sql(src.chunks)),
                              'files, store');
 
--- A lexeme as the texts of its source's owner write it (storetopics._learn_words), else the lexeme; NULL, shown
--- nowhere, when they write it mostly as a page converter's residue (glued to the next word: "bugsee"; in a link's
--- target: "iscman" of "<#std-iscman-named>").
-CREATE OR REPLACE FUNCTION storetopics._show(p_source int, lexeme text) RETURNS text
+-- A lexeme as the texts of its source's owner write it (storetopics._learn_words), or as the store's own texts do
+-- where they never write that word (storetopics.store_words), else the lexeme; NULL, shown nowhere, when they write
+-- it mostly as a page converter's residue (glued to the next word: "bugsee"; in a link's target: "iscman" of
+-- "<#std-iscman-named>").
+DO $$ BEGIN   -- (0.2 before store_words)
+  IF to_regprocedure('storetopics._show(int, text)') IS NOT NULL THEN
+    DROP FUNCTION storetopics._show(int, text);
+  END IF;
+END $$;
+CREATE OR REPLACE FUNCTION storetopics._show(p_source int, p_store text, lexeme text) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-RETURN (SELECT CASE WHEN w.lexeme IS NULL THEN _show.lexeme WHEN w.residue IS NULL THEN w.word END
+RETURN (SELECT CASE WHEN x.word IS NOT NULL THEN CASE WHEN x.residue IS NULL THEN x.word END
+                    WHEN w.lexeme IS NULL THEN _show.lexeme WHEN w.residue IS NULL THEN w.word END
           FROM storetopics.sources s LEFT JOIN storetopics.term_words w
                ON w.owner = s.owner AND w.ts_config = s.ts_config AND w.lexeme = _show.lexeme
+          LEFT JOIN storetopics.store_words x
+               ON x.source_id = s.id AND x.store_key = p_store AND x.lexeme = _show.lexeme
          WHERE s.id = p_source);
 
 CREATE OR REPLACE FUNCTION storetopics._human_count(n bigint) RETURNS text
@@ -106878,6 +106984,7 @@ BEGIN
   IF st.files <= 0 THEN
     DELETE FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
     DELETE FROM storetopics.clusters WHERE source_id = p_source AND store_key = p_store;
+    DELETE FROM storetopics.store_words WHERE source_id = p_source AND store_key = p_store;
     PERFORM storetopics._forget_novelty(p_source, p_store);
     PERFORM storetopics._mirror(src, p_store, NULL);
     PERFORM pg_notify('storetopics_updated', p_source || ':' || p_store);
@@ -107029,7 +107136,7 @@ BEGIN
   RETURN QUERY
     SELECT (row_number() OVER (ORDER BY x.i))::int, x.lexeme, x.word, x.score, x.files
       FROM (SELECT DISTINCT ON (w.word) w.*
-              FROM (SELECT u.lexeme, storetopics._show(p_source, u.lexeme) AS word, u.score, u.files, u.i
+              FROM (SELECT u.lexeme, storetopics._show(p_source, p_store, u.lexeme) AS word, u.score, u.files, u.i
                       FROM unnest(v_lexemes, v_scores, v_files) WITH ORDINALITY AS u(lexeme, score, files, i)) w
              WHERE w.word IS NOT NULL
              ORDER BY w.word, w.i) x
@@ -107101,7 +107208,7 @@ BEGIN
                                FILTER (WHERE k.kind = 'contrast'), '[]'))
     INTO terms, distinctive, lists
     FROM (SELECT DISTINCT ON (u.kind, u.word) u.*
-            FROM (SELECT x.kind, x.rank, x.lexeme, storetopics._show(src.id, x.lexeme) AS word, x.score,
+            FROM (SELECT x.kind, x.rank, x.lexeme, storetopics._show(src.id, p_store, x.lexeme) AS word, x.score,
                          x.files, x.total, x.file_key
                     FROM unnest(v_kind, v_rank, v_lexeme, v_score, v_files, v_total, v_file)
                          AS x(kind, rank, lexeme, score, files, total, file_key)) u
@@ -108357,7 +108464,7 @@ BEGIN
      GROUP BY u.source_id, u.store_key
   )
   SELECT p.source_id, p.store_key, p.tool_name, p.score, NULL::int,
-         coalesce(storetopics._show(p.source_id, p.best), p.best),
+         coalesce(storetopics._show(p.source_id, p.store_key, p.best), p.best),
          NULL::float8, NULL::boolean,
          p.score >= (storetopics._settings(p.source_id) ->> 'route_text_threshold')::float8
     FROM per_store p JOIN storetopics.sources s ON s.id = p.source_id
@@ -108652,6 +108759,7 @@ $f$, v_dir, v_dir);
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.store_terms', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.store_state', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.term_words', '');
+    PERFORM pg_catalog.pg_extension_config_dump('storetopics.store_words', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.clusters', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.label_ledger', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.grants', '');
@@ -108659,4 +108767,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '2786633979') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '629140252') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -4,7 +4,8 @@ Each store below is up to 20 files of real extracted text with one class of resi
 navigation glued by HTML-to-text, words glued into one ("bugSee"), links' targets left in, a language selector's
 locale codes, dotted option names, words hyphenated at line breaks, words in another script, changelog dates,
 sentence pieces that the offline phrase miner would take for topics; and 12 files whose every page carries a web
-site's header and footer (a small store of long documents).  Keyword-only stores, rendered by SQL alone
+site's header and footer (a small store of long documents).  And ten of them as the stores of one table: each shows
+its stems in words its own pages write, whichever store taught the owner a word first.  Keyword-only stores, rendered by SQL alone
 (what `SELECT storetopics.backfill()` shows where no worker runs).
 """
 from __future__ import annotations
@@ -167,3 +168,34 @@ def test_the_learner_tells_a_page_converters_residue_from_words(conn):
         "ARRAY['fileus', 'bugse', 'iscman', 'request-s', 'textual', 'name'])", (text,))}
     assert got == {"fileus": ("fileuse", "glued"), "bugse": ("bugsee", "glued"), "iscman": ("iscman", "link"),
                    "request-s": ("request-size", None), "textual": ("textual", None), "name": ("named", None)}, got
+
+
+def test_a_store_shows_its_stems_in_words_it_writes(conn):
+    # The word shown for a stem is learnt once per owner, from the texts of the first store that needs it; another
+    # store of the same owner may never write that word ("responsive" for a manual that says "response", "productive"
+    # for "product").  Ten stores of real pages in one table: each shows words its own pages write.
+    names = ["apache", "apache-howto", "lighttpd", "bind9", "postfix", "exim", "coreutils", "handbook", "lilypond",
+             "changelog"]
+    conn.execute("CREATE TABLE docs (id serial PRIMARY KEY, store text, file text, content text)")
+    conn.execute("CREATE INDEX ON docs (file)")
+    pages: dict[str, list[str]] = {}
+    with conn.cursor() as cur:
+        for name in names:
+            rows = [json.loads(line) for line in (DATA / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()]
+            pages[name] = [r["text"] for r in rows]
+            cur.executemany("INSERT INTO docs (store, file, content) VALUES (%s, %s, %s)",
+                            [(name, f"{name}/{i}", r["text"]) for i, r in enumerate(rows)])
+    conn.execute("SELECT storetopics.attach('docs', 'store', 'file', 'content', embedding => NULL)")
+    conn.execute("SELECT * FROM storetopics.backfill()")
+    unwritten = {}
+    for store, text, topics in conn.execute("SELECT store_key, store_topics, topics FROM storetopics.stores"):
+        written = set()
+        for t in pages[store]:
+            t = re.sub(r"([^\W\d_])[-\u2010][ \t]*\n[ \t]*([a-z])", r"\1\2", t)   # "main-\ntain" is written
+            for run in re.findall(r"[^\W\d_][\w'-]*", t.lower().replace("_", " ")):
+                parts = run.strip("'-").split("-")
+                written |= {"-".join(parts[i:j]) for i in range(len(parts)) for j in range(i + 1, len(parts) + 1)}
+        shown = [d["term"] for k in ("contrast", "distinctive") for d in topics[k]]
+        unwritten[store] = sorted(w for w in shown if w.lower() not in written)
+    assert sorted(unwritten) == sorted(names)
+    assert not any(unwritten.values()), unwritten

@@ -479,13 +479,19 @@ def test_kill_9_twenty_times_while_writers_write(make_db, workers):
                 cur.executemany("INSERT INTO emb (id, store, file, content, emb) VALUES (%s, %s, %s, %s, %s)",
                                 emb_rows)
             # Surface words ("renovation" for the stem "renov") are a cache learnt once per stem from the texts
-            # there were at the time (storetopics.term_words): history, not state.  The clean run starts from the
+            # there were at the time (storetopics.term_words, store_words): history, not state.  The clean run starts from the
             # same cache, so what is compared is what the counts and clusters make of the final data.
             with clean.cursor() as cur:
                 cur.executemany("INSERT INTO storetopics.term_words (owner, ts_config, lexeme, word, residue) "
                                 "VALUES (%s, %s, %s, %s, %s)",
                                 conn.execute("SELECT owner, ts_config::text, lexeme, word, residue "
                                              "FROM storetopics.term_words").fetchall())
+                # and what each store was found to write instead (storetopics.store_words), by table name
+                cur.executemany("INSERT INTO storetopics.store_words (source_id, store_key, lexeme, word, residue) "
+                                "SELECT s.id, %s, %s, %s, %s FROM storetopics.sources s WHERE s.chunks = %s::regclass",
+                                conn.execute("SELECT w.store_key, w.lexeme, w.word, w.residue, s.chunks::text "
+                                             "FROM storetopics.store_words w "
+                                             "JOIN storetopics.sources s ON s.id = w.source_id").fetchall())
             r = subprocess.run([sys.executable, "-m", "storetopics.cli", "--dsn", clean_dsn, "worker", "--once"],
                                env=dict(os.environ, **env), capture_output=True, text=True, timeout=300)
             assert r.returncode == 0, r.stderr

@@ -54,6 +54,7 @@ BEGIN
   DELETE FROM storetopics.clusters WHERE source_id = p_source;
   DELETE FROM storetopics.label_ledger WHERE source_id = p_source;
   DELETE FROM storetopics.grants WHERE source_id = p_source;
+  DELETE FROM storetopics.store_words WHERE source_id = p_source;
   -- the words learnt from the owner's texts, with the owner's last source
   DELETE FROM storetopics.term_words w USING storetopics.sources s
    WHERE s.id = p_source AND w.owner = s.owner

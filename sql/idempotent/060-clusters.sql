@@ -555,21 +555,24 @@ BEGIN
     FROM storetopics.clusters k2
     LEFT JOIN (SELECT z.cluster_id, (array_agg(z.word ORDER BY z.r))[1:n_words] AS words
                  FROM (SELECT DISTINCT ON (c.cluster_id, s.word) c.cluster_id, c.r, s.word
-                         FROM pg_temp.storetopics_ct c, LATERAL (SELECT storetopics._show(p_source, c.lexeme)) s(word)
+                         FROM pg_temp.storetopics_ct c, LATERAL (SELECT storetopics._show(p_source, p_store, c.lexeme)) s(word)
                         WHERE s.word IS NOT NULL
                         ORDER BY c.cluster_id, s.word, c.r) z
                 GROUP BY 1) w ON w.cluster_id = k2.cluster_id
    WHERE k.source_id = p_source AND k.store_key = p_store
      AND k2.source_id = k.source_id AND k2.store_key = k.store_key AND k2.cluster_id = k.cluster_id
      AND (p_clusters IS NULL OR k.cluster_id = ANY (p_clusters));
-  -- remembered only for the whole store, and only when every lexeme's word is learnt (else computing them again
-  -- learns again, and may then show another word)
+  -- remembered only for the whole store, and only when every lexeme's word is learnt and checked in the store
+  -- (else computing them again learns again, and may then show another word)
   UPDATE storetopics.store_state
      SET cluster_words_from = CASE WHEN p_clusters IS NULL AND NOT EXISTS (
                                      SELECT 1 FROM pg_temp.storetopics_ct c
                                       WHERE NOT EXISTS (SELECT 1 FROM storetopics.sources s, storetopics.term_words w
                                                          WHERE s.id = p_source AND w.owner = s.owner
-                                                           AND w.ts_config = s.ts_config AND w.lexeme = c.lexeme))
+                                                           AND w.ts_config = s.ts_config AND w.lexeme = c.lexeme)
+                                         OR NOT EXISTS (SELECT 1 FROM storetopics.store_words x
+                                                         WHERE x.source_id = p_source AND x.store_key = p_store
+                                                           AND x.lexeme = c.lexeme))
                                    THEN v_from END
    WHERE source_id = p_source AND store_key = p_store;
   DROP TABLE pg_temp.storetopics_ct;

@@ -282,7 +282,7 @@ BEGIN
      GROUP BY u.source_id, u.store_key
   )
   SELECT p.source_id, p.store_key, p.tool_name, p.score, NULL::int,
-         coalesce(storetopics._show(p.source_id, p.best), p.best),
+         coalesce(storetopics._show(p.source_id, p.store_key, p.best), p.best),
          NULL::float8, NULL::boolean,
          p.score >= (storetopics._settings(p.source_id) ->> 'route_text_threshold')::float8
     FROM per_store p JOIN storetopics.sources s ON s.id = p.source_id

@@ -97,6 +97,7 @@ $f$, v_dir, v_dir);
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.store_terms', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.store_state', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.term_words', '');
+    PERFORM pg_catalog.pg_extension_config_dump('storetopics.store_words', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.clusters', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.label_ledger', '');
     PERFORM pg_catalog.pg_extension_config_dump('storetopics.grants', '');
