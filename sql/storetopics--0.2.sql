@@ -101002,6 +101002,9 @@ CREATE TABLE storetopics.store_words (
   residue   text CHECK (residue IN ('glued', 'link')),
   PRIMARY KEY (source_id, store_key, lexeme)
 );
+-- Where the owner's word was learnt (its first file by key that held the stem then): a store's own texts wrote
+-- it, so it needs no look there.
+ALTER TABLE storetopics.term_words ADD COLUMN source_id int, ADD COLUMN store_key text;
 
 -- idempotent/010-helpers.sql
 -- ------------------------------------------------------------------------------------------------------------
@@ -106481,8 +106484,8 @@ BEGIN
   EXECUTE format('SELECT array_agg(x.t) FROM %s(''texts'', $1, $2, NULL) AS x(t text)',
                  storetopics._reader(p_source))
     INTO v_texts USING v_files, p_store;
-  INSERT INTO storetopics.term_words (owner, ts_config, lexeme, word, residue)
-  SELECT DISTINCT ON (m.lexeme) src.owner, src.ts_config, m.lexeme, m.word, m.residue
+  INSERT INTO storetopics.term_words (owner, ts_config, lexeme, word, residue, source_id, store_key)
+  SELECT DISTINCT ON (m.lexeme) src.owner, src.ts_config, m.lexeme, m.word, m.residue, src.id, p_store
     FROM storetopics._text_words(src.ts_config, v_texts, v_missing) m
    ORDER BY m.lexeme, m.n DESC, length(m.word), m.word
   ON CONFLICT DO NOTHING;
@@ -106491,66 +106494,89 @@ BEGIN
   RETURN v_n;
 END $$;
 
+-- The files of a store that hold some lexemes (by id), the p_from-th to the p_to-th of each by key: among its first
+-- 1,000 files by key (where _learn_words finds a lexeme's first file), else, for a lexeme none of those holds, among
+-- all of them (a few lexemes, after a small change: only the files that hold one are unnested).
+CREATE OR REPLACE FUNCTION storetopics._files_holding(p_source int, p_store text, p_ids int[], p_from int, p_to int)
+RETURNS text[]
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_found int[];
+  v_files text[];
+BEGIN
+  SELECT coalesce(array_agg(DISTINCT y.term_id), '{}'),
+         coalesce(array_agg(DISTINCT y.file_key) FILTER (WHERE y.r BETWEEN p_from AND p_to), '{}')
+    INTO v_found, v_files
+    FROM (SELECT u.term_id, u.file_key, row_number() OVER (PARTITION BY u.term_id ORDER BY u.file_key) AS r
+            FROM (SELECT k.file_key, unnest(a.term_ids) AS term_id
+                    FROM (SELECT f.file_key, f.ctid AS tid FROM storetopics.file_terms f
+                           WHERE f.source_id = p_source AND f.store_key = p_store
+                           ORDER BY f.file_key LIMIT 1000) k,
+                         LATERAL (SELECT f.term_ids FROM storetopics.file_terms f
+                                   WHERE f.ctid = k.tid AND (cardinality(p_ids) > 16 OR f.term_ids && p_ids)
+                                  OFFSET 0) a) u
+           WHERE u.term_id IN (SELECT unnest(p_ids))) y;
+  p_ids := ARRAY(SELECT unnest(p_ids) EXCEPT SELECT unnest(v_found));
+  IF cardinality(p_ids) > 0 THEN
+    SELECT v_files || coalesce(array_agg(DISTINCT y.file_key), '{}') INTO v_files
+      FROM (SELECT u.file_key, row_number() OVER (PARTITION BY u.term_id ORDER BY u.file_key) AS r
+              FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id FROM storetopics.file_terms f
+                     WHERE f.source_id = p_source AND f.store_key = p_store
+                       AND (cardinality(p_ids) > 16 OR f.term_ids && p_ids)) u
+             WHERE u.term_id IN (SELECT unnest(p_ids))) y
+     WHERE y.r BETWEEN p_from AND p_to;
+  END IF;
+  RETURN v_files;
+END $$;
+
 -- Whether a store writes its owner's words for some lexemes (storetopics.store_words): each lexeme it has not been
--- checked for, in up to 20 of its files that hold it (the first by key among its first 1,000 by key, else among all
--- of them).  The owner's word written there as a word: word NULL.  Else the word those texts write most for it (of
--- the texts that hold the lexeme's start: splitting every text into words costs ~1 us a word, a substring test far
--- less).  One file would not do: the owner's word is often in a store's other files ("files", where the first says
--- "file").  Returns how many lexemes it checked.
+-- checked for, unless the owner learnt it from this store, in the first 2, then (where not found there) up to 20 of
+-- its files that hold it (storetopics._files_holding).  The owner's word written there as a word: word NULL.  Else
+-- the word those texts write most for it (of the texts that hold the lexeme's start: splitting every text into
+-- words costs ~1 us a word, a substring test far less).  One file would not do: the owner's word is often in a
+-- store's other files ("files", where the first says "file").  Returns how many lexemes it looked for.
 CREATE OR REPLACE FUNCTION storetopics._learn_store_words(src storetopics.sources, p_store text, p_lexemes text[])
 RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_check text[];
-  v_ids int[];
-  v_found int[];
-  v_files text[];
-  v_texts text[];
   v_unwritten text[];
+  v_texts text[] := '{}';
+  v_read text[];
   v_n int;
 BEGIN
   v_check := ARRAY(SELECT DISTINCT l FROM unnest(p_lexemes) l
                     WHERE NOT EXISTS (SELECT 1 FROM storetopics.store_words w
                                        WHERE w.source_id = src.id AND w.store_key = p_store AND w.lexeme = l));
+  -- a word learnt from this store's own texts is written here: no look
+  WITH own AS (
+    INSERT INTO storetopics.store_words (source_id, store_key, lexeme)
+    SELECT src.id, p_store, o.lexeme FROM storetopics.term_words o
+     WHERE o.owner = src.owner AND o.ts_config = src.ts_config AND o.lexeme = ANY (v_check)
+       AND o.source_id = src.id AND o.store_key = p_store
+    ON CONFLICT DO NOTHING RETURNING lexeme)
+  SELECT ARRAY(SELECT unnest(v_check) EXCEPT SELECT own.lexeme FROM own) INTO v_check;
   IF cardinality(v_check) = 0 THEN
     RETURN 0;
   END IF;
-  v_ids := ARRAY(SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (v_check));
-  -- (as _learn_words finds a lexeme's first file: among the first 1,000 by key, else in the whole store)
-  SELECT coalesce(array_agg(DISTINCT y.term_id), '{}'), coalesce(array_agg(DISTINCT y.file_key), '{}')
-    INTO v_found, v_files
-    FROM (SELECT u.term_id, u.file_key, row_number() OVER (PARTITION BY u.term_id ORDER BY u.file_key) AS r
-            FROM (SELECT k.file_key, unnest(a.term_ids) AS term_id
-                    FROM (SELECT f.file_key, f.ctid AS tid FROM storetopics.file_terms f
-                           WHERE f.source_id = src.id AND f.store_key = p_store
-                           ORDER BY f.file_key LIMIT 1000) k,
-                         -- (a few lexemes, after a small change: only the files that hold one are unnested)
-                         LATERAL (SELECT f.term_ids FROM storetopics.file_terms f
-                                   WHERE f.ctid = k.tid AND (cardinality(v_ids) > 16 OR f.term_ids && v_ids)
-                                  OFFSET 0) a) u
-           WHERE u.term_id IN (SELECT unnest(v_ids))) y
-   WHERE y.r <= 20;
-  v_ids := ARRAY(SELECT unnest(v_ids) EXCEPT SELECT unnest(v_found));
-  IF cardinality(v_ids) > 0 THEN
-    SELECT v_files || coalesce(array_agg(y.file_key), '{}') INTO v_files
-      FROM (SELECT u.file_key, row_number() OVER (PARTITION BY u.term_id ORDER BY u.file_key) AS r
-              FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id FROM storetopics.file_terms f
-                     WHERE f.source_id = src.id AND f.store_key = p_store
-                       AND (cardinality(v_ids) > 16 OR f.term_ids && v_ids)) u
-             WHERE u.term_id IN (SELECT unnest(v_ids))) y
-     WHERE y.r <= 20;
-  END IF;
-  EXECUTE format('SELECT array_agg(lower(x.t)) FROM %s(''texts'', $1, $2, NULL) AS x(t text) '
-                 'WHERE storetopics._usable_text(x.t)', storetopics._reader(src.id))
-    INTO v_texts USING ARRAY(SELECT DISTINCT unnest(v_files)), p_store;
-  v_texts := coalesce(v_texts, '{}');
-  -- the lexemes whose owner's word (if any) no text writes as a word
-  v_unwritten := ARRAY(
-    SELECT c.l FROM unnest(v_check) c(l)
-      LEFT JOIN storetopics.term_words o ON o.owner = src.owner AND o.ts_config = src.ts_config AND o.lexeme = c.l
-     WHERE o.word IS NULL
-        OR NOT EXISTS (SELECT 1 FROM unnest(v_texts) t
-                        WHERE strpos(t, o.word) > 0 AND t ~ ('(^|[^[:alpha:]])' || o.word || '($|[^[:alpha:]])')));
+  v_unwritten := v_check;
+  FOR r IN 1 .. 2 LOOP
+    EXIT WHEN cardinality(v_unwritten) = 0;
+    EXECUTE format('SELECT array_agg(lower(x.t)) FROM %s(''texts'', $1, $2, NULL) AS x(t text) '
+                   'WHERE storetopics._usable_text(x.t)', storetopics._reader(src.id))
+      INTO v_read
+      USING storetopics._files_holding(src.id, p_store,
+                                       ARRAY(SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (v_unwritten)),
+                                       CASE r WHEN 1 THEN 1 ELSE 3 END, CASE r WHEN 1 THEN 2 ELSE 20 END), p_store;
+    v_texts := v_texts || coalesce(v_read, '{}');
+    -- the lexemes whose owner's word (if any) no text read yet writes as a word
+    v_unwritten := ARRAY(
+      SELECT c.l FROM unnest(v_unwritten) c(l)
+        LEFT JOIN storetopics.term_words o ON o.owner = src.owner AND o.ts_config = src.ts_config AND o.lexeme = c.l
+       WHERE o.word IS NULL
+          OR NOT EXISTS (SELECT 1 FROM unnest(v_read) t
+                          WHERE strpos(t, o.word) > 0 AND t ~ ('(^|[^[:alpha:]])' || o.word || '($|[^[:alpha:]])')));
+  END LOOP;
   INSERT INTO storetopics.store_words (source_id, store_key, lexeme, word, residue)
   SELECT src.id, p_store, c.l, b.word, b.residue
     FROM unnest(v_check) c(l)
@@ -108767,4 +108793,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '629140252') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2565466647') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -482,10 +482,12 @@ def test_kill_9_twenty_times_while_writers_write(make_db, workers):
             # there were at the time (storetopics.term_words, store_words): history, not state.  The clean run starts from the
             # same cache, so what is compared is what the counts and clusters make of the final data.
             with clean.cursor() as cur:
-                cur.executemany("INSERT INTO storetopics.term_words (owner, ts_config, lexeme, word, residue) "
-                                "VALUES (%s, %s, %s, %s, %s)",
-                                conn.execute("SELECT owner, ts_config::text, lexeme, word, residue "
-                                             "FROM storetopics.term_words").fetchall())
+                cur.executemany("INSERT INTO storetopics.term_words (owner, ts_config, lexeme, word, residue, "
+                                "source_id, store_key) VALUES (%s, %s, %s, %s, %s, "
+                                "(SELECT s.id FROM storetopics.sources s WHERE s.chunks = %s::regclass), %s)",
+                                conn.execute("SELECT w.owner, w.ts_config::text, w.lexeme, w.word, w.residue, "
+                                             "s.chunks::text, w.store_key FROM storetopics.term_words w "
+                                             "LEFT JOIN storetopics.sources s ON s.id = w.source_id").fetchall())
                 # and what each store was found to write instead (storetopics.store_words), by table name
                 cur.executemany("INSERT INTO storetopics.store_words (source_id, store_key, lexeme, word, residue) "
                                 "SELECT s.id, %s, %s, %s, %s FROM storetopics.sources s WHERE s.chunks = %s::regclass",

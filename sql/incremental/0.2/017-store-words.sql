@@ -11,3 +11,6 @@ CREATE TABLE storetopics.store_words (
   residue   text CHECK (residue IN ('glued', 'link')),
   PRIMARY KEY (source_id, store_key, lexeme)
 );
+-- Where the owner's word was learnt (its first file by key that held the stem then): a store's own texts wrote
+-- it, so it needs no look there.
+ALTER TABLE storetopics.term_words ADD COLUMN source_id int, ADD COLUMN store_key text;
