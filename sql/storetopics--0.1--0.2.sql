@@ -104249,7 +104249,8 @@ BEGIN
     FROM storetopics.clusters k2
     LEFT JOIN (SELECT z.cluster_id, (array_agg(z.word ORDER BY z.r))[1:n_words] AS words
                  FROM (SELECT DISTINCT ON (c.cluster_id, s.word) c.cluster_id, c.r, s.word
-                         FROM pg_temp.storetopics_ct c, LATERAL (SELECT storetopics._show(p_source, p_store, c.lexeme)) s(word)
+                         FROM pg_temp.storetopics_ct c,
+                              LATERAL (SELECT storetopics._show(p_source, p_store, c.lexeme)) s(word)
                         WHERE s.word IS NOT NULL
                         ORDER BY c.cluster_id, s.word, c.r) z
                 GROUP BY 1) w ON w.cluster_id = k2.cluster_id
@@ -106332,13 +106333,16 @@ BEGIN
                                        ARRAY(SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (v_unwritten)),
                                        CASE r WHEN 1 THEN 1 ELSE 3 END, CASE r WHEN 1 THEN 2 ELSE 20 END), p_store;
     v_texts := v_texts || coalesce(v_read, '{}');
-    -- the lexemes whose owner's word (if any) no text read yet writes as a word
+    -- the lexemes whose owner's word (if any) no text read yet writes as a word (a word learnt is letters,
+    -- quotes and hyphens; escaped all the same: it was read from a tenant's text)
     v_unwritten := ARRAY(
       SELECT c.l FROM unnest(v_unwritten) c(l)
         LEFT JOIN storetopics.term_words o ON o.owner = src.owner AND o.ts_config = src.ts_config AND o.lexeme = c.l
        WHERE o.word IS NULL
           OR NOT EXISTS (SELECT 1 FROM unnest(v_read) t
-                          WHERE strpos(t, o.word) > 0 AND t ~ ('(^|[^[:alpha:]])' || o.word || '($|[^[:alpha:]])')));
+                          WHERE strpos(t, o.word) > 0
+                            AND t ~ ('(^|[^[:alpha:]])' || regexp_replace(o.word, '([^[:alnum:]])', '\\\1', 'g')
+                                     || '($|[^[:alpha:]])')));
   END LOOP;
   INSERT INTO storetopics.store_words (source_id, store_key, lexeme, word, residue)
   SELECT src.id, p_store, c.l, b.word, b.residue
@@ -108556,4 +108560,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '2565466647') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2268860680') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

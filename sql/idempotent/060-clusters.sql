@@ -555,7 +555,8 @@ BEGIN
     FROM storetopics.clusters k2
     LEFT JOIN (SELECT z.cluster_id, (array_agg(z.word ORDER BY z.r))[1:n_words] AS words
                  FROM (SELECT DISTINCT ON (c.cluster_id, s.word) c.cluster_id, c.r, s.word
-                         FROM pg_temp.storetopics_ct c, LATERAL (SELECT storetopics._show(p_source, p_store, c.lexeme)) s(word)
+                         FROM pg_temp.storetopics_ct c,
+                              LATERAL (SELECT storetopics._show(p_source, p_store, c.lexeme)) s(word)
                         WHERE s.word IS NOT NULL
                         ORDER BY c.cluster_id, s.word, c.r) z
                 GROUP BY 1) w ON w.cluster_id = k2.cluster_id

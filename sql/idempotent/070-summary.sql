@@ -521,13 +521,16 @@ BEGIN
                                        ARRAY(SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (v_unwritten)),
                                        CASE r WHEN 1 THEN 1 ELSE 3 END, CASE r WHEN 1 THEN 2 ELSE 20 END), p_store;
     v_texts := v_texts || coalesce(v_read, '{}');
-    -- the lexemes whose owner's word (if any) no text read yet writes as a word
+    -- the lexemes whose owner's word (if any) no text read yet writes as a word (a word learnt is letters,
+    -- quotes and hyphens; escaped all the same: it was read from a tenant's text)
     v_unwritten := ARRAY(
       SELECT c.l FROM unnest(v_unwritten) c(l)
         LEFT JOIN storetopics.term_words o ON o.owner = src.owner AND o.ts_config = src.ts_config AND o.lexeme = c.l
        WHERE o.word IS NULL
           OR NOT EXISTS (SELECT 1 FROM unnest(v_read) t
-                          WHERE strpos(t, o.word) > 0 AND t ~ ('(^|[^[:alpha:]])' || o.word || '($|[^[:alpha:]])')));
+                          WHERE strpos(t, o.word) > 0
+                            AND t ~ ('(^|[^[:alpha:]])' || regexp_replace(o.word, '([^[:alnum:]])', '\\\1', 'g')
+                                     || '($|[^[:alpha:]])')));
   END LOOP;
   INSERT INTO storetopics.store_words (source_id, store_key, lexeme, word, residue)
   SELECT src.id, p_store, c.l, b.word, b.residue
