@@ -5,8 +5,8 @@ navigation glued by HTML-to-text, words glued into one ("bugSee"), links' target
 locale codes, dotted option names, words hyphenated at line breaks, words in another script, changelog dates,
 sentence pieces that the offline phrase miner would take for topics; and 12 files whose every page carries a web
 site's header and footer (a small store of long documents).  And ten of them as the stores of one table: each shows
-its stems in words its own pages write, whichever store taught the owner a word first.  Keyword-only stores, rendered by SQL alone
-(what `SELECT storetopics.backfill()` shows where no worker runs).
+its stems in words its own pages write, whichever store taught the owner a word first.  Keyword-only stores, rendered
+by SQL alone (what `SELECT storetopics.backfill()` shows where no worker runs).
 """
 from __future__ import annotations
 

@@ -479,8 +479,8 @@ def test_kill_9_twenty_times_while_writers_write(make_db, workers):
                 cur.executemany("INSERT INTO emb (id, store, file, content, emb) VALUES (%s, %s, %s, %s, %s)",
                                 emb_rows)
             # Surface words ("renovation" for the stem "renov") are a cache learnt once per stem from the texts
-            # there were at the time (storetopics.term_words, store_words): history, not state.  The clean run starts from the
-            # same cache, so what is compared is what the counts and clusters make of the final data.
+            # there were at the time (storetopics.term_words, store_words): history, not state.  The clean run
+            # starts from the same cache, so what is compared is what the counts and clusters make of the final data.
             with clean.cursor() as cur:
                 cur.executemany("INSERT INTO storetopics.term_words (owner, ts_config, lexeme, word, residue, "
                                 "source_id, store_key) VALUES (%s, %s, %s, %s, %s, "

@@ -130,7 +130,8 @@ def page_titles() -> dict[str, list[str]]:
         for c in np.argsort(-np.bincount(km.labels_)):
             idx = np.where(km.labels_ == c)[0]
             for j in idx[np.argsort(-(vecs[idx] @ km.cluster_centers_[c]))]:
-                t = re.split(r"\s+[-–—:]\s+", docs.clean_title(pages[owner[j]].short, docs.PRODUCT_NAMES.get(s, ())))[0]
+                title = docs.clean_title(pages[owner[j]].short, docs.PRODUCT_NAMES.get(s, ()))
+                t = re.split(r"\s+[-–—:]\s+", title)[0]
                 if t and t.lower() not in {x.lower() for x in labels}:
                     labels.append(" ".join(t.split()[:5]))
                     break
@@ -165,7 +166,7 @@ TRANSFORMS = {
 }
 
 
-# -- the cells ----------------------------------------------------------------------------------------------------------
+# -- the cells -------------------------------------------------------------------------------------------------------
 def cells(transform, topics: bool = False) -> list[dict]:
     """The 36 cells for one transform: per family, set, style and router, top-1 % as rendered and transformed, and
     what each must reach (the best baseline no longer than it, or with topics the name alone + 10)."""
