@@ -277,3 +277,9 @@ def test_text_study_reshapes_sections_and_keeps_the_rest():
     assert ts.section(plus2, "Topics") == "text editor (nano), syntax highlighting (colors vim)"
     assert routers.tokens_estimate(plus2) <= routers.tokens_estimate(longer)
     assert ts.section(longer, "Terms").startswith(ts.section(plus2, "Terms")) and len(ts.section(plus2, "Terms")) < 80
+
+
+def test_forms_study_reads_words_as_runs_and_their_parts():
+    from lab.evaluation import forms_study
+    assert list(forms_study.words_of("The server's max-request-size, 'quoted' x 42")) == [
+        "the", "server's", "max-request-size", "max", "request", "size", "quoted"]

@@ -167,10 +167,10 @@ TRANSFORMS = {
 
 
 # -- the cells -------------------------------------------------------------------------------------------------------
-def cells(transform, topics: bool = False) -> list[dict]:
+def cells(transform, topics: bool = False, path=RESULTS / "eval.json") -> list[dict]:
     """The 36 cells for one transform: per family, set, style and router, top-1 % as rendered and transformed, and
     what each must reach (the best baseline no longer than it, or with topics the name alone + 10)."""
-    ev = json.loads((RESULTS / "eval.json").read_text())
+    ev = json.loads(path.read_text())
     emb = embedding.default_embedder()
     key = "name_topics" if topics else "name_hybrid"
     out = []
