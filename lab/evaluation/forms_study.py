@@ -106,10 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     for mode in args.modes:
         changed: set = set()
         rows = text_study.cells(transform(args.dsn, mode, changed), path=args.eval)
-        n = len(rows)
-        print(f"{mode:10} {len({(s, w) for s, w, _ in changed})} (store, word) pairs changed; mean top-1 {sum(c['now'] for c in rows) / n:.2f} -> {sum(c['new'] for c in rows) / n:.2f}; "
-              f"cells at their goal {sum(c['now'] >= c['goal_now'] for c in rows)} -> "
-              f"{sum(c['new'] >= c['goal_new'] for c in rows)} of {n}")
+        print(f"{mode:10} {len({(s, w) for s, w, _ in changed})} (store, word) pairs changed; "
+              f"{text_study.totals(rows)}")
 
 
 if __name__ == "__main__":

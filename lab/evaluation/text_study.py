@@ -205,6 +205,14 @@ def cells(transform, topics: bool = False, path=RESULTS / "eval.json") -> list[d
     return out
 
 
+def totals(rows: list[dict]) -> str:
+    """The cells' mean top-1 and how many are at their goal, as rendered -> transformed."""
+    n = len(rows)
+    now, new = sum(c["now"] >= c["goal_now"] for c in rows), sum(c["new"] >= c["goal_new"] for c in rows)
+    return (f"mean top-1 {sum(c['now'] for c in rows) / n:.2f} -> {sum(c['new'] for c in rows) / n:.2f}; cells at "
+            f"their goal {now} -> {new} of {n}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("transforms", nargs="*", default=["ident"], metavar="TRANSFORM",
@@ -221,10 +229,7 @@ def main(argv: list[str] | None = None) -> None:
             for c in rows:
                 print(f"  {c['family']:8} {c['style']:12} {c['set']:14} {c['router']:6} {c['now']:5.1f} -> "
                       f"{c['new']:5.1f} (goal {c['goal_now']:5.1f} -> {c['goal_new']:5.1f}, {c['tokens']:.0f} tokens)")
-        n = len(rows)
-        print(f"{name:16} mean top-1 {sum(c['now'] for c in rows) / n:.2f} -> {sum(c['new'] for c in rows) / n:.2f}; "
-              f"cells at their goal {sum(c['now'] >= c['goal_now'] for c in rows)} -> "
-              f"{sum(c['new'] >= c['goal_new'] for c in rows)} of {n}")
+        print(f"{name:16} {totals(rows)}")
 
 
 if __name__ == "__main__":

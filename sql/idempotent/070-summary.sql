@@ -391,8 +391,6 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   src storetopics.sources;
   v_missing text[];
-  v_ids int[];
-  v_found int[];
   v_files text[];
   v_texts text[];
   v_n int;
@@ -408,31 +406,10 @@ BEGIN
     PERFORM storetopics._learn_store_words(src, p_store, p_lexemes);
     RETURN 0;
   END IF;
-  -- One file per missing lexeme (the first by key), then those files' texts.  Most lexemes are in one of the
-  -- store's first 1,000 files by key (and the first file by key that holds such a lexeme is then among them); the
-  -- others are looked for in the whole store, in the files that hold one of them when they are few (an overlap test
-  -- per file costs about as much per lexeme as unnesting the file's array costs in all).
-  v_ids := ARRAY(SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (v_missing));
-  SELECT coalesce(array_agg(y.term_id), '{}'), coalesce(array_agg(y.file_key), '{}') INTO v_found, v_files
-    FROM (SELECT u.term_id, min(u.file_key) AS file_key
-            FROM (SELECT k.file_key, unnest(a.term_ids) AS term_id
-                    FROM (SELECT f.file_key, f.ctid AS tid FROM storetopics.file_terms f
-                           WHERE f.source_id = p_source AND f.store_key = p_store
-                           ORDER BY f.file_key LIMIT 1000) k,
-                         LATERAL (SELECT f.term_ids FROM storetopics.file_terms f WHERE f.ctid = k.tid OFFSET 0) a) u
-           WHERE u.term_id IN (SELECT unnest(v_ids))
-           GROUP BY 1) y;
-  v_ids := ARRAY(SELECT unnest(v_ids) EXCEPT SELECT unnest(v_found));
-  IF cardinality(v_ids) > 0 THEN
-    SELECT v_files || coalesce(array_agg(y.file_key), '{}') INTO v_files
-      FROM (SELECT u.term_id, min(u.file_key) AS file_key
-              FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id FROM storetopics.file_terms f
-                     WHERE f.source_id = p_source AND f.store_key = p_store
-                       AND (cardinality(v_ids) > 16 OR f.term_ids && v_ids)) u
-             WHERE u.term_id IN (SELECT unnest(v_ids))
-             GROUP BY 1) y;
-  END IF;
-  v_files := ARRAY(SELECT DISTINCT unnest(v_files));
+  -- One file per missing lexeme, the first by key (storetopics._files_holding), then those files' texts.
+  v_files := storetopics._files_holding(p_source, p_store,
+                                        ARRAY(SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (v_missing)),
+                                        1, 1);
   EXECUTE format('SELECT array_agg(x.t) FROM %s(''texts'', $1, $2, NULL) AS x(t text)',
                  storetopics._reader(p_source))
     INTO v_texts USING v_files, p_store;
@@ -446,9 +423,11 @@ BEGIN
   RETURN v_n;
 END $$;
 
--- The files of a store that hold some lexemes (by id), the p_from-th to the p_to-th of each by key: among its first
--- 1,000 files by key (where _learn_words finds a lexeme's first file), else, for a lexeme none of those holds, among
--- all of them (a few lexemes, after a small change: only the files that hold one are unnested).
+-- The files of a store that hold some lexemes (by id), the p_from-th to the p_to-th of each by key (_learn_words:
+-- the first).  Most lexemes are in one of the store's first 1,000 files by key (and the first files by key that hold
+-- such a lexeme are then among them); the others are looked for in the whole store.  Where the lexemes are few, only
+-- the files that hold one are unnested (an overlap test per file costs about as much per lexeme as unnesting the
+-- file's array costs in all).
 CREATE OR REPLACE FUNCTION storetopics._files_holding(p_source int, p_store text, p_ids int[], p_from int, p_to int)
 RETURNS text[]
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
