@@ -193,3 +193,52 @@ def test_learn_words_reads_the_first_file_by_key_of_each_lexeme(conn):
     # word learnt from its first file by key, as the old query chose it
     for ls in (lexemes[:4], lexemes[1:2], lexemes):
         assert learnt(ls) == {lx: f"{rare[lexemes.index(lx)]}s" for lx in ls}
+
+
+def test_a_keyword_only_stores_phrases_are_mined_from_the_40_files_that_hold_most_of_its_terms(make_db):
+    """A store with no embeddings shows phrases of its contrastive terms as its topics (storetopics._store_phrases),
+    mined from the 40 of its files that hold most of its 30 first terms (ties by a hash of the key), and again only
+    when those terms or those files' counted words change (store_state.phrases_from).  The digest is checked here
+    against the files and counted words it must be made of, written out independently."""
+    words = ["harbour", "keel", "anchor", "sail", "mast", "rudder", "tide", "buoy", "hull", "jib", "deck", "knot"]
+    with psycopg.connect(make_db(), autocommit=True) as conn:
+        conn.execute("SET client_min_messages = warning")
+        conn.execute("CREATE TABLE kw (id serial PRIMARY KEY, store text, file text, content text)")
+        source = conn.execute("SELECT storetopics.attach('kw', 'store', 'file', 'content', embedding => NULL)"
+                              ).fetchone()[0]
+        with conn.cursor() as cur:   # 60 files of one store, each with its own share of the terms; another store
+            cur.executemany("INSERT INTO kw (store, file, content) VALUES (%s, %s, %s)",
+                            [("boats", f"b{f:02d}", " ".join(words[:1 + f % len(words)]) + f" boat trip {f}")
+                             for f in range(60)]
+                            + [("farms", f"f{f:02d}", f"tractor barn hay field {f}") for f in range(20)])
+        conn.execute("SELECT * FROM storetopics.backfill()")
+
+        def expected() -> str:
+            terms = [c["lexeme"] for c in conn.execute(
+                "SELECT topics -> 'contrast' FROM storetopics.store_state WHERE store_key = 'boats'").fetchone()[0]]
+            return conn.execute("""
+                SELECT md5(array_to_string(%(t)s::text[], ' ') || '|' ||
+                           coalesce(string_agg(x.file_key || ':' || x.digest, ',' ORDER BY x.file_key), ''))
+                  FROM (SELECT f.file_key, storetopics._terms_digest(f.term_ids, f.counts) AS digest, count(*) AS hits
+                          FROM storetopics.file_terms f, unnest(f.term_ids) AS u(term_id)
+                          JOIN storetopics.lexemes x ON x.id = u.term_id AND x.lexeme = ANY (%(t)s::text[])
+                         WHERE f.source_id = %(s)s AND f.store_key = 'boats'
+                         GROUP BY 1, 2 ORDER BY 3 DESC, hashtext(f.file_key), 1 LIMIT 40) x""",
+                {"t": terms[:30], "s": source}).fetchone()[0]
+
+        def phrases_from() -> str:
+            return conn.execute("SELECT phrases_from FROM storetopics.store_state WHERE store_key = 'boats'"
+                                ).fetchone()[0]
+
+        d0 = phrases_from()
+        assert d0 is not None and d0 == expected()
+        # a file none of the store's terms is in changes neither the terms nor the files: nothing mined again
+        conn.execute("INSERT INTO kw (store, file, content) VALUES ('boats', 'zz', 'lorem ipsum')")
+        conn.execute("SELECT storetopics._fold(%s)", (source,))
+        conn.execute("SELECT storetopics._render(%s, 'boats')", (source,))
+        assert phrases_from() == d0 == expected()
+        # one of the 40 files says more: mined again, from what it says now
+        conn.execute("UPDATE kw SET content = content || ' harbour keel anchor' WHERE file = 'b11'")
+        conn.execute("SELECT storetopics._fold(%s)", (source,))
+        conn.execute("SELECT storetopics._render(%s, 'boats')", (source,))
+        assert phrases_from() not in (None, d0) and phrases_from() == expected()

@@ -298,17 +298,24 @@ DECLARE
   v_files jsonb;   -- [{grp: 0, file_key}]
   v_phrases text[];
   v_from text;
+  -- the terms' ids (looked up once: joined per pair of a file and a term, each pair probed the lexemes by id)
+  v_ids int[] := ARRAY(SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (p_terms[1:30]));
 BEGIN
   SELECT * INTO st FROM storetopics.store_state WHERE source_id = p_source AND store_key = p_store;
   SELECT coalesce(jsonb_agg(jsonb_build_object('grp', 0, 'file_key', x.file_key) ORDER BY x.file_key), '[]'),
          md5(array_to_string(p_terms[1:30], ' ') || '|' ||
-             coalesce(string_agg(x.file_key || ':' || x.digest, ',' ORDER BY x.file_key), ''))
+             coalesce(string_agg(x.file_key || ':' || d.digest, ',' ORDER BY x.file_key), ''))
     INTO v_files, v_from
-    FROM (SELECT f.file_key, storetopics._terms_digest(f.term_ids, f.counts) AS digest, count(*) AS hits
+    FROM (SELECT f.file_key, count(*) AS hits
             FROM storetopics.file_terms f, unnest(f.term_ids) AS u(term_id)
-           WHERE f.source_id = p_source AND f.store_key = p_store
-             AND u.term_id IN (SELECT x.id FROM storetopics.lexemes x WHERE x.lexeme = ANY (p_terms[1:30]))
-           GROUP BY 1, 2 ORDER BY 3 DESC, hashtext(f.file_key), 1 LIMIT 40) x;
+           WHERE f.source_id = p_source AND f.store_key = p_store AND u.term_id = ANY (v_ids)
+           GROUP BY 1 ORDER BY 2 DESC, hashtext(f.file_key), 1 LIMIT 40) x,
+         -- the counted words' digest of those 40 files only, looked up per file (grouped on with the files, it was
+         -- computed for every pair of a file and a term it holds; OFFSET 0 keeps it a lookup)
+         LATERAL (SELECT storetopics._terms_digest(f.term_ids, f.counts) AS digest
+                    FROM storetopics.file_terms f
+                   WHERE f.source_id = p_source AND md5(f.file_key)::uuid = md5(x.file_key)::uuid
+                     AND f.file_key = x.file_key AND f.store_key = p_store OFFSET 0) d;
   IF st.phrases_from IS NOT DISTINCT FROM v_from THEN
     RETURN st.phrases;
   END IF;
