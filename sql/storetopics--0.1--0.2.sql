@@ -100805,6 +100805,19 @@ CREATE OR REPLACE FUNCTION storetopics._showable_term(t text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN t ~ '^[[:alpha:]][[:alpha:]''-]*[[:alpha:]]$' AND length(t) >= 3 AND length(t) <= 40;
 
+-- t is made of the letters a-z only (true for ''), and w ends on suffix after one of them: what t ~ '^[a-z]*$' and
+-- w ~ ('[a-z]' || suffix || '$') say, without a regular expression.  A backend keeps 32 compiled regular expressions;
+-- a render cycle used 35-48, and the screen's, ~20 ms to compile, were compiled again at every render (bench/README.md,
+-- "Regular expressions").  (No SET: the planner inlines them where they test every term.)
+CREATE OR REPLACE FUNCTION storetopics._letters_az(t text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN translate(t, 'abcdefghijklmnopqrstuvwxyz', '') = '';
+
+CREATE OR REPLACE FUNCTION storetopics._letter_then(w text, suffix text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN length(w) > length(suffix) AND right(w, length(suffix)) COLLATE "C" = suffix
+       AND storetopics._letters_az(substr(w, length(w) - length(suffix), 1));
+
 -- A key given to attach(): an existing column becomes c."col"; anything else is an SQL expression over the chunk
 -- row, which must call the row `c` (e.g. `c.cmetadata->>'source'`), wrapped in parentheses, with a line break
 -- before the closing one so that a trailing `--` comment ends there.  storetopics._expr_type proves first that it is
@@ -100966,7 +100979,8 @@ COMMENT ON FUNCTION storetopics._tsvector_or_null(regconfig, text) IS
 -- Every regular expression runs under COLLATE "C" and names its characters by code point (PostgreSQL's regular
 -- expressions know no Unicode scripts), so the result is the same in every database locale; the database must be
 -- UTF8 (normalize() needs it).  The patterns are constants: each is compiled once per backend and cached (the cache
--- holds 32 patterns; this file uses 23).  Cheap enough for every label and line it is asked about: ASCII text skips
+-- holds 32 patterns; this file uses 23, and a worker's cycle of fold and render ~30 in all: past 32, these are
+-- compiled again at every render, ~20 ms; storetopics._letters_az).  Cheap enough for every label and line it is asked about: ASCII text skips
 -- the Unicode steps, and most patterns run only when a word they need is there (the gates, above
 -- _screen_rules_en_routing; bench/README.md has the cost per call).
 
@@ -104555,11 +104569,13 @@ RETURN CASE
        'might', 'must'] THEN 'verb'
   WHEN cardinality(words) >= 3 AND lower(words[2]) IN ('the', 'a', 'an', 'this', 'that', 'these', 'those', 'its',
        'their', 'his', 'her', 'our', 'your', 'my', 'any', 'each', 'every', 'some', 'all', 'no') THEN 'verb and object'
-  WHEN lower(words[1]) ~ '[a-z]ed$' AND lower(words[2]) IN ('by', 'using', 'with', 'from', 'for', 'to', 'in', 'on',
+  WHEN storetopics._letter_then(lower(words[1]), 'ed') AND lower(words[2]) IN ('by', 'using', 'with', 'from', 'for', 'to', 'in', 'on',
        'as', 'into', 'via', 'at') THEN 'passive'
   WHEN cardinality(words) >= 3 AND lower(words[2]) IN ('when', 'whenever', 'if', 'unless', 'while', 'where',
        'because', 'although', 'before', 'after', 'until', 'once', 'whether', 'like', 'unlike')
-       OR lower(words[1]) ~ '[a-z](ed|ing|ful|ble)$' AND lower(words[2]) = 'to' THEN 'clause'
+       OR (storetopics._letter_then(lower(words[1]), 'ed') OR storetopics._letter_then(lower(words[1]), 'ing')
+           OR storetopics._letter_then(lower(words[1]), 'ful') OR storetopics._letter_then(lower(words[1]), 'ble'))
+          AND lower(words[2]) = 'to' THEN 'clause'
   WHEN lower(words[1]) IN ('currently', 'automatically', 'usually', 'typically', 'sometimes', 'often', 'always',
        'never', 'simply', 'easily', 'directly', 'generally', 'normally', 'actually', 'really', 'mostly', 'mainly',
        'also', 'already', 'then', 'thus', 'therefore', 'however', 'obviously', 'clearly', 'especially',
@@ -104568,7 +104584,8 @@ RETURN CASE
   WHEN lower(words[1]) IN ('upon', 'of', 'from', 'into', 'onto', 'via', 'by', 'at', 'within', 'without', 'during',
        'whose', 'which', 'whom') THEN 'preposition at its start'
   WHEN cardinality(words) = 3 AND lower(words[2]) IN ('and', 'or') AND words[1] = lower(words[1])
-       AND (words[1] ~ '(ing|ed)$' OR words[3] ~ '(ing|ed)$' OR words[3] = lower(words[3])) THEN 'verbs joined'
+       AND (right(words[1], 3) = 'ing' OR right(words[1], 2) = 'ed' OR right(words[3], 3) = 'ing'
+            OR right(words[3], 2) = 'ed' OR words[3] = lower(words[3])) THEN 'verbs joined'
   WHEN lower(words[cardinality(words)]) IN ('new', 'old', 'same', 'other', 'such', 'own', 'many', 'much', 'more',
        'most', 'few', 'several', 'various', 'certain', 'given', 'following', 'above', 'below', 'soon', 'also', 'only',
        'just', 'even', 'well', 'very', 'too', 'via', 'available', 'possible', 'able', 'used', 'returned',
@@ -104940,7 +104957,7 @@ CREATE OR REPLACE FUNCTION storetopics._count_in_database(p_text text) RETURNS v
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   WITH c AS MATERIALIZED (
-    SELECT DISTINCT ' ' || x.c AS chunk FROM regexp_split_to_table(p_text, ' ') AS x(c)
+    SELECT DISTINCT ' ' || x.c AS chunk FROM string_to_table(p_text, ' ') AS x(c)
      WHERE x.c <> '' AND NOT EXISTS (SELECT 1 FROM storetopics.token_counts tc WHERE tc.chunk = ' ' || x.c))
   INSERT INTO storetopics.token_counts (chunk, tokens)
   SELECT n.chunk, n.tokens
@@ -105822,18 +105839,26 @@ END $$;
 -- ------------------------------------------------------------------------------------------------------------
 -- The script of a word's letters: what a store's terms are written in, so that a word in another (a translation's,
 -- a name's) is not shown as what the store holds.  (No SET search_path and not STRICT: a SQL-standard body is bound
--- when it is created, and so the planner inlines it into _noise, which runs per term tested.)
+-- when it is created, and so the planner inlines it into _noise, which runs per term tested.)  Latin is one regular
+-- expression; the rare word that is not is read by its code points, not by six more (see _letters_az for
+-- why).
+CREATE OR REPLACE FUNCTION storetopics._script_of_letters(w text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN (SELECT CASE WHEN bool_or(c BETWEEN 1024 AND 1279) THEN 'cyrillic'                       -- U+0400-04FF
+                    WHEN bool_or(c BETWEEN 880 AND 1023) THEN 'greek'                           -- U+0370-03FF
+                    WHEN bool_or(c BETWEEN 1424 AND 1535) THEN 'hebrew'                         -- U+0590-05FF
+                    WHEN bool_or(c BETWEEN 1536 AND 1791) THEN 'arabic'                         -- U+0600-06FF
+                    WHEN bool_or(c BETWEEN 2304 AND 3583) THEN 'indic'                          -- U+0900-0DFF
+                    WHEN bool_or(c BETWEEN 12352 AND 12543 OR c BETWEEN 13312 AND 40959         -- kana, Han,
+                                 OR c BETWEEN 44032 AND 55215) THEN 'cjk'                       -- Hangul
+                    ELSE 'other' END
+          FROM (SELECT ascii(x) AS c FROM string_to_table(w, NULL) x) s);
+
 CREATE OR REPLACE FUNCTION storetopics._script(w text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN w IS NULL THEN NULL
             WHEN w COLLATE "C" ~ '^[\x01-\x7f\u00c0-\u024f]*$' THEN 'latin'
-            WHEN w COLLATE "C" ~ '[\u0400-\u04ff]' THEN 'cyrillic'
-            WHEN w COLLATE "C" ~ '[\u0370-\u03ff]' THEN 'greek'
-            WHEN w COLLATE "C" ~ '[\u0590-\u05ff]' THEN 'hebrew'
-            WHEN w COLLATE "C" ~ '[\u0600-\u06ff]' THEN 'arabic'
-            WHEN w COLLATE "C" ~ '[\u0900-\u0dff]' THEN 'indic'
-            WHEN w COLLATE "C" ~ '[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]' THEN 'cjk'
-            ELSE 'other' END;
+            ELSE storetopics._script_of_letters(w) END;
 
 -- Page chrome: a word or phrase said about once in nearly every one (90%) of at least 8 files (of_files: those it
 -- was counted in) of a store of long documents (300 counted words a file or more): a site's header or footer.  In
@@ -105858,7 +105883,8 @@ RETURN of_files >= 8 AND files >= 0.9 * of_files AND total <= 1.5 * files AND st
 --   fragment     the second half of a word a line break hyphenated ("tions", "ment"), where the text did not join it;
 --   script       letters of another script than the store's own (script: of most of its terms).
 -- (No SET search_path: a SQL-standard body is bound when it is created, and without SET the planner inlines it
--- where it runs per word: the phrase miner's test of ~20k words, 0.53 -> 0.12 s at 10k realistic chunks.)
+-- where it runs per word: the phrase miner's test of ~20k words, 0.53 -> 0.12 s at 10k realistic chunks.  Word
+-- lists and string functions, not regular expressions: see storetopics._letters_az.)
 CREATE OR REPLACE FUNCTION storetopics._noise(lexeme text, files bigint, total bigint, total_sq bigint,
                                               store_files bigint, store_words bigint, script text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -105868,15 +105894,23 @@ RETURN CASE
             AND total::float8 / files <= 3
             AND total_sq::float8 / files - (total::float8 / files) ^ 2 <= 0.1 * (total::float8 / files) ^ 2
             OR storetopics._page_chrome(files, total, store_files, store_files, store_words)) THEN 'boilerplate'
-  WHEN lexeme COLLATE "C" ~ '^(prev|previous|next|toc|sitemap|breadcrumb|navbar|permalink)$'
-       OR lexeme COLLATE "C" ~ '^(prev|previous|next)[a-z]{3,}$|^[a-z]{3,}(prev|previous|next)[a-z]*$'
-          AND lexeme COLLATE "C" !~ '^(prevent|preview|prevail|prevalen)'
-       OR lexeme COLLATE "C" ~ '^(zh|pt|en|es|fr|de|ja|ko|ru|it|nl|sv|pl|tr|da|fi|nb|nn|cs|hu|ro|uk|el|he|ar|id|vi|th)'
-                               '-[a-z]{2}$' THEN 'navigation'
-  WHEN lexeme COLLATE "C" ~ '^(jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec|januari|februari|march|april|june|'
-                            'juli|august|septemb|octob|novemb|decemb|mon|tue|tues|wed|thu|thur|thurs|fri|sat|sun|'
-                            'monday|tuesday|wednesday|thursday|friday|saturday|sunday)$' THEN 'date'
-  WHEN lexeme COLLATE "C" ~ '^(tion|ation|ment|ing|anc|enc|ness|iti|abl|ibl|ous)$' THEN 'fragment'
+  WHEN lexeme COLLATE "C" IN ('prev', 'previous', 'next', 'toc', 'sitemap', 'breadcrumb', 'navbar', 'permalink')
+       OR length(lexeme) >= 7 AND storetopics._letters_az(lexeme)
+          AND (left(lexeme, 4) COLLATE "C" IN ('prev', 'next') OR strpos(substr(lexeme, 4) COLLATE "C", 'prev') > 0
+               OR strpos(substr(lexeme, 4) COLLATE "C", 'next') > 0)
+          AND left(lexeme, 7) COLLATE "C" NOT IN ('prevent', 'preview', 'prevail')
+          AND left(lexeme, 8) COLLATE "C" <> 'prevalen'
+       OR length(lexeme) = 5 AND substr(lexeme, 3, 1) COLLATE "C" = '-' AND storetopics._letters_az(right(lexeme, 2))
+          AND left(lexeme, 2) COLLATE "C" IN ('zh', 'pt', 'en', 'es', 'fr', 'de', 'ja', 'ko', 'ru', 'it', 'nl', 'sv',
+                                              'pl', 'tr', 'da', 'fi', 'nb', 'nn', 'cs', 'hu', 'ro', 'uk', 'el', 'he',
+                                              'ar', 'id', 'vi', 'th') THEN 'navigation'
+  WHEN lexeme COLLATE "C" IN ('jan', 'feb', 'mar', 'apr', 'jun', 'jul', 'aug', 'sep', 'sept', 'oct', 'nov', 'dec',
+                              'januari', 'februari', 'march', 'april', 'june', 'juli', 'august', 'septemb', 'octob',
+                              'novemb', 'decemb', 'mon', 'tue', 'tues', 'wed', 'thu', 'thur', 'thurs', 'fri', 'sat',
+                              'sun', 'monday', 'tuesday', 'wednesday', 'thursday', 'friday', 'saturday', 'sunday')
+       THEN 'date'
+  WHEN lexeme COLLATE "C" IN ('tion', 'ation', 'ment', 'ing', 'anc', 'enc', 'ness', 'iti', 'abl', 'ibl', 'ous')
+       THEN 'fragment'
   WHEN storetopics._script(lexeme) <> script THEN 'script'
 END;
 
@@ -106182,7 +106216,7 @@ BEGIN ATOMIC
                            GROUP BY lower(g.g[1] || g.g[2])) r,
                          LATERAL (SELECT btrim(r.r, '''-')
                                   UNION ALL
-                                  SELECT btrim(p, '''') FROM regexp_split_to_table(r.r, '-') p
+                                  SELECT btrim(p, '''') FROM string_to_table(r.r, '-') p
                                   UNION ALL
                                   -- and the runs of parts inside a word of three or more: the parser reads
                                   -- "server.max-request-size" as a host and "request-size", whose lexeme no whole
@@ -106660,7 +106694,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   SELECT u.i, coalesce(sum(coalesce(tc.tokens, octet_length(' ' || x.c))), 0)::int
     FROM unnest(pieces) WITH ORDINALITY AS u(piece, i)
-    LEFT JOIN LATERAL regexp_split_to_table(u.piece, ' ') AS x(c) ON x.c <> ''
+    LEFT JOIN LATERAL string_to_table(u.piece, ' ') AS x(c) ON x.c <> ''
     LEFT JOIN storetopics.token_counts tc ON tc.chunk = ' ' || x.c
    GROUP BY u.i
    ORDER BY u.i;
@@ -106674,7 +106708,7 @@ RETURN (SELECT t.tokens FROM storetopics._tokens(ARRAY[piece]) t);
 -- tiktoken and render again).
 CREATE OR REPLACE FUNCTION storetopics._uncounted(p_text text) RETURNS text[]
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN ARRAY(SELECT DISTINCT ' ' || x.c FROM regexp_split_to_table(p_text, ' ') AS x(c)
+RETURN ARRAY(SELECT DISTINCT ' ' || x.c FROM string_to_table(p_text, ' ') AS x(c)
               WHERE x.c <> '' AND NOT EXISTS (SELECT 1 FROM storetopics.token_counts tc WHERE tc.chunk = ' ' || x.c)
               ORDER BY 1);
 
@@ -108546,4 +108580,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1682827650') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '803438082') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -34,7 +34,8 @@ BOUND_AT_CREATION: set[str] = {"_dehyphenated(text)", "_ln9(bigint)", "_novelty(
                                "_showable_term(text)", "_terms_digest(integer[],integer[])", "_script(text)",
                                "_contrast_q(integer,bigint,double precision,double precision)",
                                "_contrast_raw(double precision,double precision,numeric)",
-                               "_contrast_most(integer,double precision,double precision,numeric)"}
+                               "_contrast_most(integer,double precision,double precision,numeric)",
+                               "_letters_az(text)", "_letter_then(text,text)"}
 PUBLIC_EXECUTE = {"_usable_text(text)", "_dehyphenated(text)", "_showable_term(text)", "_human_count(bigint)",
                   "_tsvector_or_null(regconfig,text)", "_max_store_key()", "_tool_name(text,text)",
                   # checks every caller itself: contents go only to roles that may SELECT the chunk table
@@ -160,10 +161,12 @@ def test_functions_are_hardened(make_db, how):
         conn.execute("CREATE FUNCTION evil.octet_length(text) RETURNS int LANGUAGE sql RETURN 0")
         conn.execute("CREATE FUNCTION evil.length(text) RETURNS int LANGUAGE sql RETURN 5")
         conn.execute("CREATE FUNCTION evil.strpos(text, text) RETURNS int LANGUAGE sql RETURN 0")
+        conn.execute("CREATE FUNCTION evil.translate(text, text, text) RETURNS text LANGUAGE sql RETURN ''")
         conn.execute("SET search_path = evil, pg_catalog")
         assert conn.execute("SELECT storetopics._usable_text(repeat('x', 2000000)), storetopics._showable_term('ab'), "
-                            "storetopics._human_count(12345), storetopics._dehyphenated(E'destina-\\n    tion')"
-                            ).fetchone() == (False, False, "12k", "destination")
+                            "storetopics._human_count(12345), storetopics._dehyphenated(E'destina-\\n    tion'), "
+                            "storetopics._letters_az('ab1'), storetopics._noise('prevchapter', 1, 1, 1, 1, 1, 'latin')"
+                            ).fetchone() == (False, False, "12k", "destination", False, "navigation")
         conn.execute("RESET search_path")
 
         # What PUBLIC may execute: only the pure helpers (NULL proacl would mean the default: PUBLIC may).

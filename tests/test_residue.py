@@ -199,3 +199,79 @@ def test_a_store_shows_its_stems_in_words_it_writes(conn):
         unwritten[store] = sorted(w for w in shown if w.lower() not in written)
     assert sorted(unwritten) == sorted(names)
     assert not any(unwritten.values()), unwritten
+
+
+# The noise classes, the script of a word and the miner's suffix tests as regular expressions, as they were written
+# before they became word lists and string functions (a backend keeps 32 compiled regular expressions; a render cycle
+# used ~48, and recompiled the screen's at every render: bench/README.md, "Regular expressions").
+_SCRIPT_BY_PATTERN = r"""
+    CASE WHEN w COLLATE "C" ~ '^[\x01-\x7f\u00c0-\u024f]*$' THEN 'latin'
+         WHEN w COLLATE "C" ~ '[\u0400-\u04ff]' THEN 'cyrillic'
+         WHEN w COLLATE "C" ~ '[\u0370-\u03ff]' THEN 'greek'
+         WHEN w COLLATE "C" ~ '[\u0590-\u05ff]' THEN 'hebrew'
+         WHEN w COLLATE "C" ~ '[\u0600-\u06ff]' THEN 'arabic'
+         WHEN w COLLATE "C" ~ '[\u0900-\u0dff]' THEN 'indic'
+         WHEN w COLLATE "C" ~ '[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]' THEN 'cjk'
+         ELSE 'other' END"""
+_NOISE_BY_PATTERN = r"""
+    CASE
+      WHEN w COLLATE "C" ~ '^(prev|previous|next|toc|sitemap|breadcrumb|navbar|permalink)$'
+           OR w COLLATE "C" ~ '^(prev|previous|next)[a-z]{3,}$|^[a-z]{3,}(prev|previous|next)[a-z]*$'
+              AND w COLLATE "C" !~ '^(prevent|preview|prevail|prevalen)'
+           OR w COLLATE "C" ~ '^(zh|pt|en|es|fr|de|ja|ko|ru|it|nl|sv|pl|tr|da|fi|nb|nn|cs|hu|ro|uk|el|he|ar|id|vi|th)'
+                              '-[a-z]{2}$' THEN 'navigation'
+      WHEN w COLLATE "C" ~ '^(jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec|januari|februari|march|april|june|'
+                           'juli|august|septemb|octob|novemb|decemb|mon|tue|tues|wed|thu|thur|thurs|fri|sat|sun|'
+                           'monday|tuesday|wednesday|thursday|friday|saturday|sunday)$' THEN 'date'
+      WHEN w COLLATE "C" ~ '^(tion|ation|ment|ing|anc|enc|ness|iti|abl|ibl|ous)$' THEN 'fragment'
+      WHEN (SCRIPT) <> 'latin' THEN 'script'
+    END""".replace("SCRIPT", _SCRIPT_BY_PATTERN)
+
+
+def test_noise_and_suffix_tests_without_regular_expressions_say_what_the_patterns_said(conn):
+    # every word and lexeme of the residue corpus (navigation, locale codes, dates, fragments, other scripts), and
+    # words made at the edges of each rule
+    texts = [json.loads(line)["text"] for p in sorted(DATA.glob("*.jsonl"))
+             for line in p.read_text(encoding="utf-8").splitlines()]
+    words = {w for t in texts for w in re.findall(r"[^\s|,.;:()<>\"]+", t)}
+    words |= {w.lower() for w in words}
+    made = {a + b + c for a in ("", "a", "ab", "abc", "chapter", "é", "Ж")
+            for b in ("prev", "previous", "next", "prevent", "preview", "prevail", "prevalen", "toc", "nexT", "zh",
+                      "pt", "xx", "sept", "sep", "may", "tion", "ing", "ed", "ful", "ble", "")
+            for c in ("", "a", "ab", "abc", "ious", "-cn", "-CN", "-c", "-cnn", "-é", "ed", "ing", "1", "ω", "한")}
+    made |= {"", "-", "zh-", "-cn", "a-b", "ω", "ωж", "жω", "漢字", "ひらがな", "한국어", "עברית", "عربي", "हिन्दी",
+             "ผม", "x\u0301", "Ⅻ", "ßed", "éed", "Ed", "aED", "ING", "outing", "red", "bed", "ed"}
+    made |= {w + s for w in ("tion", "ation", "ment", "ing", "anc", "enc", "ness", "iti", "abl", "ibl", "ous", "march",
+                             "thurs", "octob") for s in ("", "s", "x")}
+    # each script's range at its ends and just past them, alone, after a Latin letter and after a Greek one
+    edges = [0x7f, 0x80, 0xbf, 0xc0, 0x24f, 0x250, 0x36f, 0x370, 0x3ff, 0x400, 0x4ff, 0x500, 0x58f, 0x590, 0x5ff,
+             0x600, 0x6ff, 0x700, 0x8ff, 0x900, 0xdff, 0xe00, 0x303f, 0x3040, 0x30ff, 0x3100, 0x33ff, 0x3400, 0x9fff,
+             0xa000, 0xabff, 0xac00, 0xd7af, 0xd7b0]
+    made |= {p + chr(c) for c in edges for p in ("", "a", "\u03b1")}
+    words |= made
+    assert len(words) > 10_000
+    diff = conn.execute(f"""
+        SELECT array_agg(w ORDER BY w)
+          FROM unnest(%s::text[]) w
+         WHERE storetopics._noise(w, 1, 1, 1, 1, 1, 'latin') IS DISTINCT FROM ({_NOISE_BY_PATTERN})
+    """, (sorted(words),)).fetchone()[0]
+    assert diff is None, diff[:50]
+    classes = dict(conn.execute(f"""
+        SELECT c, count(*) FROM (SELECT ({_NOISE_BY_PATTERN}) AS c FROM unnest(%s::text[]) w) x GROUP BY 1
+    """, (sorted(words),)).fetchall())
+    assert all(classes.get(c, 0) >= 10 for c in ("navigation", "date", "fragment", "script")), classes
+    diff = conn.execute(f"""
+        SELECT array_agg(w ORDER BY w) FROM unnest(%s::text[]) w
+         WHERE storetopics._script(w) IS DISTINCT FROM ({_SCRIPT_BY_PATTERN})
+    """, (sorted(words),)).fetchone()[0]
+    assert diff is None, diff[:50]
+    scripts = dict(conn.execute("SELECT storetopics._script(w), count(*) FROM unnest(%s::text[]) w GROUP BY 1",
+                                (sorted(words),)).fetchall())
+    assert {"latin", "cyrillic", "greek", "hebrew", "arabic", "indic", "cjk", "other"} <= set(scripts), scripts
+    diff = conn.execute("""
+        SELECT array_agg(w ORDER BY w)
+          FROM unnest(%s::text[]) w, unnest('{ed,ing,ful,ble}'::text[]) s
+         WHERE storetopics._letter_then(w, s) IS DISTINCT FROM w ~ ('[a-z]' || s || '$')
+            OR (right(w, 3) = 'ing' OR right(w, 2) = 'ed') IS DISTINCT FROM w ~ '(ing|ed)$'
+    """, (sorted(words),)).fetchone()[0]
+    assert diff is None, diff[:50]

@@ -33,6 +33,19 @@ CREATE OR REPLACE FUNCTION storetopics._showable_term(t text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN t ~ '^[[:alpha:]][[:alpha:]''-]*[[:alpha:]]$' AND length(t) >= 3 AND length(t) <= 40;
 
+-- t is made of the letters a-z only (true for ''), and w ends on suffix after one of them: what t ~ '^[a-z]*$' and
+-- w ~ ('[a-z]' || suffix || '$') say, without a regular expression.  A backend keeps 32 compiled regular expressions;
+-- a render cycle used 35-48, and the screen's, ~20 ms to compile, were compiled again at every render (bench/README.md,
+-- "Regular expressions").  (No SET: the planner inlines them where they test every term.)
+CREATE OR REPLACE FUNCTION storetopics._letters_az(t text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN translate(t, 'abcdefghijklmnopqrstuvwxyz', '') = '';
+
+CREATE OR REPLACE FUNCTION storetopics._letter_then(w text, suffix text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN length(w) > length(suffix) AND right(w, length(suffix)) COLLATE "C" = suffix
+       AND storetopics._letters_az(substr(w, length(w) - length(suffix), 1));
+
 -- A key given to attach(): an existing column becomes c."col"; anything else is an SQL expression over the chunk
 -- row, which must call the row `c` (e.g. `c.cmetadata->>'source'`), wrapped in parentheses, with a line break
 -- before the closing one so that a trailing `--` comment ends there.  storetopics._expr_type proves first that it is

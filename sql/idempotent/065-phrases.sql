@@ -38,11 +38,13 @@ RETURN CASE
        'might', 'must'] THEN 'verb'
   WHEN cardinality(words) >= 3 AND lower(words[2]) IN ('the', 'a', 'an', 'this', 'that', 'these', 'those', 'its',
        'their', 'his', 'her', 'our', 'your', 'my', 'any', 'each', 'every', 'some', 'all', 'no') THEN 'verb and object'
-  WHEN lower(words[1]) ~ '[a-z]ed$' AND lower(words[2]) IN ('by', 'using', 'with', 'from', 'for', 'to', 'in', 'on',
+  WHEN storetopics._letter_then(lower(words[1]), 'ed') AND lower(words[2]) IN ('by', 'using', 'with', 'from', 'for', 'to', 'in', 'on',
        'as', 'into', 'via', 'at') THEN 'passive'
   WHEN cardinality(words) >= 3 AND lower(words[2]) IN ('when', 'whenever', 'if', 'unless', 'while', 'where',
        'because', 'although', 'before', 'after', 'until', 'once', 'whether', 'like', 'unlike')
-       OR lower(words[1]) ~ '[a-z](ed|ing|ful|ble)$' AND lower(words[2]) = 'to' THEN 'clause'
+       OR (storetopics._letter_then(lower(words[1]), 'ed') OR storetopics._letter_then(lower(words[1]), 'ing')
+           OR storetopics._letter_then(lower(words[1]), 'ful') OR storetopics._letter_then(lower(words[1]), 'ble'))
+          AND lower(words[2]) = 'to' THEN 'clause'
   WHEN lower(words[1]) IN ('currently', 'automatically', 'usually', 'typically', 'sometimes', 'often', 'always',
        'never', 'simply', 'easily', 'directly', 'generally', 'normally', 'actually', 'really', 'mostly', 'mainly',
        'also', 'already', 'then', 'thus', 'therefore', 'however', 'obviously', 'clearly', 'especially',
@@ -51,7 +53,8 @@ RETURN CASE
   WHEN lower(words[1]) IN ('upon', 'of', 'from', 'into', 'onto', 'via', 'by', 'at', 'within', 'without', 'during',
        'whose', 'which', 'whom') THEN 'preposition at its start'
   WHEN cardinality(words) = 3 AND lower(words[2]) IN ('and', 'or') AND words[1] = lower(words[1])
-       AND (words[1] ~ '(ing|ed)$' OR words[3] ~ '(ing|ed)$' OR words[3] = lower(words[3])) THEN 'verbs joined'
+       AND (right(words[1], 3) = 'ing' OR right(words[1], 2) = 'ed' OR right(words[3], 3) = 'ing'
+            OR right(words[3], 2) = 'ed' OR words[3] = lower(words[3])) THEN 'verbs joined'
   WHEN lower(words[cardinality(words)]) IN ('new', 'old', 'same', 'other', 'such', 'own', 'many', 'much', 'more',
        'most', 'few', 'several', 'various', 'certain', 'given', 'following', 'above', 'below', 'soon', 'also', 'only',
        'just', 'even', 'well', 'very', 'too', 'via', 'available', 'possible', 'able', 'used', 'returned',

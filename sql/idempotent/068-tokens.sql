@@ -74,7 +74,7 @@ CREATE OR REPLACE FUNCTION storetopics._count_in_database(p_text text) RETURNS v
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   WITH c AS MATERIALIZED (
-    SELECT DISTINCT ' ' || x.c AS chunk FROM regexp_split_to_table(p_text, ' ') AS x(c)
+    SELECT DISTINCT ' ' || x.c AS chunk FROM string_to_table(p_text, ' ') AS x(c)
      WHERE x.c <> '' AND NOT EXISTS (SELECT 1 FROM storetopics.token_counts tc WHERE tc.chunk = ' ' || x.c))
   INSERT INTO storetopics.token_counts (chunk, tokens)
   SELECT n.chunk, n.tokens
