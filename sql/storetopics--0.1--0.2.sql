@@ -100808,7 +100808,7 @@ RETURN t ~ '^[[:alpha:]][[:alpha:]''-]*[[:alpha:]]$' AND length(t) >= 3 AND leng
 -- t is made of the letters a-z only (true for ''), and w ends on suffix after one of them: what t ~ '^[a-z]*$' and
 -- w ~ ('[a-z]' || suffix || '$') say, without a regular expression.  A backend keeps 32 compiled regular expressions;
 -- a render cycle used 35-48, and the screen's, ~20 ms to compile, were compiled again at every render (bench/README.md,
--- "Regular expressions").  (No SET: the planner inlines them where they test every term.)
+-- "Regular expressions within the backend's cache").  (No SET: the planner inlines them where they test every term.)
 CREATE OR REPLACE FUNCTION storetopics._letters_az(t text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN translate(t, 'abcdefghijklmnopqrstuvwxyz', '') = '';
@@ -100977,11 +100977,11 @@ COMMENT ON FUNCTION storetopics._tsvector_or_null(regconfig, text) IS
 --                      by spaces, dots or hyphens ("i g n o r e", "ig-nore") are read together; only long,
 --                      distinctive sequences are looked for in it.
 -- Every regular expression runs under COLLATE "C" and names its characters by code point (PostgreSQL's regular
--- expressions know no Unicode scripts), so the result is the same in every database locale; the database must be
--- UTF8 (normalize() needs it).  The patterns are constants: each is compiled once per backend and cached (the cache
--- holds 32 patterns; this file uses 23, and a worker's cycle of fold and render ~30 in all: past 32, these are
--- compiled again at every render, ~20 ms; storetopics._letters_az).  Cheap enough for every label and line it is asked about: ASCII text skips
--- the Unicode steps, and most patterns run only when a word they need is there (the gates, above
+-- expressions know no Unicode scripts), so the result is the same in every database locale; the database must be UTF8
+-- (normalize() needs it).  The patterns are constants: each is compiled once per backend and cached (the cache holds 32
+-- patterns; this file uses 23, and a worker's cycle of fold and render ~30 in all: past 32, these are compiled again at
+-- every render, ~20 ms; storetopics._letters_az).  Cheap enough for every label and line it is asked about: ASCII text
+-- skips the Unicode steps, and most patterns run only when a word they need is there (the gates, above
 -- _screen_rules_en_routing; bench/README.md has the cost per call).
 
 -- why: lower() under COLLATE "C" folds ASCII only; the capitals the checks read (Greek, Cyrillic, a few Latin ones
@@ -108580,4 +108580,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '803438082') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2289378191') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

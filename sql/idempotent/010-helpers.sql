@@ -36,7 +36,7 @@ RETURN t ~ '^[[:alpha:]][[:alpha:]''-]*[[:alpha:]]$' AND length(t) >= 3 AND leng
 -- t is made of the letters a-z only (true for ''), and w ends on suffix after one of them: what t ~ '^[a-z]*$' and
 -- w ~ ('[a-z]' || suffix || '$') say, without a regular expression.  A backend keeps 32 compiled regular expressions;
 -- a render cycle used 35-48, and the screen's, ~20 ms to compile, were compiled again at every render (bench/README.md,
--- "Regular expressions").  (No SET: the planner inlines them where they test every term.)
+-- "Regular expressions within the backend's cache").  (No SET: the planner inlines them where they test every term.)
 CREATE OR REPLACE FUNCTION storetopics._letters_az(t text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN translate(t, 'abcdefghijklmnopqrstuvwxyz', '') = '';

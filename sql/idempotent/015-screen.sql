@@ -13,11 +13,11 @@
 --                      by spaces, dots or hyphens ("i g n o r e", "ig-nore") are read together; only long,
 --                      distinctive sequences are looked for in it.
 -- Every regular expression runs under COLLATE "C" and names its characters by code point (PostgreSQL's regular
--- expressions know no Unicode scripts), so the result is the same in every database locale; the database must be
--- UTF8 (normalize() needs it).  The patterns are constants: each is compiled once per backend and cached (the cache
--- holds 32 patterns; this file uses 23, and a worker's cycle of fold and render ~30 in all: past 32, these are
--- compiled again at every render, ~20 ms; storetopics._letters_az).  Cheap enough for every label and line it is asked about: ASCII text skips
--- the Unicode steps, and most patterns run only when a word they need is there (the gates, above
+-- expressions know no Unicode scripts), so the result is the same in every database locale; the database must be UTF8
+-- (normalize() needs it).  The patterns are constants: each is compiled once per backend and cached (the cache holds 32
+-- patterns; this file uses 23, and a worker's cycle of fold and render ~30 in all: past 32, these are compiled again at
+-- every render, ~20 ms; storetopics._letters_az).  Cheap enough for every label and line it is asked about: ASCII text
+-- skips the Unicode steps, and most patterns run only when a word they need is there (the gates, above
 -- _screen_rules_en_routing; bench/README.md has the cost per call).
 
 -- why: lower() under COLLATE "C" folds ASCII only; the capitals the checks read (Greek, Cyrillic, a few Latin ones
