@@ -104569,8 +104569,8 @@ RETURN CASE
        'might', 'must'] THEN 'verb'
   WHEN cardinality(words) >= 3 AND lower(words[2]) IN ('the', 'a', 'an', 'this', 'that', 'these', 'those', 'its',
        'their', 'his', 'her', 'our', 'your', 'my', 'any', 'each', 'every', 'some', 'all', 'no') THEN 'verb and object'
-  WHEN storetopics._letter_then(lower(words[1]), 'ed') AND lower(words[2]) IN ('by', 'using', 'with', 'from', 'for', 'to', 'in', 'on',
-       'as', 'into', 'via', 'at') THEN 'passive'
+  WHEN storetopics._letter_then(lower(words[1]), 'ed') AND lower(words[2]) IN ('by', 'using', 'with', 'from', 'for',
+       'to', 'in', 'on', 'as', 'into', 'via', 'at') THEN 'passive'
   WHEN cardinality(words) >= 3 AND lower(words[2]) IN ('when', 'whenever', 'if', 'unless', 'while', 'where',
        'because', 'although', 'before', 'after', 'until', 'once', 'whether', 'like', 'unlike')
        OR (storetopics._letter_then(lower(words[1]), 'ed') OR storetopics._letter_then(lower(words[1]), 'ing')
@@ -108580,4 +108580,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '2289378191') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2749254620') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
