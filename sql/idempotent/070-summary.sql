@@ -1203,13 +1203,16 @@ LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   WITH k AS MATERIALIZED (
     SELECT k.cluster_id, k.label, k.labeller, k.phrase, k.chunks, k.files, k.representatives, k.outliers,
-           k.outliers_at_fit, s.kept AS keywords, s.dropped,
-           storetopics._shown_label(k.label, k.phrase, s.kept, p_offline) AS shown,
+           k.outliers_at_fit, s.kept AS keywords, s.dropped, r.reason,
+           -- (the label screened once: its verdict says both whether it is shown and why not)
+           CASE WHEN NOT p_offline AND k.label IS NOT NULL AND r.reason IS NULL THEN k.label
+                ELSE storetopics._shown_label(NULL, k.phrase, s.kept, p_offline) END AS shown,
            k.chunks::float8 / greatest(sum(k.chunks) OVER (), 1) AS share
       FROM storetopics.clusters k
      CROSS JOIN LATERAL storetopics._screened_at(k.keywords, 'cluster words',
                                                  storetopics._words_dropped(k.keywords, k.keywords_screened,
                                                                             k.keywords_dropped)) AS s
+     CROSS JOIN LATERAL (SELECT storetopics._screen(k.label) AS reason) r
      WHERE k.source_id = p_source AND k.store_key = p_store AND k.chunks > 0)
   SELECT coalesce(jsonb_agg(jsonb_build_object(
            'id', k.cluster_id, 'label', k.shown, 'labeller', CASE WHEN k.shown = k.label THEN k.labeller ELSE 'offline' END,
@@ -1218,9 +1221,8 @@ BEGIN
            'representatives', (SELECT coalesce(jsonb_agg(r -> 'id'), '[]') FROM jsonb_array_elements(k.representatives) r),
            'outliers', k.outliers - k.outliers_at_fit) ORDER BY k.chunks DESC, k.cluster_id), '[]'),
          array_agg(lower(coalesce(k.shown, '') || ' ' || array_to_string(k.keywords, ' '))),
-         coalesce(jsonb_agg(jsonb_build_object('in', 'label', 'text', k.label, 'reason', storetopics._screen(k.label))
-                                 ORDER BY k.chunks DESC, k.cluster_id)
-                         FILTER (WHERE k.label IS NOT NULL AND storetopics._screen(k.label) IS NOT NULL), '[]')
+         coalesce(jsonb_agg(jsonb_build_object('in', 'label', 'text', k.label, 'reason', k.reason)
+                            ORDER BY k.chunks DESC, k.cluster_id) FILTER (WHERE k.reason IS NOT NULL), '[]')
            || coalesce((SELECT jsonb_agg(d ORDER BY k2.chunks DESC, k2.cluster_id, o)
                           FROM k AS k2, jsonb_array_elements(k2.dropped) WITH ORDINALITY AS x(d, o)),
                        '[]')
