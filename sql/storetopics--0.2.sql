@@ -106076,26 +106076,19 @@ END $$;
 -- ------------------------------------------------------------------------------------------------------------
 -- The script of a word's letters: what a store's terms are written in, so that a word in another (a translation's,
 -- a name's) is not shown as what the store holds.  (No SET search_path and not STRICT: a SQL-standard body is bound
--- when it is created, and so the planner inlines it into _noise, which runs per term tested.)  Latin is one regular
--- expression; the rare word that is not is read by its code points, not by six more (see _letters_az for
--- why).
-CREATE OR REPLACE FUNCTION storetopics._script_of_letters(w text) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-RETURN (SELECT CASE WHEN bool_or(c BETWEEN 1024 AND 1279) THEN 'cyrillic'                       -- U+0400-04FF
-                    WHEN bool_or(c BETWEEN 880 AND 1023) THEN 'greek'                           -- U+0370-03FF
-                    WHEN bool_or(c BETWEEN 1424 AND 1535) THEN 'hebrew'                         -- U+0590-05FF
-                    WHEN bool_or(c BETWEEN 1536 AND 1791) THEN 'arabic'                         -- U+0600-06FF
-                    WHEN bool_or(c BETWEEN 2304 AND 3583) THEN 'indic'                          -- U+0900-0DFF
-                    WHEN bool_or(c BETWEEN 12352 AND 12543 OR c BETWEEN 13312 AND 40959         -- kana, Han,
-                                 OR c BETWEEN 44032 AND 55215) THEN 'cjk'                       -- Hangul
-                    ELSE 'other' END
-          FROM (SELECT ascii(x) AS c FROM string_to_table(w, NULL) x) s);
-
+-- when it is created, and so the planner inlines it into _noise, which runs per term tested.)  _noise asks a store
+-- written in Latin letters only whether a word is: one regular expression, not seven (see _letters_az for why).
 CREATE OR REPLACE FUNCTION storetopics._script(w text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN w IS NULL THEN NULL
             WHEN w COLLATE "C" ~ '^[\x01-\x7f\u00c0-\u024f]*$' THEN 'latin'
-            ELSE storetopics._script_of_letters(w) END;
+            WHEN w COLLATE "C" ~ '[\u0400-\u04ff]' THEN 'cyrillic'
+            WHEN w COLLATE "C" ~ '[\u0370-\u03ff]' THEN 'greek'
+            WHEN w COLLATE "C" ~ '[\u0590-\u05ff]' THEN 'hebrew'
+            WHEN w COLLATE "C" ~ '[\u0600-\u06ff]' THEN 'arabic'
+            WHEN w COLLATE "C" ~ '[\u0900-\u0dff]' THEN 'indic'
+            WHEN w COLLATE "C" ~ '[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]' THEN 'cjk'
+            ELSE 'other' END;
 
 -- Page chrome: a word or phrase said about once in nearly every one (90%) of at least 8 files (of_files: those it
 -- was counted in) of a store of long documents (300 counted words a file or more): a site's header or footer.  In
@@ -106121,7 +106114,8 @@ RETURN of_files >= 8 AND files >= 0.9 * of_files AND total <= 1.5 * files AND st
 --   script       letters of another script than the store's own (script: of most of its terms).
 -- (No SET search_path: a SQL-standard body is bound when it is created, and without SET the planner inlines it
 -- where it runs per word: the phrase miner's test of ~20k words, 0.53 -> 0.12 s at 10k realistic chunks.  Word
--- lists and string functions, not regular expressions: see storetopics._letters_az.)
+-- lists and string functions, not regular expressions, and a store in Latin letters asks only whether a word is in
+-- them: see storetopics._letters_az.)
 CREATE OR REPLACE FUNCTION storetopics._noise(lexeme text, files bigint, total bigint, total_sq bigint,
                                               store_files bigint, store_words bigint, script text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -106148,7 +106142,8 @@ RETURN CASE
        THEN 'date'
   WHEN lexeme COLLATE "C" IN ('tion', 'ation', 'ment', 'ing', 'anc', 'enc', 'ness', 'iti', 'abl', 'ibl', 'ous')
        THEN 'fragment'
-  WHEN storetopics._script(lexeme) <> script THEN 'script'
+  WHEN CASE WHEN script = 'latin' THEN lexeme COLLATE "C" !~ '^[\x01-\x7f\u00c0-\u024f]*$'
+            ELSE storetopics._script(lexeme) <> script END THEN 'script'
 END;
 
 -- The script most of a store's terms are written in (of its 200 terms in the most files).
@@ -108819,4 +108814,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '3862842832') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '757966040') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
