@@ -105448,7 +105448,9 @@ BEGIN
      WHERE f.source_id = p_source AND f.store_key = p_store AND f.n BETWEEN na AND nb AND f.n <> ALL (v_out);
 END $$;
 
--- The outlier files of a store whose terms keywords() shows, best first: rank, file, novelty.  Keeps the store's
+-- The outlier files of a store whose terms keywords() shows, best first: rank, file, novelty; and on the first row,
+-- dfs: the files of each term of the store now, by term id (as this function read them: kept, and moved since), for
+-- ranking the files' terms (storetopics._outlier_terms) without looking each up again.  Keeps the store's
 -- novelty (storetopics._keep_novelty) when what was kept cannot serve.  Exact: the same state gives the same files
 -- whether they were found from the kept state or from scratch.
 -- The files looked at (their bounds in one temp table, which only this function reads): those folded since and those
@@ -105460,8 +105462,14 @@ END $$;
 -- (About 340 lines: what moved since the state was kept, then the passes, each bounding the median and the MAD
 -- before it decides the files that pass, if it can; they share one temp table of bounds, which only this function
 -- reads.)
+DO $$ BEGIN   -- (0.2 before dfs)
+  IF EXISTS (SELECT 1 FROM pg_proc p WHERE p.oid = to_regprocedure('storetopics._outlier_files(int, text)')
+                                      AND NOT 'dfs' = ANY (p.proargnames)) THEN
+    DROP FUNCTION storetopics._outlier_files(int, text);
+  END IF;
+END $$;
 CREATE OR REPLACE FUNCTION storetopics._outlier_files(p_source int, p_store text)
-RETURNS TABLE (rank int, file_key text, novelty float8)
+RETURNS TABLE (rank int, file_key text, novelty float8, dfs int[])
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off SET jit = off AS $$
 DECLARE
   st storetopics.store_state;
@@ -105470,7 +105478,7 @@ DECLARE
   v_rows bigint;
   v_new text[];          -- files folded since: computed again
   v_moves bigint[];      -- by term id: how far its ln(files) moved since, in units of 1e-9
-  v_dfs int[];           -- by term id: the files holding it now (of the terms touched since)
+  v_dfs int[];           -- by term id: the files holding it now (as kept, those touched since as they are now)
   v_rare int[];          -- the rare terms among them
   v_rare_moves bigint[];
   v_changed int[];       -- the rare terms whose move changed since the last render, and by how much
@@ -105824,9 +105832,12 @@ BEGIN
   RAISE DEBUG 'storetopics: the outlier files of store %, pass %, % out of the kept ranking, looked at % of its % '
               'files', p_store, v_passes, v_e, (SELECT count(*) FROM pg_temp.storetopics_nov), v_m;
   -- (the others rank below those three, exact, whatever their bounds)
+  -- (after a keep, what it kept; else what it kept then, moved to now by storetopics._novelty_moves)
+  v_dfs := coalesce(v_dfs, k.dfs);
   RETURN QUERY
-    SELECT (row_number() OVER (ORDER BY o.apart DESC, o.lo DESC, o.file_key))::int, o.file_key, o.lo
-      FROM (SELECT v.* FROM pg_temp.storetopics_nov v
+    SELECT o.r, o.file_key, o.lo, CASE WHEN o.r = 1 THEN v_dfs END
+      FROM (SELECT (row_number() OVER (ORDER BY v.apart DESC, v.lo DESC, v.file_key))::int AS r, v.file_key, v.lo
+              FROM pg_temp.storetopics_nov v
              WHERE storetopics._novel(v.lo, v.apart, v.far, v_med_hi, v_mad_hi)
              ORDER BY v.apart DESC, v.lo DESC, v.file_key LIMIT 3) o
      ORDER BY 1;
@@ -105963,44 +105974,61 @@ END;
 -- from.  Only the p_k best of a file by score are named and tested (a bounded sort): its other terms score less than
 -- each of those, so when 10 pass there, they are its 10 best; a file where fewer pass has its other terms tested too.
 -- (A long page has thousands of terms: named and tested all, they took most of a render after an upload.)
+-- p_dfs: the files of each term of the store now, by term id (what storetopics._outlier_files read them from), so
+-- that a file's terms are ranked without a look-up each; a term it has no count for (NULL, or none: 0) is looked up
+-- in store_terms, as every term is when p_dfs is NULL.  Only the terms that are named are looked up for their counts.
+DO $$ BEGIN   -- (0.2 before p_dfs)
+  IF to_regprocedure('storetopics._outlier_terms(int, text, text[], text[], float8, bigint, text, regconfig, int)')
+     IS NOT NULL THEN
+    DROP FUNCTION storetopics._outlier_terms(int, text, text[], text[], float8, bigint, text, regconfig, int);
+  END IF;
+END $$;
 CREATE OR REPLACE FUNCTION storetopics._outlier_terms(p_source int, p_store text, p_files text[], p_leads text[],
                                                       p_n float8, p_words bigint, p_script text, p_cfg regconfig,
-                                                      p_k int DEFAULT 20)
+                                                      p_k int DEFAULT 20, p_dfs int[] DEFAULT NULL)
 RETURNS TABLE (file_key text, lexeme text, score float8, files int, total bigint, r bigint, lead boolean)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   WITH t AS MATERIALIZED (
-    SELECT u.file_key, u.term_id, u.n * ln(p_n / s.files) AS score, s.files, s.total, s.total_sq,
-           row_number() OVER (PARTITION BY u.file_key ORDER BY u.n * ln(p_n / s.files) DESC) AS r1
-      FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id, unnest(f.counts) AS n
-              FROM storetopics.file_terms f
-             WHERE f.source_id = p_source AND f.store_key = p_store
-               AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x))
-               AND f.file_key = ANY (p_files)) u
-      -- (probed per term, OFFSET 0: joined on statistics that had not seen the store, the store's every term was read
-      -- against the files' terms; see storetopics._novelty_moves)
-      CROSS JOIN LATERAL (SELECT s.files, s.total, s.total_sq FROM storetopics.store_terms s
-                           WHERE s.source_id = p_source AND s.store_key = p_store AND s.term_id = u.term_id
-                          OFFSET 0) s
-     WHERE ln(p_n / s.files) > 0
+    SELECT u.file_key, u.term_id, u.n * ln(p_n / u.files) AS score,
+           row_number() OVER (PARTITION BY u.file_key ORDER BY u.n * ln(p_n / u.files) DESC) AS r1
+      FROM (SELECT u.file_key, u.term_id, u.n,
+                   -- (probed per term: joined on statistics that had not seen the store, the store's every term was
+                   -- read against the files' terms; see storetopics._novelty_moves)
+                   coalesce(nullif(p_dfs[u.term_id], 0),
+                            (SELECT s.files FROM storetopics.store_terms s
+                              WHERE s.source_id = p_source AND s.store_key = p_store AND s.term_id = u.term_id))
+                     AS files
+              FROM (SELECT f.file_key, unnest(f.term_ids) AS term_id, unnest(f.counts) AS n
+                      FROM storetopics.file_terms f
+                     WHERE f.source_id = p_source AND f.store_key = p_store
+                       AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x))
+                       AND f.file_key = ANY (p_files)) u) u
+     WHERE ln(p_n / u.files) > 0
   ), cut AS MATERIALIZED (   -- each file's p_k-th score (NULL: it has no more terms)
     SELECT t.file_key, max(t.score) FILTER (WHERE t.r1 = p_k) AS kth FROM t GROUP BY 1
   ), head AS MATERIALIZED (
-    SELECT t.file_key, l.lexeme, t.score, t.files, t.total
+    SELECT t.file_key, l.lexeme, t.score, s.files, s.total
       FROM (SELECT t.* FROM t JOIN cut c ON c.file_key = t.file_key
              WHERE c.kth IS NULL OR t.score >= c.kth OFFSET 0) t   -- (OFFSET 0: the tests after the cut)
       JOIN storetopics.lexemes l ON l.id = t.term_id
+      CROSS JOIN LATERAL (SELECT s.files, s.total, s.total_sq FROM storetopics.store_terms s
+                           WHERE s.source_id = p_source AND s.store_key = p_store AND s.term_id = t.term_id
+                          OFFSET 0) s
      WHERE storetopics._showable_term(l.lexeme)
-       AND storetopics._noise(l.lexeme, t.files, t.total, t.total_sq, p_n::bigint, p_words, p_script) IS NULL
+       AND storetopics._noise(l.lexeme, s.files, s.total, s.total_sq, p_n::bigint, p_words, p_script) IS NULL
   ), short AS (   -- the files where fewer than 10 passed, and that have more terms
     SELECT c.file_key, c.kth FROM cut c
      WHERE c.kth IS NOT NULL AND (SELECT count(*) FROM head h WHERE h.file_key = c.file_key) < 10
   ), rest AS (   -- their other terms
-    SELECT t.file_key, l.lexeme, t.score, t.files, t.total
+    SELECT t.file_key, l.lexeme, t.score, s.files, s.total
       FROM (SELECT t.* FROM t JOIN short c ON c.file_key = t.file_key WHERE t.score < c.kth OFFSET 0) t
       JOIN storetopics.lexemes l ON l.id = t.term_id
+      CROSS JOIN LATERAL (SELECT s.files, s.total, s.total_sq FROM storetopics.store_terms s
+                           WHERE s.source_id = p_source AND s.store_key = p_store AND s.term_id = t.term_id
+                          OFFSET 0) s
      WHERE storetopics._showable_term(l.lexeme)
-       AND storetopics._noise(l.lexeme, t.files, t.total, t.total_sq, p_n::bigint, p_words, p_script) IS NULL
+       AND storetopics._noise(l.lexeme, s.files, s.total, s.total_sq, p_n::bigint, p_words, p_script) IS NULL
   )
   SELECT x.file_key, x.lexeme, x.score, x.files, x.total, x.r, coalesce(x.lexeme = ANY (o.lead), false)
     FROM (SELECT x.*, row_number() OVER (PARTITION BY x.file_key ORDER BY x.score DESC, x.lexeme) AS r
@@ -106033,15 +106061,18 @@ END;
 -- The outlier files are given (storetopics._outlier_files finds them, from what changed); their terms are looked
 -- up by id (no merge joins: the planner cannot know how long the arrays are, and would sort the pairs to merge them).
 -- (About 130 lines: a bounded sort and its head per list, the outlier files' terms between them.)
-DO $$ BEGIN   -- (0.2 before outlier_leads)
+DO $$ BEGIN   -- (0.2 before outlier_leads, then before outlier_dfs)
   IF to_regprocedure('storetopics._keywords(int, text, text[], float8[], int, int, text)') IS NOT NULL THEN
     DROP FUNCTION storetopics._keywords(int, text, text[], float8[], int, int, text);
+  END IF;
+  IF to_regprocedure('storetopics._keywords(int, text, text[], float8[], int, int, text, text[])') IS NOT NULL THEN
+    DROP FUNCTION storetopics._keywords(int, text, text[], float8[], int, int, text, text[]);
   END IF;
 END $$;
 CREATE OR REPLACE FUNCTION storetopics._keywords(p_source int, p_store text, outlier_files text[],
                                                  outlier_novelty float8[], n_dominant int DEFAULT 10,
                                                  n_distinctive int DEFAULT 8, p_script text DEFAULT NULL,
-                                                 outlier_leads text[] DEFAULT NULL)
+                                                 outlier_leads text[] DEFAULT NULL, outlier_dfs int[] DEFAULT NULL)
 RETURNS TABLE (kind text, rank int, lexeme text, score float8, files int, total bigint, file_key text)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off AS $$
 #variable_conflict use_column
@@ -106122,7 +106153,7 @@ BEGIN
           SELECT w.*, o.nov, row_number() OVER (PARTITION BY w.file_key
                                                 ORDER BY w.r = 1 DESC, (w.r <= 10 AND w.lead) DESC, w.r) AS pick
             FROM storetopics._outlier_terms(p_source, p_store, outlier_files, outlier_leads, v_n, v_words, v_script,
-                                            v_cfg) w
+                                            v_cfg, p_dfs => outlier_dfs) w
             JOIN unnest(outlier_files, outlier_novelty) AS o(file_key, nov) ON o.file_key = w.file_key) x
            WHERE x.pick <= 3
            ORDER BY x.lexeme, x.nov DESC, x.score DESC, x.file_key) x;
@@ -106971,9 +107002,12 @@ DECLARE
   v_outliers text[];
   v_novelty float8[];
   v_leads text[];
+  v_dfs int[];
   v_script text := storetopics._store_script(src.id, p_store);   -- (of both lists: computed once)
 BEGIN
-  SELECT array_agg(o.file_key ORDER BY o.rank), array_agg(o.novelty ORDER BY o.rank) INTO v_outliers, v_novelty
+  -- (the store's document frequencies on the first row only: max() takes it as it is)
+  SELECT array_agg(o.file_key ORDER BY o.rank), array_agg(o.novelty ORDER BY o.rank), max(o.dfs)
+    INTO v_outliers, v_novelty, v_dfs
     FROM storetopics._outlier_files(src.id, p_store) o;
   -- the outlier files' leads, where their titles are (read as the table's owner, by the source's reader)
   IF cardinality(v_outliers) > 0 THEN
@@ -106996,7 +107030,7 @@ BEGIN
     INTO v_kind, v_rank, v_lexeme, v_score, v_files, v_total, v_file
     FROM (SELECT k.kind, k.rank, k.lexeme, k.score, k.files, k.total, k.file_key
             FROM storetopics._keywords(src.id, p_store, v_outliers, v_novelty, p_script => v_script,
-                                       outlier_leads => v_leads) k
+                                       outlier_leads => v_leads, outlier_dfs => v_dfs) k
           UNION ALL
           SELECT 'contrast', (row_number() OVER (ORDER BY c.score DESC, c.lexeme))::int, c.lexeme, c.score, c.files,
                  NULL, NULL
@@ -107062,7 +107096,7 @@ BEGIN
 END $$;
 
 -- What \df+ shows a DBA.
-COMMENT ON FUNCTION storetopics._keywords(int, text, text[], float8[], int, int, text, text[]) IS
+COMMENT ON FUNCTION storetopics._keywords(int, text, text[], float8[], int, int, text, text[], int[]) IS
   'A store''s dominant (by count) and distinctive (outlier files, dense terms) terms, exact, deterministic.';
 COMMENT ON FUNCTION storetopics._contrast_terms(int, text, int, text) IS
   'The terms that tell a store apart from the other stores of its catalog, best first (p ln(p/q) over file shares), exact.';
@@ -108577,4 +108611,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '757966040') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '3878163252') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -478,7 +478,9 @@ BEGIN
      WHERE f.source_id = p_source AND f.store_key = p_store AND f.n BETWEEN na AND nb AND f.n <> ALL (v_out);
 END $$;
 
--- The outlier files of a store whose terms keywords() shows, best first: rank, file, novelty.  Keeps the store's
+-- The outlier files of a store whose terms keywords() shows, best first: rank, file, novelty; and on the first row,
+-- dfs: the files of each term of the store now, by term id (as this function read them: kept, and moved since), for
+-- ranking the files' terms (storetopics._outlier_terms) without looking each up again.  Keeps the store's
 -- novelty (storetopics._keep_novelty) when what was kept cannot serve.  Exact: the same state gives the same files
 -- whether they were found from the kept state or from scratch.
 -- The files looked at (their bounds in one temp table, which only this function reads): those folded since and those
@@ -490,8 +492,14 @@ END $$;
 -- (About 340 lines: what moved since the state was kept, then the passes, each bounding the median and the MAD
 -- before it decides the files that pass, if it can; they share one temp table of bounds, which only this function
 -- reads.)
+DO $$ BEGIN   -- (0.2 before dfs)
+  IF EXISTS (SELECT 1 FROM pg_proc p WHERE p.oid = to_regprocedure('storetopics._outlier_files(int, text)')
+                                      AND NOT 'dfs' = ANY (p.proargnames)) THEN
+    DROP FUNCTION storetopics._outlier_files(int, text);
+  END IF;
+END $$;
 CREATE OR REPLACE FUNCTION storetopics._outlier_files(p_source int, p_store text)
-RETURNS TABLE (rank int, file_key text, novelty float8)
+RETURNS TABLE (rank int, file_key text, novelty float8, dfs int[])
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off SET jit = off AS $$
 DECLARE
   st storetopics.store_state;
@@ -500,7 +508,7 @@ DECLARE
   v_rows bigint;
   v_new text[];          -- files folded since: computed again
   v_moves bigint[];      -- by term id: how far its ln(files) moved since, in units of 1e-9
-  v_dfs int[];           -- by term id: the files holding it now (of the terms touched since)
+  v_dfs int[];           -- by term id: the files holding it now (as kept, those touched since as they are now)
   v_rare int[];          -- the rare terms among them
   v_rare_moves bigint[];
   v_changed int[];       -- the rare terms whose move changed since the last render, and by how much
@@ -854,9 +862,12 @@ BEGIN
   RAISE DEBUG 'storetopics: the outlier files of store %, pass %, % out of the kept ranking, looked at % of its % '
               'files', p_store, v_passes, v_e, (SELECT count(*) FROM pg_temp.storetopics_nov), v_m;
   -- (the others rank below those three, exact, whatever their bounds)
+  -- (after a keep, what it kept; else what it kept then, moved to now by storetopics._novelty_moves)
+  v_dfs := coalesce(v_dfs, k.dfs);
   RETURN QUERY
-    SELECT (row_number() OVER (ORDER BY o.apart DESC, o.lo DESC, o.file_key))::int, o.file_key, o.lo
-      FROM (SELECT v.* FROM pg_temp.storetopics_nov v
+    SELECT o.r, o.file_key, o.lo, CASE WHEN o.r = 1 THEN v_dfs END
+      FROM (SELECT (row_number() OVER (ORDER BY v.apart DESC, v.lo DESC, v.file_key))::int AS r, v.file_key, v.lo
+              FROM pg_temp.storetopics_nov v
              WHERE storetopics._novel(v.lo, v.apart, v.far, v_med_hi, v_mad_hi)
              ORDER BY v.apart DESC, v.lo DESC, v.file_key LIMIT 3) o
      ORDER BY 1;
