@@ -106618,20 +106618,22 @@ BEGIN ATOMIC
     LEFT JOIN LATERAL (
       SELECT s.term_id, s.files, s.total, s.total_sq, s.p, s.q, storetopics._contrast_raw(s.p, s.q, p_stores) AS raw
         FROM (SELECT t.term_id, t.files, t.total, t.total_sq, t.files / p_files AS p,
-                     storetopics._contrast_q(t.files, (SELECT a.files FROM storetopics.catalog_terms a
-                                                        WHERE a.catalog = p_catalog AND a.term_id = t.term_id),
-                                             p_files, p_all) AS q
-                -- (the head and the catalog's changes the store did not list, looked up; the listed, as listed)
-                FROM (SELECT t.term_id, t.files, t.total, t.total_sq FROM storetopics.store_terms t
-                       WHERE t.source_id = h.source_id AND t.store_key = h.store_key
-                         AND t.term_id = ANY (ARRAY(SELECT unnest(h.by_contrast) UNION SELECT unnest(h.in_catalog)
-                                                    EXCEPT SELECT unnest(h.touched)))
-                      UNION ALL
-                      SELECT t.* FROM unnest(h.touched, h.touched_files, h.touched_totals, h.touched_totals_sq)
-                                      AS t(term_id, files, total, total_sq)
-                       WHERE storetopics._contrast_most(t.files, p_files, p_all, p_stores) * (1 + 1e-9) + 1e-9
-                             > h.bound) t
-               WHERE t.files >= 2) s
+                     storetopics._contrast_q(t.files, t.catalog_files, p_files, p_all) AS q
+                -- (the head and the catalog's changes the store did not list, looked up; the listed, as listed; each
+                -- term's files in the catalog looked up once, OFFSET 0: q is read three times)
+                FROM (SELECT t.*, (SELECT a.files FROM storetopics.catalog_terms a
+                                    WHERE a.catalog = p_catalog AND a.term_id = t.term_id) AS catalog_files
+                        FROM (SELECT t.term_id, t.files, t.total, t.total_sq FROM storetopics.store_terms t
+                               WHERE t.source_id = h.source_id AND t.store_key = h.store_key
+                                 AND t.term_id = ANY (ARRAY(SELECT unnest(h.by_contrast)
+                                                            UNION SELECT unnest(h.in_catalog)
+                                                            EXCEPT SELECT unnest(h.touched)))
+                              UNION ALL
+                              SELECT t.* FROM unnest(h.touched, h.touched_files, h.touched_totals, h.touched_totals_sq)
+                                              AS t(term_id, files, total, total_sq)
+                               WHERE storetopics._contrast_most(t.files, p_files, p_all, p_stores) * (1 + 1e-9) + 1e-9
+                                     > h.bound) t
+                       WHERE t.files >= 2 OFFSET 0) t) s
        WHERE p_stores < 2 OR s.p > s.q) x ON true
    GROUP BY h.source_id;
 END;
@@ -108611,4 +108613,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '3878163252') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '79044469') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
