@@ -678,9 +678,11 @@ BEGIN
            array_agg(h.total_sq), array_agg(h.p), array_agg(h.q), count(*), round(min(h.raw)::numeric, 9)::float8
       FROM (SELECT s.term_id, s.files, s.total, s.total_sq, s.p, s.q, storetopics._contrast_raw(s.p, s.q, $5) AS raw
               FROM (SELECT t.term_id, t.files, t.total, t.total_sq, t.files / $4 AS p,
-                           storetopics._contrast_q(t.files, %s, $4, $6) AS q
-                      FROM storetopics.store_terms t %s
-                     WHERE t.source_id = $2 AND t.store_key = $3 AND (t.files >= 2 OR $4 < 20)) s
+                           storetopics._contrast_q(t.files, t.catalog_files, $4, $6) AS q
+                      -- (OFFSET 0: each term's files in the catalog read once; q is read three times)
+                      FROM (SELECT t.term_id, t.files, t.total, t.total_sq, %s AS catalog_files
+                              FROM storetopics.store_terms t %s
+                             WHERE t.source_id = $2 AND t.store_key = $3 AND (t.files >= 2 OR $4 < 20) OFFSET 0) t) s
              WHERE $5 < 2 OR s.p > s.q
              ORDER BY 7 DESC LIMIT $7) h$q$,
     CASE WHEN v_probe THEN '(SELECT c.files FROM storetopics.catalog_terms c WHERE c.catalog = $1 AND c.term_id = t.term_id)'
