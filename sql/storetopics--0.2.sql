@@ -106227,8 +106227,7 @@ RETURNS TABLE (file_key text, lexeme text, score float8, files int, total bigint
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   WITH t AS MATERIALIZED (
-    SELECT u.file_key, u.term_id, u.n * ln(p_n / u.files) AS score,
-           row_number() OVER (PARTITION BY u.file_key ORDER BY u.n * ln(p_n / u.files) DESC) AS r1
+    SELECT u.file_key, u.term_id, u.n * ln(p_n / u.files) AS score
       FROM (SELECT u.file_key, u.term_id, u.n,
                    -- (probed per term: joined on statistics that had not seen the store, the store's every term was
                    -- read against the files' terms; see storetopics._novelty_moves)
@@ -106242,8 +106241,10 @@ BEGIN ATOMIC
                        AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x))
                        AND f.file_key = ANY (p_files)) u) u
      WHERE ln(p_n / u.files) > 0
-  ), cut AS MATERIALIZED (   -- each file's p_k-th score (NULL: it has no more terms)
-    SELECT t.file_key, max(t.score) FILTER (WHERE t.r1 = p_k) AS kth FROM t GROUP BY 1
+  ), cut AS MATERIALIZED (   -- each file's p_k-th score (NULL: it has no more terms), by a bounded sort
+    SELECT f.file_key, (SELECT t.score FROM t WHERE t.file_key = f.file_key ORDER BY t.score DESC
+                         OFFSET p_k - 1 LIMIT 1) AS kth
+      FROM (SELECT DISTINCT x AS file_key FROM unnest(p_files) x) f
   ), head AS MATERIALIZED (
     SELECT t.file_key, l.lexeme, t.score, s.files, s.total
       FROM (SELECT t.* FROM t JOIN cut c ON c.file_key = t.file_key
@@ -108852,4 +108853,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '2181789194') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1111220264') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
