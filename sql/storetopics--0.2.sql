@@ -105685,6 +105685,13 @@ BEGIN
      WHERE f.source_id = p_source AND f.store_key = p_store AND f.n BETWEEN na AND nb AND f.n <> ALL (v_out);
 END $$;
 
+DO $$ BEGIN   -- (0.2 before dfs)
+  IF EXISTS (SELECT 1 FROM pg_proc p WHERE p.oid = to_regprocedure('storetopics._outlier_files(int, text)')
+                                      AND NOT 'dfs' = ANY (p.proargnames)) THEN
+    DROP FUNCTION storetopics._outlier_files(int, text);
+  END IF;
+END $$;
+
 -- The outlier files of a store whose terms keywords() shows, best first: rank, file, novelty; and on the first row,
 -- dfs: the files of each term of the store now, by term id (as this function read them: kept, and moved since), for
 -- ranking the files' terms (storetopics._outlier_terms) without looking each up again.  Keeps the store's
@@ -105696,15 +105703,9 @@ END $$;
 -- one before did not decide: the median and the MAD known within intervals from a few probes of the ranking, then
 -- within the bounds of the files near them, then exact.  Each pass makes exact only the files it cannot decide from
 -- their bounds.
--- (About 340 lines: what moved since the state was kept, then the passes, each bounding the median and the MAD
+-- (About 370 lines: what moved since the state was kept, then the passes, each bounding the median and the MAD
 -- before it decides the files that pass, if it can; they share one temp table of bounds, which only this function
 -- reads.)
-DO $$ BEGIN   -- (0.2 before dfs)
-  IF EXISTS (SELECT 1 FROM pg_proc p WHERE p.oid = to_regprocedure('storetopics._outlier_files(int, text)')
-                                      AND NOT 'dfs' = ANY (p.proargnames)) THEN
-    DROP FUNCTION storetopics._outlier_files(int, text);
-  END IF;
-END $$;
 CREATE OR REPLACE FUNCTION storetopics._outlier_files(p_source int, p_store text)
 RETURNS TABLE (rank int, file_key text, novelty float8, dfs int[])
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off SET jit = off AS $$
@@ -106278,6 +106279,15 @@ BEGIN ATOMIC
    WHERE x.r <= 10;
 END;
 
+DO $$ BEGIN   -- (0.2 before outlier_leads, then before outlier_dfs)
+  IF to_regprocedure('storetopics._keywords(int, text, text[], float8[], int, int, text)') IS NOT NULL THEN
+    DROP FUNCTION storetopics._keywords(int, text, text[], float8[], int, int, text);
+  END IF;
+  IF to_regprocedure('storetopics._keywords(int, text, text[], float8[], int, int, text, text[])') IS NOT NULL THEN
+    DROP FUNCTION storetopics._keywords(int, text, text[], float8[], int, int, text, text[]);
+  END IF;
+END $$;
+
 -- Two ranked lists per store, both computed from the exact counts, deterministic (ties broken by term):
 --   dominant:    by total count (what the store is mostly about);
 --   distinctive: what is dense and rare.  Two sources, in this order:
@@ -106299,14 +106309,6 @@ END;
 -- The outlier files are given (storetopics._outlier_files finds them, from what changed); their terms are looked
 -- up by id (no merge joins: the planner cannot know how long the arrays are, and would sort the pairs to merge them).
 -- (About 130 lines: a bounded sort and its head per list, the outlier files' terms between them.)
-DO $$ BEGIN   -- (0.2 before outlier_leads, then before outlier_dfs)
-  IF to_regprocedure('storetopics._keywords(int, text, text[], float8[], int, int, text)') IS NOT NULL THEN
-    DROP FUNCTION storetopics._keywords(int, text, text[], float8[], int, int, text);
-  END IF;
-  IF to_regprocedure('storetopics._keywords(int, text, text[], float8[], int, int, text, text[])') IS NOT NULL THEN
-    DROP FUNCTION storetopics._keywords(int, text, text[], float8[], int, int, text, text[]);
-  END IF;
-END $$;
 CREATE OR REPLACE FUNCTION storetopics._keywords(p_source int, p_store text, outlier_files text[],
                                                  outlier_novelty float8[], n_dominant int DEFAULT 10,
                                                  n_distinctive int DEFAULT 8, p_script text DEFAULT NULL,
@@ -108853,4 +108855,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1111220264') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2933727612') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

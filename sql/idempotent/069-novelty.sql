@@ -478,6 +478,13 @@ BEGIN
      WHERE f.source_id = p_source AND f.store_key = p_store AND f.n BETWEEN na AND nb AND f.n <> ALL (v_out);
 END $$;
 
+DO $$ BEGIN   -- (0.2 before dfs)
+  IF EXISTS (SELECT 1 FROM pg_proc p WHERE p.oid = to_regprocedure('storetopics._outlier_files(int, text)')
+                                      AND NOT 'dfs' = ANY (p.proargnames)) THEN
+    DROP FUNCTION storetopics._outlier_files(int, text);
+  END IF;
+END $$;
+
 -- The outlier files of a store whose terms keywords() shows, best first: rank, file, novelty; and on the first row,
 -- dfs: the files of each term of the store now, by term id (as this function read them: kept, and moved since), for
 -- ranking the files' terms (storetopics._outlier_terms) without looking each up again.  Keeps the store's
@@ -489,15 +496,9 @@ END $$;
 -- one before did not decide: the median and the MAD known within intervals from a few probes of the ranking, then
 -- within the bounds of the files near them, then exact.  Each pass makes exact only the files it cannot decide from
 -- their bounds.
--- (About 340 lines: what moved since the state was kept, then the passes, each bounding the median and the MAD
+-- (About 370 lines: what moved since the state was kept, then the passes, each bounding the median and the MAD
 -- before it decides the files that pass, if it can; they share one temp table of bounds, which only this function
 -- reads.)
-DO $$ BEGIN   -- (0.2 before dfs)
-  IF EXISTS (SELECT 1 FROM pg_proc p WHERE p.oid = to_regprocedure('storetopics._outlier_files(int, text)')
-                                      AND NOT 'dfs' = ANY (p.proargnames)) THEN
-    DROP FUNCTION storetopics._outlier_files(int, text);
-  END IF;
-END $$;
 CREATE OR REPLACE FUNCTION storetopics._outlier_files(p_source int, p_store text)
 RETURNS TABLE (rank int, file_key text, novelty float8, dfs int[])
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_mergejoin = off SET jit = off AS $$

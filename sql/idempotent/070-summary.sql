@@ -194,6 +194,15 @@ BEGIN ATOMIC
    WHERE x.r <= 10;
 END;
 
+DO $$ BEGIN   -- (0.2 before outlier_leads, then before outlier_dfs)
+  IF to_regprocedure('storetopics._keywords(int, text, text[], float8[], int, int, text)') IS NOT NULL THEN
+    DROP FUNCTION storetopics._keywords(int, text, text[], float8[], int, int, text);
+  END IF;
+  IF to_regprocedure('storetopics._keywords(int, text, text[], float8[], int, int, text, text[])') IS NOT NULL THEN
+    DROP FUNCTION storetopics._keywords(int, text, text[], float8[], int, int, text, text[]);
+  END IF;
+END $$;
+
 -- Two ranked lists per store, both computed from the exact counts, deterministic (ties broken by term):
 --   dominant:    by total count (what the store is mostly about);
 --   distinctive: what is dense and rare.  Two sources, in this order:
@@ -215,14 +224,6 @@ END;
 -- The outlier files are given (storetopics._outlier_files finds them, from what changed); their terms are looked
 -- up by id (no merge joins: the planner cannot know how long the arrays are, and would sort the pairs to merge them).
 -- (About 130 lines: a bounded sort and its head per list, the outlier files' terms between them.)
-DO $$ BEGIN   -- (0.2 before outlier_leads, then before outlier_dfs)
-  IF to_regprocedure('storetopics._keywords(int, text, text[], float8[], int, int, text)') IS NOT NULL THEN
-    DROP FUNCTION storetopics._keywords(int, text, text[], float8[], int, int, text);
-  END IF;
-  IF to_regprocedure('storetopics._keywords(int, text, text[], float8[], int, int, text, text[])') IS NOT NULL THEN
-    DROP FUNCTION storetopics._keywords(int, text, text[], float8[], int, int, text, text[]);
-  END IF;
-END $$;
 CREATE OR REPLACE FUNCTION storetopics._keywords(p_source int, p_store text, outlier_files text[],
                                                  outlier_novelty float8[], n_dominant int DEFAULT 10,
                                                  n_distinctive int DEFAULT 8, p_script text DEFAULT NULL,
