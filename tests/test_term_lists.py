@@ -188,6 +188,15 @@ def test_term_lists_are_the_whole_rankings_heads(store):
                                    args).fetchall()
                 assert got == conn.execute(KEYWORDS, args).fetchall(), args
                 checked += len(got)
+                # the outlier files' terms ranked from the store's document frequencies by term id (as render gives
+                # them, from _outlier_files), all of them or every other one (the rest looked up)
+                for every in (1, 2):
+                    assert conn.execute(
+                        "SELECT * FROM storetopics._keywords(%(source)s, %(store)s, %(files)s, %(novelty)s, "
+                        "%(n_dominant)s, %(n_distinctive)s, outlier_leads => %(leads)s, outlier_dfs => ("
+                        "SELECT array_agg(CASE WHEN i %% %(every)s = 0 THEN d ELSE 0 END ORDER BY i) "
+                        "FROM unnest(storetopics._store_dfs(%(source)s, %(store)s)) WITH ORDINALITY AS u(d, i)))",
+                        dict(args, every=every)).fetchall() == got, (args, every)
         # its best word, then the lead's words among the second file's ten best (store a: its words tie, ranked by name)
         args = dict(source=source, files=files, novelty=[3.5, 2.0])
         picked = {lead and "lead": [r[0] for r in conn.execute(
