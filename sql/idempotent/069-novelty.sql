@@ -357,20 +357,11 @@ END $$;
 -- among them; x: the numbers that are not, sorted) is found by its number, and order statistics of the store by a
 -- few index probes, instead of sorting every file.
 
--- How many values of a sorted array are at most v.
+-- How many values of a sorted array are at most v: width_bucket's binary search (0 for an empty or NULL array).  (No
+-- SET search_path: bound when created, and inlined into its callers.)
 CREATE OR REPLACE FUNCTION storetopics._count_le(a int[], v bigint) RETURNS int
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  lo int := 0;
-  hi int := coalesce(cardinality(a), 0);
-  m int;
-BEGIN
-  WHILE lo < hi LOOP
-    m := (lo + hi + 1) / 2;
-    IF a[m] <= v THEN lo := m; ELSE hi := m - 1; END IF;
-  END LOOP;
-  RETURN lo;
-END $$;
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN coalesce(width_bucket(least(v, 2147483647)::int, a), 0);
 
 -- The number of the k-th ranked file (x: the numbers left out, sorted): the least n with n - (those of x up to n) = k.
 CREATE OR REPLACE FUNCTION storetopics._kept_number(x int[], k bigint) RETURNS bigint
