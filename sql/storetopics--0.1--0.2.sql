@@ -105840,6 +105840,12 @@ END $$;
 -- ------------------------------------------------------------------------------------------------------------
 -- Keyword lists and the rendered summary
 -- ------------------------------------------------------------------------------------------------------------
+-- Whether a word is written in Latin letters (ASCII, Latin-1 and Latin Extended-A/B): _script's first test, and all
+-- _noise asks of a word in a store written in Latin letters.  (Bound when created and inlined, as _script.)
+CREATE OR REPLACE FUNCTION storetopics._latin(w text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN w COLLATE "C" ~ '^[\x01-\x7f\u00c0-\u024f]*$';
+
 -- The script of a word's letters: what a store's terms are written in, so that a word in another (a translation's,
 -- a name's) is not shown as what the store holds.  (No SET search_path and not STRICT: a SQL-standard body is bound
 -- when it is created, and so the planner inlines it into _noise, which runs per term tested.)  _noise asks a store
@@ -105847,7 +105853,7 @@ END $$;
 CREATE OR REPLACE FUNCTION storetopics._script(w text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN w IS NULL THEN NULL
-            WHEN w COLLATE "C" ~ '^[\x01-\x7f\u00c0-\u024f]*$' THEN 'latin'
+            WHEN storetopics._latin(w) THEN 'latin'
             WHEN w COLLATE "C" ~ '[\u0400-\u04ff]' THEN 'cyrillic'
             WHEN w COLLATE "C" ~ '[\u0370-\u03ff]' THEN 'greek'
             WHEN w COLLATE "C" ~ '[\u0590-\u05ff]' THEN 'hebrew'
@@ -105908,7 +105914,7 @@ RETURN CASE
        THEN 'date'
   WHEN lexeme COLLATE "C" IN ('tion', 'ation', 'ment', 'ing', 'anc', 'enc', 'ness', 'iti', 'abl', 'ibl', 'ous')
        THEN 'fragment'
-  WHEN CASE WHEN script = 'latin' THEN lexeme COLLATE "C" !~ '^[\x01-\x7f\u00c0-\u024f]*$'
+  WHEN CASE WHEN script = 'latin' THEN NOT storetopics._latin(lexeme)
             ELSE storetopics._script(lexeme) <> script END THEN 'script'
 END;
 
@@ -108609,4 +108615,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '959173820') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '131663254') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -32,7 +32,7 @@ BOUND_AT_CREATION: set[str] = {"_dehyphenated(text)", "_ln9(bigint)", "_novelty(
                                "_noise(text,bigint,bigint,bigint,bigint,bigint,text)",
                                "_page_chrome(bigint,bigint,bigint,bigint,bigint)", "_clause_fragment(text[])", "_glued_re()",
                                "_showable_term(text)", "_terms_digest(integer[],integer[])", "_script(text)",
-                               "_count_le(integer[],bigint)",
+                               "_count_le(integer[],bigint)", "_latin(text)",
                                "_contrast_q(integer,bigint,double precision,double precision)",
                                "_contrast_raw(double precision,double precision,numeric)",
                                "_contrast_most(integer,double precision,double precision,numeric)",
