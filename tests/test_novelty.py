@@ -607,3 +607,36 @@ def test_a_file_ranked_fourth_when_kept_that_now_ranks_first_is_found(conn):
     assert kept(conn, src, "s") == before   # from what was kept
     assert got[0][1] == "5000" and got[0][2] > got[1][2], got
     assert got == oracle(conn, src, "s") == from_scratch(conn, src, "s")[0], got
+
+
+def test_the_document_frequencies_handed_on_after_new_words_are_a_plain_array(conn):
+    """An upload brings words no file held when the novelty was kept: their ids lie past the end of the kept
+    document frequencies (novelty_state.dfs).  _outlier_files hands on the frequencies now (its dfs), which
+    _novelty_sums and _outlier_terms index once per (file, term): they hold the new words' counts, no NULL, and no
+    null bitmap either (a PL/pgSQL array assigned past its end is padded with NULLs, and keeps a bitmap when they are
+    filled in; each subscript of such an array walks the bitmap from the start: bench/README.md)."""
+    conn.execute("CREATE TABLE chunks (id serial PRIMARY KEY, store_id text, file_id int, content text, "
+                 "embedding vector(8))")
+    rng = random.Random(10)
+    insert(conn, [("s", f, words(rng, 40), None) for f in range(300)])
+    src = conn.execute("SELECT storetopics.attach('chunks', 'store_id', 'file_id', 'content', NULL)").fetchone()[0]
+    conn.execute("SELECT * FROM storetopics.backfill()")
+    kept_n = conn.execute("SELECT cardinality(dfs) FROM storetopics.novelty_state WHERE source_id = %s "
+                          "AND store_key = 's'", (src,)).fetchone()[0]
+    new = ["zzneua", "zzneub", "zzneuc"]
+    # (a needle of them, so that there is an outlier file to hand them on with)
+    insert(conn, [("s", 900, common_words(rng, 10) + " " + FOOTBALL + " " + " ".join(new), None),
+                  ("s", 901, words(rng, 40) + " " + new[2], None)])
+    while conn.execute("SELECT storetopics._fold(%s)", (src,)).fetchone()[0]:
+        pass
+    before = kept(conn, src, "s")
+    row = conn.execute(
+        "SELECT cardinality(o.dfs), cardinality(array_positions(o.dfs, NULL)), "
+        "       pg_column_size(o.dfs) = pg_column_size(ARRAY(SELECT unnest(o.dfs))), "
+        "       ARRAY(SELECT o.dfs[l.id] FROM storetopics.lexemes l WHERE l.lexeme = ANY (%s) ORDER BY l.lexeme) "
+        "  FROM storetopics._outlier_files(%s, 's') o WHERE o.rank = 1", (new, src)).fetchone()
+    assert row, "no outlier file"
+    n, nulls, plain, got = row
+    assert kept(conn, src, "s") == before   # from what was kept, moved by the upload
+    assert n > kept_n and nulls == 0 and got == [1, 1, 2], (n, kept_n, nulls, got)
+    assert plain, "the frequencies carry a null bitmap"

@@ -338,7 +338,10 @@ BEGIN
                           SELECT t.term_id, t.files, coalesce(p_dfs[t.term_id], 0)
                             FROM unnest(p_touched, p_touched_files) AS t(term_id, files)
                            WHERE p_touched IS NOT NULL AND t.files > 0) t) u) m;
-  dfs := p_dfs;
+  -- (the terms new since, past the kept array's end, made room for with zeros first: an assignment past the end
+  -- pads with NULLs, and an array that ever had one keeps a null bitmap, which each subscript then walks from the
+  -- start: at 10k realistic chunks, two thirds of _outlier_files' time, in _novelty_sums and _outlier_terms)
+  dfs := p_dfs || array_fill(0, ARRAY[greatest(v_ids[1] - coalesce(cardinality(p_dfs), 0), 0)]);
   FOR i IN 1..coalesce(cardinality(v_ids), 0) LOOP
     dfs[v_ids[i]] := v_files[i];
     IF v_moves[i] <> 0 THEN
