@@ -104951,14 +104951,15 @@ RETURN CASE WHEN t COLLATE "C" ~ '^[\x20-\x7e\t]*$'
 
 -- Counts, in the database, the chunks of a text that storetopics.token_counts has no count for and that are ASCII
 -- (each with its leading space, as render costs them); the others stay for the worker or the CLI.  Only the chunks
--- not counted yet are counted (materialised first: as a filter beside NOT EXISTS, the count was pushed below the
--- anti-join and taken for every chunk of the text, ~300 per render, most of a render's counting time).
+-- not counted yet are counted (materialised first: as a filter beside the test for a count, the count was pushed
+-- below it and taken for every chunk of the text, ~300 per render, most of a render's counting time).
 CREATE OR REPLACE FUNCTION storetopics._count_in_database(p_text text) RETURNS void
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   WITH c AS MATERIALIZED (
     SELECT DISTINCT ' ' || x.c AS chunk FROM string_to_table(p_text, ' ') AS x(c)
-     WHERE x.c <> '' AND NOT EXISTS (SELECT 1 FROM storetopics.token_counts tc WHERE tc.chunk = ' ' || x.c))
+     WHERE x.c <> ''   -- (probed by key, as in _tokens)
+       AND (SELECT 1 FROM storetopics.token_counts tc WHERE tc.chunk = ' ' || x.c) IS NULL)
   INSERT INTO storetopics.token_counts (chunk, tokens)
   SELECT n.chunk, n.tokens
     FROM (SELECT c.chunk, storetopics._count_tokens(c.chunk) AS tokens FROM c OFFSET 0) n
@@ -106722,13 +106723,16 @@ END $$;
 -- The cl100k tokens of each piece of a summary, in order, each as it follows a space: the sum over its space-separated
 -- chunks (each with its leading space) of their counts in storetopics.token_counts, or of their bytes where no count
 -- is known (an upper bound: every token is at least a byte).  One statement for a whole list: _pack prices ~100.
+-- (Each chunk's count probed by its key: joined, the planner took string_to_table for a thousand rows a piece and
+-- hashed the whole table, which holds every word any summary has shown, at every call: ~0.45 ms a call, 16 calls a
+-- render, at 2,800 counts.)
 CREATE OR REPLACE FUNCTION storetopics._tokens(pieces text[]) RETURNS TABLE (i bigint, tokens int)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-  SELECT u.i, coalesce(sum(coalesce(tc.tokens, octet_length(' ' || x.c))), 0)::int
+  SELECT u.i, coalesce(sum(coalesce((SELECT tc.tokens FROM storetopics.token_counts tc WHERE tc.chunk = ' ' || x.c),
+                                    octet_length(' ' || x.c))), 0)::int
     FROM unnest(pieces) WITH ORDINALITY AS u(piece, i)
     LEFT JOIN LATERAL string_to_table(u.piece, ' ') AS x(c) ON x.c <> ''
-    LEFT JOIN storetopics.token_counts tc ON tc.chunk = ' ' || x.c
    GROUP BY u.i
    ORDER BY u.i;
 END;
@@ -106742,7 +106746,8 @@ RETURN (SELECT t.tokens FROM storetopics._tokens(ARRAY[piece]) t);
 CREATE OR REPLACE FUNCTION storetopics._uncounted(p_text text) RETURNS text[]
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN ARRAY(SELECT DISTINCT ' ' || x.c FROM string_to_table(p_text, ' ') AS x(c)
-              WHERE x.c <> '' AND NOT EXISTS (SELECT 1 FROM storetopics.token_counts tc WHERE tc.chunk = ' ' || x.c)
+              WHERE x.c <> ''   -- (probed by key, as in _tokens)
+                AND (SELECT 1 FROM storetopics.token_counts tc WHERE tc.chunk = ' ' || x.c) IS NULL
               ORDER BY 1);
 
 -- Records token counts the worker or the CLI took with the real tokenizer.
@@ -108618,4 +108623,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '3966873589') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '4172631147') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

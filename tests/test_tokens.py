@@ -82,3 +82,27 @@ def test_the_database_counts_only_chunks_not_counted_yet(conn):
     assert second == 1          # " zqxwv" alone: one pretoken
     assert conn.execute("SELECT tokens FROM storetopics.token_counts WHERE chunk = ' zqxwv'").fetchone()[0] \
         == tokens.count(" zqxwv")
+
+
+def _buffers(conn, sql: str, params: tuple) -> int:
+    """Shared buffers a statement touched (a function scan's counts include its statements')."""
+    plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchone()[0][0]["Plan"]
+    return plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+
+
+def test_a_piece_is_priced_by_looking_up_its_words_not_by_reading_every_count(conn):
+    """token_counts holds every word any summary has shown (a catalog of many stores: tens of thousands).  Pricing a
+    piece of a summary (storetopics._tokens, a dozen calls a render) and finding its uncounted words
+    (storetopics._uncounted) look each word up by its key: a few buffers a word, however many counts there are (a
+    join hashed the whole table at every call: bench/README.md)."""
+    conn.execute("INSERT INTO storetopics.token_counts (chunk, tokens) "
+                 "SELECT ' zzw' || g, 2 FROM generate_series(1, 50000) g")
+    conn.execute("ANALYZE storetopics.token_counts")
+    pieces = ["zzw7 zzw70 zzw700 zzw7000 unknownword", "zzw123 zzw1234"]
+    assert [r[0] for r in conn.execute("SELECT tokens FROM storetopics._tokens(%s::text[]) ORDER BY i",
+                                       (pieces,))] == [2 * 4 + len(" unknownword"), 2 * 2]
+    assert conn.execute("SELECT storetopics._uncounted(%s)", (" ".join(pieces),)).fetchone()[0] == [" unknownword"]
+    table = conn.execute("SELECT pg_relation_size('storetopics.token_counts') / 8192").fetchone()[0]
+    priced = _buffers(conn, "SELECT * FROM storetopics._tokens(%s::text[])", (pieces,))
+    found = _buffers(conn, "SELECT storetopics._uncounted(%s)", (" ".join(pieces),))
+    assert table > 200 and priced <= 4 * 7 and found <= 4 * 7, (table, priced, found)

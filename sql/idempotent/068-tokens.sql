@@ -68,14 +68,15 @@ RETURN CASE WHEN t COLLATE "C" ~ '^[\x20-\x7e\t]*$'
 
 -- Counts, in the database, the chunks of a text that storetopics.token_counts has no count for and that are ASCII
 -- (each with its leading space, as render costs them); the others stay for the worker or the CLI.  Only the chunks
--- not counted yet are counted (materialised first: as a filter beside NOT EXISTS, the count was pushed below the
--- anti-join and taken for every chunk of the text, ~300 per render, most of a render's counting time).
+-- not counted yet are counted (materialised first: as a filter beside the test for a count, the count was pushed
+-- below it and taken for every chunk of the text, ~300 per render, most of a render's counting time).
 CREATE OR REPLACE FUNCTION storetopics._count_in_database(p_text text) RETURNS void
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
   WITH c AS MATERIALIZED (
     SELECT DISTINCT ' ' || x.c AS chunk FROM string_to_table(p_text, ' ') AS x(c)
-     WHERE x.c <> '' AND NOT EXISTS (SELECT 1 FROM storetopics.token_counts tc WHERE tc.chunk = ' ' || x.c))
+     WHERE x.c <> ''   -- (probed by key, as in _tokens)
+       AND (SELECT 1 FROM storetopics.token_counts tc WHERE tc.chunk = ' ' || x.c) IS NULL)
   INSERT INTO storetopics.token_counts (chunk, tokens)
   SELECT n.chunk, n.tokens
     FROM (SELECT c.chunk, storetopics._count_tokens(c.chunk) AS tokens FROM c OFFSET 0) n
