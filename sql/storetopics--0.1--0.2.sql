@@ -103745,8 +103745,10 @@ DECLARE
 BEGIN
   PERFORM set_config('parallel_setup_cost', '0', true), set_config('parallel_tuple_cost', '0', true),
           set_config('min_parallel_table_scan_size', '0', true), set_config('enable_sort', 'off', true);
-  IF p_files IS NULL THEN   -- a whole store: each row finds its file's mean through the index (see _assign_sql)
-    PERFORM set_config('enable_hashjoin', 'off', true), set_config('enable_material', 'off', true);
+  -- each row finds its file's mean through the index (see _assign_sql); a whole store's clusters are init plans
+  PERFORM set_config('enable_hashjoin', 'off', true);
+  IF p_files IS NULL THEN
+    PERFORM set_config('enable_material', 'off', true);
   END IF;
   DELETE FROM storetopics.file_means WHERE source_id = src.id;
   EXECUTE format('INSERT INTO storetopics.file_means (source_id, store_key, file_key, dims, m) '
@@ -103838,12 +103840,14 @@ END $$;
 -- The reader's assignment query (see _assign), in pieces the reader puts together at run time: the head, then the
 -- stores' clusters (ks) from one of two sources, the joins up to least(), the least() arguments of the cluster
 -- slots, the next piece, the rows' filter (by files or by store), the tail.
---   ks by files (fold: a few files, maybe of several stores): the clusters of each store of the call, hashed and
---   joined to the rows by store, as is each file's mean.
+--   ks by files (fold: a few files, maybe of several stores): the clusters of each store of the call, materialised
+--   and joined to the rows by store.
 --   ks by store (apply_fit: every file of one store): the one store's clusters as init plans, evaluated once and
---   passed to the parallel workers, and _assign turns hash joins off, so each row finds its file's mean through
---   file_means' index.  Hashed, all the means of a large store would be one shared hash table that every process
---   of the query holds, growing with the store's files (bench/README.md has the figures).
+--   passed to the parallel workers.
+--   Either way _assign turns hash joins off, so each row finds its file's mean through file_means' index.  Hashed,
+--   all the means of a large store would be one shared hash table that every process of the query holds, growing
+--   with the store's files; and a fold's batch put each row into it with its store's centroids (20 of 384-d: 32 kB
+--   a row, 262 MB for 5,000 files, which spilled to disk; bench/README.md has the figures).
 CREATE OR REPLACE FUNCTION storetopics._assign_sql(src storetopics.sources) RETURNS text[]
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -108623,4 +108627,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '4172631147') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1521896219') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
