@@ -103846,8 +103846,8 @@ END $$;
 --   passed to the parallel workers.
 --   Either way _assign turns hash joins off, so each row finds its file's mean through file_means' index.  Hashed,
 --   all the means of a large store would be one shared hash table that every process of the query holds, growing
---   with the store's files; and a fold's batch put each row into it with its store's centroids (20 of 384-d: 32 kB
---   a row, 262 MB for 5,000 files, which spilled to disk; bench/README.md has the figures).
+--   with the store's files; and a fold's batch put each row into it with all its store's centroids, a table that
+--   spilled to disk (bench/README.md has the figures).
 CREATE OR REPLACE FUNCTION storetopics._assign_sql(src storetopics.sources) RETURNS text[]
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -105314,8 +105314,8 @@ BEGIN
                             FROM unnest(p_touched, p_touched_files) AS t(term_id, files)
                            WHERE p_touched IS NOT NULL AND t.files > 0) t) u) m;
   -- (the terms new since, past the kept array's end, made room for with zeros first: an assignment past the end
-  -- pads with NULLs, and an array that ever had one keeps a null bitmap, which each subscript then walks from the
-  -- start: at 10k realistic chunks, two thirds of _outlier_files' time, in _novelty_sums and _outlier_terms)
+  -- pads with NULLs, and an array that ever had one keeps a null bitmap, which each subscript of _novelty_sums and
+  -- _outlier_terms then walks from the start; bench/README.md)
   dfs := p_dfs || array_fill(0, ARRAY[greatest(v_ids[1] - coalesce(cardinality(p_dfs), 0), 0)]);
   FOR i IN 1..coalesce(cardinality(v_ids), 0) LOOP
     dfs[v_ids[i]] := v_files[i];
@@ -106728,8 +106728,7 @@ END $$;
 -- chunks (each with its leading space) of their counts in storetopics.token_counts, or of their bytes where no count
 -- is known (an upper bound: every token is at least a byte).  One statement for a whole list: _pack prices ~100.
 -- (Each chunk's count probed by its key: joined, the planner took string_to_table for a thousand rows a piece and
--- hashed the whole table, which holds every word any summary has shown, at every call: ~0.45 ms a call, 16 calls a
--- render, at 2,800 counts.)
+-- hashed the whole table, which holds every word any summary has shown, at every call; bench/README.md.)
 CREATE OR REPLACE FUNCTION storetopics._tokens(pieces text[]) RETURNS TABLE (i bigint, tokens int)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
@@ -108627,4 +108626,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1521896219') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '2213646362') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

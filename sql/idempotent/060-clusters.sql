@@ -138,8 +138,8 @@ END $$;
 --   passed to the parallel workers.
 --   Either way _assign turns hash joins off, so each row finds its file's mean through file_means' index.  Hashed,
 --   all the means of a large store would be one shared hash table that every process of the query holds, growing
---   with the store's files; and a fold's batch put each row into it with its store's centroids (20 of 384-d: 32 kB
---   a row, 262 MB for 5,000 files, which spilled to disk; bench/README.md has the figures).
+--   with the store's files; and a fold's batch put each row into it with all its store's centroids, a table that
+--   spilled to disk (bench/README.md has the figures).
 CREATE OR REPLACE FUNCTION storetopics._assign_sql(src storetopics.sources) RETURNS text[]
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE

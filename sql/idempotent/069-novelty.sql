@@ -339,8 +339,8 @@ BEGIN
                             FROM unnest(p_touched, p_touched_files) AS t(term_id, files)
                            WHERE p_touched IS NOT NULL AND t.files > 0) t) u) m;
   -- (the terms new since, past the kept array's end, made room for with zeros first: an assignment past the end
-  -- pads with NULLs, and an array that ever had one keeps a null bitmap, which each subscript then walks from the
-  -- start: at 10k realistic chunks, two thirds of _outlier_files' time, in _novelty_sums and _outlier_terms)
+  -- pads with NULLs, and an array that ever had one keeps a null bitmap, which each subscript of _novelty_sums and
+  -- _outlier_terms then walks from the start; bench/README.md)
   dfs := p_dfs || array_fill(0, ARRAY[greatest(v_ids[1] - coalesce(cardinality(p_dfs), 0), 0)]);
   FOR i IN 1..coalesce(cardinality(v_ids), 0) LOOP
     dfs[v_ids[i]] := v_files[i];

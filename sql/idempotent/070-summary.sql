@@ -881,8 +881,7 @@ END $$;
 -- chunks (each with its leading space) of their counts in storetopics.token_counts, or of their bytes where no count
 -- is known (an upper bound: every token is at least a byte).  One statement for a whole list: _pack prices ~100.
 -- (Each chunk's count probed by its key: joined, the planner took string_to_table for a thousand rows a piece and
--- hashed the whole table, which holds every word any summary has shown, at every call: ~0.45 ms a call, 16 calls a
--- render, at 2,800 counts.)
+-- hashed the whole table, which holds every word any summary has shown, at every call; bench/README.md.)
 CREATE OR REPLACE FUNCTION storetopics._tokens(pieces text[]) RETURNS TABLE (i bigint, tokens int)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
