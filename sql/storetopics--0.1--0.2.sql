@@ -103755,11 +103755,16 @@ BEGIN
                  'SELECT $1, r.* FROM %s(''means'', $2, $3, NULL) AS r(store_key text, file_key text, dims int, '
                  'm %I.vector)', v_reader, storetopics._vector_schema())
     USING src.id, p_files, p_store;
-  -- the stores' clusters, passed to the reader as data (it runs as the table's owner, who may not read them)
-  SELECT jsonb_build_object('clusters', jsonb_agg(jsonb_build_object('store_key', k.store_key, 'id', k.cluster_id,
-                                                                     'radius', k.radius, 'centroid', k.centroid::text)))
+  -- the clusters of the stores whose files have a mean, passed to the reader as data (it runs as the table's owner,
+  -- who may not read them): no other store's rows can join them, and the centroids go as text, written out and read
+  -- back at each call (an empty list when none of those stores has clusters: a file moved to one that has none)
+  SELECT jsonb_build_object('clusters', coalesce(jsonb_agg(jsonb_build_object('store_key', k.store_key,
+                                                                              'id', k.cluster_id, 'radius', k.radius,
+                                                                              'centroid', k.centroid::text)), '[]'))
     INTO v_clusters
-    FROM storetopics.clusters k WHERE k.source_id = src.id AND (p_store IS NULL OR k.store_key = p_store);
+    FROM storetopics.clusters k
+   WHERE k.source_id = src.id AND (p_store IS NULL OR k.store_key = p_store)
+     AND k.store_key IN (SELECT m.store_key FROM storetopics.file_means m WHERE m.source_id = src.id);
   RETURN QUERY EXECUTE format('SELECT * FROM %s(''assign'', $1, $2, $3) '
                  'AS r(store_key text, file_key text, cluster_ids int[], cluster_chunks int[], cluster_outliers int[], '
                  'other_dim int, distance_ratio real)', v_reader)
@@ -108626,4 +108631,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '2213646362') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1870103192') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
