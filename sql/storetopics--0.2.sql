@@ -103455,7 +103455,8 @@ DECLARE
   v_clustered boolean := src.embedding IS NOT NULL
                          AND EXISTS (SELECT 1 FROM storetopics.clusters k WHERE k.source_id = src.id);
   v_saved text[] := ARRAY[current_setting('parallel_setup_cost'), current_setting('parallel_tuple_cost'),
-                          current_setting('min_parallel_table_scan_size'), current_setting('enable_sort')];
+                          current_setting('min_parallel_table_scan_size'), current_setting('enable_sort'),
+                          current_setting('enable_hashjoin')];
 BEGIN
   -- (dropped only when there: DROP ... IF EXISTS would send the client a NOTICE each time)
   IF to_regclass('pg_temp.storetopics_new_terms') IS NOT NULL THEN DROP TABLE pg_temp.storetopics_new_terms; END IF;
@@ -103489,6 +103490,11 @@ BEGIN
   -- for the caller to decompress).  The files' chunks per cluster of their store's fit joined in (nothing to do
   -- while no store of the source has one).
   PERFORM set_config('enable_sort', 'off', true);
+  -- (a few files, an upload's: their terms probed in lexemes by its index; hashed, the whole vocabulary of the
+  -- database was read at each upload, whatever the upload's size)
+  IF cardinality(p_files) <= 100 THEN
+    PERFORM set_config('enable_hashjoin', 'off', true);
+  END IF;
   RETURN QUERY
   SELECT r.*, coalesce(a.cluster_ids, '{}'), coalesce(a.cluster_chunks, '{}'), coalesce(a.cluster_outliers, '{}'),
          coalesce(a.other_dim, 0), a.distance_ratio
@@ -103505,7 +103511,7 @@ BEGIN
            GROUP BY 1, 2) r
     LEFT JOIN (SELECT * FROM storetopics._assign(src, p_files, NULL) WHERE v_clustered) a
            ON a.store_key = r.store_key AND a.file_key = r.file_key;
-  PERFORM set_config('enable_sort', v_saved[4], true);
+  PERFORM set_config('enable_sort', v_saved[4], true), set_config('enable_hashjoin', v_saved[5], true);
   -- (The terms table stays until the next recount or the end of the transaction: the rows returned may point into
   -- its TOAST table, a file key longer than 2 kB, which the caller reads after this returns.)
 END $$;
@@ -108868,4 +108874,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1870103192') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '4160580325') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
