@@ -232,6 +232,14 @@ def state(conn: psycopg.Connection, source_id: int) -> dict:
             "skipped_null_key_rows": skipped_null, "skipped_text_rows": skipped_text}
 
 
+def buffers(conn: psycopg.Connection, sql: str, params: tuple) -> int:
+    """Shared buffers a statement read or hit, from EXPLAIN (ANALYZE, BUFFERS) (a function scan's counts include its
+    statements'); it must return rows."""
+    plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchone()[0][0]["Plan"]
+    assert plan["Actual Rows"] > 0
+    return plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+
+
 def pending(conn: psycopg.Connection, source_id: int | None = None) -> list[tuple]:
     return conn.execute("SELECT source_id, store_key, file_key, resync FROM storetopics.pending "
                         "WHERE %s::int IS NULL OR source_id = %s ORDER BY 1, 2, 3, 4",

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from tests.helpers import attach_chunks, backfill, create_chunks, insert_chunks, tenants
+from tests.helpers import attach_chunks, backfill, buffers, create_chunks, insert_chunks, tenants
 
 
 @pytest.fixture
@@ -67,12 +67,6 @@ def join_filtered(conn, sql: str, params: tuple) -> int:
         conn.remove_notice_handler(keep)
     assert any("Query Text" in p for p in plans)
     return max([int(n) for p in plans for n in re.findall(r"Rows Removed by Join Filter: (\d+)", p)], default=0)
-
-
-def buffers(conn, sql: str, params: tuple) -> int:
-    plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchone()[0][0]["Plan"]
-    assert plan["Actual Rows"] > 0
-    return plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
 
 
 def store_terms(conn, source: int, store: str) -> int:

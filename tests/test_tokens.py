@@ -84,12 +84,6 @@ def test_the_database_counts_only_chunks_not_counted_yet(conn):
         == tokens.count(" zqxwv")
 
 
-def _buffers(conn, sql: str, params: tuple) -> int:
-    """Shared buffers a statement touched (a function scan's counts include its statements')."""
-    plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchone()[0][0]["Plan"]
-    return plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
-
-
 def test_a_piece_is_priced_by_looking_up_its_words_not_by_reading_every_count(conn):
     """token_counts holds every word any summary has shown (a catalog of many stores: tens of thousands).  Pricing a
     piece of a summary (storetopics._tokens, a dozen calls a render) and finding its uncounted words
@@ -103,6 +97,6 @@ def test_a_piece_is_priced_by_looking_up_its_words_not_by_reading_every_count(co
                                        (pieces,))] == [2 * 4 + len(" unknownword"), 2 * 2]
     assert conn.execute("SELECT storetopics._uncounted(%s)", (" ".join(pieces),)).fetchone()[0] == [" unknownword"]
     table = conn.execute("SELECT pg_relation_size('storetopics.token_counts') / 8192").fetchone()[0]
-    priced = _buffers(conn, "SELECT * FROM storetopics._tokens(%s::text[])", (pieces,))
-    found = _buffers(conn, "SELECT storetopics._uncounted(%s)", (" ".join(pieces),))
+    priced = helpers.buffers(conn, "SELECT * FROM storetopics._tokens(%s::text[])", (pieces,))
+    found = helpers.buffers(conn, "SELECT storetopics._uncounted(%s)", (" ".join(pieces),))
     assert table > 200 and priced <= 4 * 7 and found <= 4 * 7, (table, priced, found)
