@@ -640,3 +640,57 @@ def test_the_document_frequencies_handed_on_after_new_words_are_a_plain_array(co
     assert kept(conn, src, "s") == before   # from what was kept, moved by the upload
     assert n > kept_n and nulls == 0 and got == [1, 1, 2], (n, kept_n, nulls, got)
     assert plain, "the frequencies carry a null bitmap"
+
+
+def test_the_contrast_head_is_kept_again_when_the_other_stores_grow_the_catalog(make_db):
+    """A big store's contrast head vouches for the other terms up to a bound that grows with the rest of its catalog:
+    the other stores' uploads move every term's share of the rest, the more so the bigger the store's part of the
+    catalog.  The store's own files are few changed, so its novelty is not kept again; the head is, once the bound
+    passes one and a half times its cut, and so keeps enough terms above the bound to give the render its list (not
+    a ranking of every term).  Uploads to the store alone do not grow the bound: no head is kept again.  The lists
+    stay those of a computation from scratch."""
+    rng = random.Random(61)
+    with psycopg.connect(make_db(), autocommit=True) as conn:
+        conn.execute("SET client_min_messages = warning")
+        conn.execute(f"CREATE TABLE docs (id serial PRIMARY KEY, store_id text, file_id int, content text, "
+                     f"embedding vector({DIM}))")
+
+        def rows(store: str, file: int):   # the big store's files also hold a few of 200 words of its own
+            return [(s, f, c + "".join(f" zz{chr(97 + i // 26)}{chr(97 + i % 26)}q"
+                                       for i in rng.sample(range(200), 6 if store == "big" else 0)), v)
+                    for s, f, c, v in wide_rows(rng, store, file)]
+
+        def upload(stores: str, first: int):
+            with conn.cursor() as cur:
+                cur.executemany("INSERT INTO docs (store_id, file_id, content, embedding) VALUES (%s, %s, %s, %s)",
+                                [r for i, s in enumerate(stores) for r in rows(s, first + i)])
+
+        upload(["big"] * 240 + ["small"] * 40, 0)
+        src = conn.execute("SELECT storetopics.attach('docs', 'store_id', 'file_id', 'content', "
+                           "'embedding')").fetchone()[0]
+        conn.execute("SELECT * FROM storetopics.backfill()")
+        kept = "SELECT catalog_position FROM storetopics.novelty_state WHERE source_id = %s AND store_key = 'big'"
+        position = conn.execute(kept, (src,)).fetchone()[0]
+        rekept = []
+        for step in range(18):   # a file of the small store, then one of the big one; from step 12 the big one's only
+            upload(["small", "big"] if step < 12 else ["big"], 1000 + 2 * step)
+            while conn.execute("SELECT storetopics._fold(%s)", (src,)).fetchone()[0]:
+                pass
+            rendered(conn, src, "big")
+            now = conn.execute(kept, (src,)).fetchone()[0]
+            rekept.append(now != position)
+            position = now
+            bound, cut, above = conn.execute("""
+                SELECT storetopics._contrast_bound(k.contrast_basis, k.by_contrast_cut, st.files, z.files, z.stores),
+                       k.by_contrast_cut, (SELECT count(*) FROM unnest(h.scores) x WHERE x > h.cut)
+                  FROM storetopics.novelty_state k, storetopics.store_state st,
+                       storetopics._catalog_size(storetopics._catalog(%(s)s)) z,
+                       storetopics._kept_contrast(%(s)s, 'big', storetopics._catalog(%(s)s), st.files, z.files,
+                                                  z.stores) h
+                 WHERE k.source_id = %(s)s AND k.store_key = 'big' AND st.source_id = %(s)s
+                   AND st.store_key = 'big'""", {"s": src}).fetchone()
+            assert bound <= 1.5 * cut, (step, bound, cut)
+            assert above >= 80, (step, above)   # what render asks of the head: 80 terms
+            if step % 6 == 5:
+                assert term_lists(conn, src, "big") == lists_from_scratch(conn, src, "big"), step
+        assert any(rekept[:12]) and not any(rekept[12:]), rekept

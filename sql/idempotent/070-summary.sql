@@ -752,6 +752,18 @@ RETURN CASE WHEN files < 2 THEN 0
 -- p <= 1: it is at most (N / N') (cut + max(d, 0)).  No row when nothing kept vouches for it (no head, the catalog's
 -- list started again, the store under 20 files, or alone in its catalog then and not now, or the reverse): the
 -- caller ranks every term.
+-- The bound itself, from what was kept (basis: {N, A, stores} then; cut: the head's last score then, NULL: the head
+-- held every term) and the store's and the catalog's sizes now.  (One function: _render_terms keeps the head again
+-- when this has grown past one and a half times its cut.)
+CREATE OR REPLACE FUNCTION storetopics._contrast_bound(basis float8[], cut float8, p_files float8, p_all float8,
+                                                       p_stores numeric) RETURNS float8
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN basis[1] / p_files
+       * (coalesce(cut, 0)
+          + CASE WHEN p_stores < 2 THEN 0
+                 ELSE greatest(ln(basis[1] / p_files) + ln((p_all - p_files + 0.5) / (basis[2] - basis[1] + 0.5)), 0)
+            END);
+
 CREATE OR REPLACE FUNCTION storetopics._kept_contrast(p_source int, p_store text, p_catalog text, p_files float8,
                                                       p_all float8, p_stores numeric, OUT ids int[],
                                                       OUT scores float8[], OUT files int[], OUT totals bigint[],
@@ -766,12 +778,7 @@ BEGIN ATOMIC
          round((min(h.bound) * (1 + 1e-9) + 1e-12)::numeric, 9)::float8
     FROM (SELECT k.source_id, k.store_key, k.by_contrast, k.touched, k.touched_files, k.touched_totals,
                  k.touched_totals_sq, c.touched[k.catalog_position + 1:] AS in_catalog,
-                 k.contrast_basis[1] / p_files
-                 * (coalesce(k.by_contrast_cut, 0)
-                    + CASE WHEN p_stores < 2 THEN 0
-                           ELSE greatest(ln(k.contrast_basis[1] / p_files)
-                                         + ln((p_all - p_files + 0.5) / (k.contrast_basis[2] - k.contrast_basis[1] + 0.5)),
-                                         0) END) AS bound
+                 storetopics._contrast_bound(k.contrast_basis, k.by_contrast_cut, p_files, p_all, p_stores) AS bound
             FROM storetopics.novelty_state k
             JOIN storetopics.catalog_touched c ON c.catalog = k.contrast_catalog
            WHERE k.source_id = p_source AND k.store_key = p_store AND k.touched IS NOT NULL
@@ -1185,12 +1192,20 @@ BEGIN
       INTO v_leads USING v_outliers, p_store;
   END IF;
   -- the contrast head kept with the novelty, kept again when the catalog's list of touched terms started again
-  -- since, or the store's catalog changed (storetopics._kept_contrast)
+  -- since, when the store's catalog changed, or when the bound on the other terms has grown past one and a half
+  -- times the head's last score: the other stores' files grew the catalog, which moves every term's share of the
+  -- rest (the more, the bigger the store's part of the catalog), and soon too few of the head's terms would score
+  -- above the bound, and every render would rank all the store's terms (storetopics._kept_contrast, bench/README.md)
   IF EXISTS (SELECT 1 FROM storetopics.novelty_state k
                LEFT JOIN storetopics.catalog_touched c ON c.catalog = k.contrast_catalog
               WHERE k.source_id = src.id AND k.store_key = p_store AND k.touched IS NOT NULL
                 AND (k.contrast_catalog IS DISTINCT FROM storetopics._catalog(src.id)
-                     OR c.generation IS DISTINCT FROM k.catalog_generation)) THEN
+                     OR c.generation IS DISTINCT FROM k.catalog_generation
+                     OR k.contrast_basis[1] >= 20
+                        AND (SELECT storetopics._contrast_bound(k.contrast_basis, k.by_contrast_cut,
+                                                               greatest(st.files, 1), z.files, z.stores)
+                               FROM storetopics.store_state st, storetopics._catalog_size(k.contrast_catalog) z
+                              WHERE st.source_id = src.id AND st.store_key = p_store) > 1.5 * k.by_contrast_cut)) THEN
     PERFORM storetopics._keep_contrast(src.id, p_store);
   END IF;
   SELECT array_agg(k.kind), array_agg(k.rank), array_agg(k.lexeme), array_agg(k.score), array_agg(k.files),
