@@ -36,6 +36,8 @@ BOUND_AT_CREATION: set[str] = {"_dehyphenated(text)", "_ln9(bigint)", "_novelty(
                                "_contrast_q(integer,bigint,double precision,double precision)",
                                "_contrast_raw(double precision,double precision,numeric)",
                                "_contrast_most(integer,double precision,double precision,numeric)",
+                               "_contrast_bound(double precision[],double precision,double precision,"
+                               "double precision,numeric)",
                                "_letters_az(text)", "_letter_then(text,text)"}
 PUBLIC_EXECUTE = {"_usable_text(text)", "_dehyphenated(text)", "_showable_term(text)", "_human_count(bigint)",
                   "_tsvector_or_null(regconfig,text)", "_max_store_key()", "_tool_name(text,text)",
