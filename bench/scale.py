@@ -40,6 +40,10 @@ For each size, a fresh database in one throwaway cluster:
    (a made-up name, in its first chunk): a real upload brings some (names, codes, new terms), and the windows of
    the same manuals seldom do once their vocabulary is in (a term id past the kept document frequencies took a
    render that never met one from 62 to 171 ms at 10k chunks: bench/README.md).
+3c. The same, MIXED_UPLOADS times, each upload to `big` after MIXED_OTHERS to the small stores (folded with it): the
+   other stores' files grow the catalog, which moves the bound the kept contrast head vouches for, the more so the
+   bigger `big`'s part of it (bench/README.md); the render keeps the head again past a point, and the row counts the
+   renders that did.  Information, no target.
 4. Event -> summary: a `storetopics worker` process (debounce 1 s, --poll 1), one new file (10 or 3 chunks) of an existing
    theme copied into `big`, EVENTS times, one at a time: from the COPY's commit until NOTIFY storetopics_updated for
    `big` arrives with the new file counted in store_state.topics (the rendered files count, which every upload moves;
@@ -95,6 +99,8 @@ CHUNKS_PER_COPY = 10_000               # rows per COPY statement (short text: 1,
 WORDS_FILLER = 8                       # + the centre's two words: 10 words per chunk
 UPLOADS_BY_HAND = 30                   # 3b: one-file uploads passed by hand (render after an upload: their median;
                                        # what render keeps is kept once, before the first: later uploads pile up)
+MIXED_UPLOADS = 20                     # 3c: the same, with MIXED_OTHERS uploads to the small stores before each
+MIXED_OTHERS = 2
 VOCABULARY = 5_000
 SMALL_STORES = 5                       # 2% of the files each; `big` has the other 90%
 DEBOUNCE = 1.0
@@ -444,12 +450,19 @@ def run_size(admin: str, chunks: int, events: int, llm_env: dict, log, kind: Tex
             # -- 3b. one upload's pass, step by step, in this session (no worker running yet) -----------------------
             next_file = files
 
-            def upload_by_hand() -> dict:
+            def upload_to(store: str) -> None:
                 nonlocal next_file
-                while store_of(np.array([next_file]))[0] != "big":
+                while store_of(np.array([next_file]))[0] != store:
                     next_file += 1
                 bc.copy_rows(conn, "docs", with_new_word(synth.rows(next_file * per_file, per_file), next_file))
                 next_file += 1
+
+            def upload_by_hand(others: tuple[str, ...] = ()) -> dict:
+                for store in others:   # (3c: folded with big's file)
+                    upload_to(store)
+                upload_to("big")
+                kept = "SELECT catalog_position FROM storetopics.novelty_state WHERE source_id = %s AND store_key = 'big'"
+                position = conn.execute(kept, (source,)).fetchone()
                 anatomy = {}
                 t0 = time.perf_counter()
                 anatomy["fold"] = conn.execute("SELECT storetopics._fold(%s)", (source,)).fetchone()[0]
@@ -469,6 +482,7 @@ def run_size(admin: str, chunks: int, events: int, llm_env: dict, log, kind: Tex
                         conn.execute("SELECT storetopics._render(%s, 'big', false)", (source,))
                         anatomy["count_and_render_again_s"] = round(time.perf_counter() - t0, 3)
                 anatomy["render_total_s"] = round(anatomy["render_s"] + anatomy.get("count_and_render_again_s", 0), 3)
+                anatomy["contrast_kept_again"] = conn.execute(kept, (source,)).fetchone() != position
                 return anatomy
 
             uploads = [upload_by_hand() for _ in range(UPLOADS_BY_HAND)]
@@ -487,6 +501,18 @@ def run_size(admin: str, chunks: int, events: int, llm_env: dict, log, kind: Tex
             log(f"  one upload's pass, step by step: {uploads}")
             log(f"  render of big: from scratch {scratch:.2f}s, after a 1-file upload {after:.3f}s "
                 f"(ratio {out['render_big']['ratio']})")
+            # -- 3c. the same with uploads to the other stores between big's: they grow the catalog ------------------
+            mixed = [upload_by_hand(tuple(f"small{(i * MIXED_OTHERS + j) % SMALL_STORES}" for j in range(MIXED_OTHERS)))
+                     for i in range(MIXED_UPLOADS)]
+            out["render_big_mixed"] = {
+                "others_per_upload": MIXED_OTHERS,
+                "after_upload_s": round(percentile([u["render_total_s"] for u in mixed], 50), 3),
+                "after_upload_all_s": [u["render_total_s"] for u in mixed],
+                "contrast_kept_again": sum(u["contrast_kept_again"] for u in mixed),
+                "contrast_kept_again_at": [i + 1 for i, u in enumerate(mixed) if u["contrast_kept_again"]],
+                "is": f"median over {MIXED_UPLOADS} one-file uploads into `big`, each after {MIXED_OTHERS} to the "
+                      "small stores, folded together, passed by hand as in 3b"}
+            log(f"  render of big with uploads to the other stores between: {out['render_big_mixed']}")
 
             # -- 4. event -> summary with a running worker ---------------------------------------------------------
             logpath = Path(tempfile.gettempdir()) / f"storetopics-bench-scale-{os.getpid()}-{chunks}.log"
@@ -667,6 +693,11 @@ def markdown(res: dict) -> str:
                                          for i in (1, 10, 20, UPLOADS_BY_HAND) if i <= len(rb(r)["after_upload_all_s"]))
                     + f", {max(rb(r)['after_upload_all_s'])}")]
                if v.get("render_ratio_pass") is not None else []),
+             *([row(f"render of `big` after a 1-file upload, {MIXED_OTHERS} uploads to the small stores before each "
+                    f"(s; median of {MIXED_UPLOADS}; max; renders that kept the contrast head again)",
+                    lambda r: f"{r['render_big_mixed']['after_upload_s']}; {max(r['render_big_mixed']['after_upload_all_s'])}; "
+                              f"{r['render_big_mixed']['contrast_kept_again']}")]
+               if all("render_big_mixed" in r for r in runs) else []),
              row("worker re-fit, new theme 6%: commit → summary (s)",
                  lambda r: f"{r['worker_refit']['commit_to_summary_s']}"),
              "",

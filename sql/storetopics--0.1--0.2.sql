@@ -100769,6 +100769,13 @@ CREATE TABLE storetopics.store_words (
 -- it, so it needs no look there.
 ALTER TABLE storetopics.term_words ADD COLUMN source_id int, ADD COLUMN store_key text;
 
+-- incremental/0.2/018-contrast-need.sql
+-- storetopics 0.2: the score the kept contrast head's 160th term had when it was kept (NULL: it held fewer), twice the
+-- 80 terms a render takes.  The other stores' files move the bound the head vouches for (storetopics._kept_contrast);
+-- once it passes this score, too few of the head's terms may score above it, and the render keeps the head again
+-- (storetopics._render_terms) instead of ranking every term of the store at each render until its novelty is kept.
+ALTER TABLE storetopics.novelty_state ADD COLUMN by_contrast_need float8;
+
 -- idempotent/010-helpers.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Helpers
@@ -106585,6 +106592,8 @@ BEGIN
   UPDATE storetopics.novelty_state k
      SET by_contrast = coalesce(v_scan.ids, '{}'),
          by_contrast_cut = CASE WHEN v_scan.n >= p_n THEN v_scan.cut + 1e-9 END,   -- (the cut was rounded)
+         -- (the 160th score: twice the 80 terms a render takes, storetopics._render_terms)
+         by_contrast_need = (SELECT x FROM unnest(v_scan.scores) x ORDER BY x DESC OFFSET 159 LIMIT 1),
          contrast_basis = ARRAY[v_files, v_size.files, v_size.stores],
          contrast_catalog = v_cat, catalog_generation = v_generation, catalog_position = v_position
    WHERE k.source_id = p_source AND k.store_key = p_store;
@@ -106612,7 +106621,7 @@ RETURN CASE WHEN files < 2 THEN 0
 -- caller ranks every term.
 -- The bound itself, from what was kept (basis: {N, A, stores} then; cut: the head's last score then, NULL: the head
 -- held every term) and the store's and the catalog's sizes now.  (One function: _render_terms keeps the head again
--- when this has grown past one and a half times its cut.)
+-- when this has grown past the score its 160th term had, novelty_state.by_contrast_need.)
 CREATE OR REPLACE FUNCTION storetopics._contrast_bound(basis float8[], cut float8, p_files float8, p_all float8,
                                                        p_stores numeric) RETURNS float8
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -107050,10 +107059,11 @@ BEGIN
       INTO v_leads USING v_outliers, p_store;
   END IF;
   -- the contrast head kept with the novelty, kept again when the catalog's list of touched terms started again
-  -- since, when the store's catalog changed, or when the bound on the other terms has grown past one and a half
-  -- times the head's last score: the other stores' files grew the catalog, which moves every term's share of the
-  -- rest (the more, the bigger the store's part of the catalog), and soon too few of the head's terms would score
-  -- above the bound, and every render would rank all the store's terms (storetopics._kept_contrast, bench/README.md)
+  -- since, when the store's catalog changed, or when the bound on the other terms has passed the score the head's
+  -- 160th term had (twice the 80 taken here): the other stores' files grew the catalog, which moves every term's
+  -- share of the rest (the more, the bigger the store's part of the catalog), and too few of the head's terms would
+  -- score above the bound: every render would rank all the store's terms (storetopics._kept_contrast,
+  -- bench/README.md)
   IF EXISTS (SELECT 1 FROM storetopics.novelty_state k
                LEFT JOIN storetopics.catalog_touched c ON c.catalog = k.contrast_catalog
               WHERE k.source_id = src.id AND k.store_key = p_store AND k.touched IS NOT NULL
@@ -107063,7 +107073,7 @@ BEGIN
                         AND (SELECT storetopics._contrast_bound(k.contrast_basis, k.by_contrast_cut,
                                                                greatest(st.files, 1), z.files, z.stores)
                                FROM storetopics.store_state st, storetopics._catalog_size(k.contrast_catalog) z
-                              WHERE st.source_id = src.id AND st.store_key = p_store) > 1.5 * k.by_contrast_cut)) THEN
+                              WHERE st.source_id = src.id AND st.store_key = p_store) > k.by_contrast_need)) THEN
     PERFORM storetopics._keep_contrast(src.id, p_store);
   END IF;
   SELECT array_agg(k.kind), array_agg(k.rank), array_agg(k.lexeme), array_agg(k.score), array_agg(k.files),
@@ -108652,4 +108662,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1730084145') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '157354059') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

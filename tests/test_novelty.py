@@ -646,7 +646,7 @@ def test_the_contrast_head_is_kept_again_when_the_other_stores_grow_the_catalog(
     """A big store's contrast head vouches for the other terms up to a bound that grows with the rest of its catalog:
     the other stores' uploads move every term's share of the rest, the more so the bigger the store's part of the
     catalog.  The store's own files are few changed, so its novelty is not kept again; the head is, once the bound
-    passes one and a half times its cut, and so keeps enough terms above the bound to give the render its list (not
+    passes the score its 160th term had, and so keeps enough terms above the bound to give the render its list (not
     a ranking of every term).  Uploads to the store alone do not grow the bound: no head is kept again.  The lists
     stay those of a computation from scratch."""
     rng = random.Random(61)
@@ -680,16 +680,16 @@ def test_the_contrast_head_is_kept_again_when_the_other_stores_grow_the_catalog(
             now = conn.execute(kept, (src,)).fetchone()[0]
             rekept.append(now != position)
             position = now
-            bound, cut, above = conn.execute("""
+            bound, need, above = conn.execute("""
                 SELECT storetopics._contrast_bound(k.contrast_basis, k.by_contrast_cut, st.files, z.files, z.stores),
-                       k.by_contrast_cut, (SELECT count(*) FROM unnest(h.scores) x WHERE x > h.cut)
+                       k.by_contrast_need, (SELECT count(*) FROM unnest(h.scores) x WHERE x > h.cut)
                   FROM storetopics.novelty_state k, storetopics.store_state st,
                        storetopics._catalog_size(storetopics._catalog(%(s)s)) z,
                        storetopics._kept_contrast(%(s)s, 'big', storetopics._catalog(%(s)s), st.files, z.files,
                                                   z.stores) h
                  WHERE k.source_id = %(s)s AND k.store_key = 'big' AND st.source_id = %(s)s
                    AND st.store_key = 'big'""", {"s": src}).fetchone()
-            assert bound <= 1.5 * cut, (step, bound, cut)
+            assert need is not None and bound <= need, (step, bound, need)
             assert above >= 80, (step, above)   # what render asks of the head: 80 terms
             if step % 6 == 5:
                 assert term_lists(conn, src, "big") == lists_from_scratch(conn, src, "big"), step
