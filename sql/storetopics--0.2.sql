@@ -106846,6 +106846,19 @@ RETURN CASE WHEN files < 2 THEN 0
             WHEN files / store_files <= 0.5 / (all_files - store_files + 0.5) THEN 0
             ELSE files / store_files * ln(files / store_files / (0.5 / (all_files - store_files + 0.5))) END;
 
+-- The bound a kept contrast head vouches for (storetopics._kept_contrast, below, says how it is derived), from what
+-- was kept (basis: {N, A, stores} then; cut: the head's last score then, NULL: the head held every term) and the
+-- store's and the catalog's sizes now.  (One function: _render_terms also keeps the head again when this has grown
+-- past the score its 160th term had, novelty_state.by_contrast_need.)
+CREATE OR REPLACE FUNCTION storetopics._contrast_bound(basis float8[], cut float8, p_files float8, p_all float8,
+                                                       p_stores numeric) RETURNS float8
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN basis[1] / p_files
+       * (coalesce(cut, 0)
+          + CASE WHEN p_stores < 2 THEN 0
+                 ELSE greatest(ln(basis[1] / p_files) + ln((p_all - p_files + 0.5) / (basis[2] - basis[1] + 0.5)), 0)
+            END);
+
 -- The terms of a store that can score more than a bound by contrast now (storetopics._contrast_terms), with their
 -- scores now, and the bound, rounded as the scores are: those of the kept head (novelty_state.by_contrast), those
 -- whose counts changed in the catalog since the head was kept and fold did not touch in the store, and those fold
@@ -106856,18 +106869,6 @@ RETURN CASE WHEN files < 2 THEN 0
 -- p <= 1: it is at most (N / N') (cut + max(d, 0)).  No row when nothing kept vouches for it (no head, the catalog's
 -- list started again, the store under 20 files, or alone in its catalog then and not now, or the reverse): the
 -- caller ranks every term.
--- The bound itself, from what was kept (basis: {N, A, stores} then; cut: the head's last score then, NULL: the head
--- held every term) and the store's and the catalog's sizes now.  (One function: _render_terms keeps the head again
--- when this has grown past the score its 160th term had, novelty_state.by_contrast_need.)
-CREATE OR REPLACE FUNCTION storetopics._contrast_bound(basis float8[], cut float8, p_files float8, p_all float8,
-                                                       p_stores numeric) RETURNS float8
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN basis[1] / p_files
-       * (coalesce(cut, 0)
-          + CASE WHEN p_stores < 2 THEN 0
-                 ELSE greatest(ln(basis[1] / p_files) + ln((p_all - p_files + 0.5) / (basis[2] - basis[1] + 0.5)), 0)
-            END);
-
 CREATE OR REPLACE FUNCTION storetopics._kept_contrast(p_source int, p_store text, p_catalog text, p_files float8,
                                                       p_all float8, p_stores numeric, OUT ids int[],
                                                       OUT scores float8[], OUT files int[], OUT totals bigint[],
@@ -108899,4 +108900,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '157354059') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '929370832') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
