@@ -35,8 +35,10 @@ For each size, a fresh database in one throwaway cluster:
    render of `big` (step 2), the first render of its state, when nothing a render keeps is there yet (no token
    counts, no rendered summary; the SQL has no way to drop what a render keeps, so a later render "from scratch"
    cannot be forced).  Targets (issue 33): after an upload <= 5% of from scratch, and <= 2 s at 1M.  The uploads
-   follow one another without a keep between them, as on a store that gets one every minute: the median is over
-   all of them, and the 1st, 10th, 20th and last are shown.  Each uploaded file holds one word no file held before
+   follow one another as on a store that gets one every minute, and after each render the pass keeps the store's
+   novelty again when the uploads piled up since make renders dearer than a keep (refresh.keep_worn, timed apart:
+   the summary is written by then): the median is over all of them, the 1st, 30th, 60th and last, the 90th
+   percentile and the uploads after which the novelty was kept again are shown.  Each uploaded file holds one word no file held before
    (a made-up name, in its first chunk): a real upload brings some (names, codes, new terms), and the windows of
    the same manuals seldom do once their vocabulary is in (a term id past the kept document frequencies took a
    render that never met one from 62 to 171 ms at 10k chunks: bench/README.md).
@@ -97,8 +99,9 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 CHUNKS_PER_COPY = 10_000               # rows per COPY statement (short text: 1,000 files)
 WORDS_FILLER = 8                       # + the centre's two words: 10 words per chunk
-UPLOADS_BY_HAND = 30                   # 3b: one-file uploads passed by hand (render after an upload: their median;
-                                       # what render keeps is kept once, before the first: later uploads pile up)
+UPLOADS_BY_HAND = 100                  # 3b: one-file uploads passed by hand (render after an upload: their median;
+                                       # what render keeps is kept before the first; later uploads pile up until the
+                                       # pass keeps the novelty again, refresh.keep_worn)
 MIXED_UPLOADS = 20                     # 3c: the same, with MIXED_OTHERS uploads to the small stores before each
 MIXED_OTHERS = 2
 VOCABULARY = 5_000
@@ -483,6 +486,11 @@ def run_size(admin: str, chunks: int, events: int, llm_env: dict, log, kind: Tex
                         anatomy["count_and_render_again_s"] = round(time.perf_counter() - t0, 3)
                 anatomy["render_total_s"] = round(anatomy["render_s"] + anatomy.get("count_and_render_again_s", 0), 3)
                 anatomy["contrast_kept_again"] = conn.execute(kept, (source,)).fetchone() != position
+                # (after the render, as the pass does: the novelty kept again when the uploads piled up since make
+                # renders dearer than a keep; not part of the render)
+                t0 = time.perf_counter()
+                anatomy["novelty_kept_again"] = refresh.keep_worn(conn, source, "big")
+                anatomy["keep_worn_s"] = round(time.perf_counter() - t0, 3)
                 return anatomy
 
             uploads = [upload_by_hand() for _ in range(UPLOADS_BY_HAND)]
@@ -492,7 +500,10 @@ def run_size(admin: str, chunks: int, events: int, llm_env: dict, log, kind: Tex
             after = percentile([u["render_total_s"] for u in uploads], 50)
             out["render_big"] = {
                 "scratch_s": scratch, "after_upload_s": round(after, 3),
+                "after_upload_p90_s": round(percentile([u["render_total_s"] for u in uploads], 90), 3),
                 "after_upload_all_s": [u["render_total_s"] for u in uploads],
+                "novelty_kept_again_at": [i + 1 for i, u in enumerate(uploads) if u["novelty_kept_again"]],
+                "novelty_keeps_s": [u["keep_worn_s"] for u in uploads if u["novelty_kept_again"]],
                 "ratio": round(after / scratch, 4) if scratch else None,
                 "scratch_is": "the backfill's render of `big` (refresh.render: render, count with tiktoken, render "
                               "again), the first render of its state",
@@ -510,6 +521,7 @@ def run_size(admin: str, chunks: int, events: int, llm_env: dict, log, kind: Tex
                 "after_upload_all_s": [u["render_total_s"] for u in mixed],
                 "contrast_kept_again": sum(u["contrast_kept_again"] for u in mixed),
                 "contrast_kept_again_at": [i + 1 for i, u in enumerate(mixed) if u["contrast_kept_again"]],
+                "novelty_kept_again_at": [i + 1 for i, u in enumerate(mixed) if u["novelty_kept_again"]],
                 "is": f"median over {MIXED_UPLOADS} one-file uploads into `big`, each after {MIXED_OTHERS} to the "
                       "small stores, folded together, passed by hand as in 3b"}
             log(f"  render of big with uploads to the other stores between: {out['render_big_mixed']}")
@@ -688,10 +700,13 @@ def markdown(res: dict) -> str:
                 row(f"**render of `big` after a 1-file upload (s; median of {UPLOADS_BY_HAND})**",
                     lambda r: f"**{rb(r)['after_upload_s']}**"),
                 row("… after an upload / from scratch", lambda r: f"{rb(r)['ratio']:.3f}×"),
-                row(f"… each upload's render: 1st / 10th / 20th / {UPLOADS_BY_HAND}th, max (s)",
+                row(f"… each upload's render: 1st / 30th / 60th / {UPLOADS_BY_HAND}th; 90th percentile, max (s)",
                     lambda r: " / ".join(str(rb(r)["after_upload_all_s"][i - 1])
-                                         for i in (1, 10, 20, UPLOADS_BY_HAND) if i <= len(rb(r)["after_upload_all_s"]))
-                    + f", {max(rb(r)['after_upload_all_s'])}")]
+                                         for i in (1, 30, 60, UPLOADS_BY_HAND) if i <= len(rb(r)["after_upload_all_s"]))
+                    + f"; {rb(r).get('after_upload_p90_s', '–')}, {max(rb(r)['after_upload_all_s'])}"),
+                row("… the pass kept the novelty again after upload (s each)",
+                    lambda r: ", ".join(f"{i} ({t})" for i, t in zip(rb(r).get("novelty_kept_again_at", []),
+                                                                    rb(r).get("novelty_keeps_s", []))) or "–")]
                if v.get("render_ratio_pass") is not None else []),
              *([row(f"render of `big` after a 1-file upload, {MIXED_OTHERS} uploads to the small stores before each "
                     f"(s; median of {MIXED_UPLOADS}; max; renders that kept the contrast head again)",
@@ -728,7 +743,8 @@ def markdown(res: dict) -> str:
                 "SQL has no way to drop what a render keeps, so a later render from scratch cannot be forced). After "
                 f"an upload: {UPLOADS_BY_HAND} one-file uploads into `big`, each folded and rendered by hand the same "
                 "way (in one transaction); their median. Both exclude refresh_words (the words step and the pass's own "
-                "step).", ""] if v.get("render_ratio_pass") is not None else []),
+                "step). After each render, the pass's keep of the novelty when it is worn (refresh.keep_worn), timed "
+                "apart: the summary is written by then.", ""] if v.get("render_ratio_pass") is not None else []),
              f"Event → summary: {res['sizes'][0]['event_to_summary']['n']} uploads of one {per_file}-chunk file into "
              "`big`, "
              f"one at a time, worker debounce {DEBOUNCE:g} s, --poll {POLL:g} s; from the COPY's commit until NOTIFY "

@@ -100776,6 +100776,19 @@ ALTER TABLE storetopics.term_words ADD COLUMN source_id int, ADD COLUMN store_ke
 -- (storetopics._render_terms) instead of ranking every term of the store at each render until its novelty is kept.
 ALTER TABLE storetopics.novelty_state ADD COLUMN by_contrast_need float8;
 
+-- incremental/0.2/019-novelty-wear.sql
+-- storetopics 0.2: what keeping a store's novelty cost and what the calls of storetopics._outlier_files since have
+-- paid for the uploads piled up since (the bounds widen: more files to look at).  keep_ms: the keep's own time;
+-- first_ms: what the first call after it took; wear_ms: the sum of what each later call took beyond that, over
+-- wear_calls calls; last_wear_ms: the last call's part of it; worn: it is time to keep the novelty again (by the
+-- worker between passes, storetopics._keep_worn, else by the next render).
+ALTER TABLE storetopics.novelty_state ADD COLUMN keep_ms float8,
+                                      ADD COLUMN first_ms float8,
+                                      ADD COLUMN wear_ms float8 NOT NULL DEFAULT 0,
+                                      ADD COLUMN wear_calls int NOT NULL DEFAULT 0,
+                                      ADD COLUMN last_wear_ms float8 NOT NULL DEFAULT 0,
+                                      ADD COLUMN worn boolean NOT NULL DEFAULT false;
+
 -- idempotent/010-helpers.sql
 -- ------------------------------------------------------------------------------------------------------------
 -- Helpers
@@ -105046,6 +105059,16 @@ CREATE OR REPLACE FUNCTION storetopics._novelty(ln_n float8, total bigint, words
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN round((ln_n - total::float8 / 1e9 / words)::numeric, 9)::float8;
 
+-- Whether a store's kept novelty is worn, after `calls` calls since the first after the keep, which took wear_ms in
+-- all beyond that first (this_ms the last of them, last_ms the one before): once the wear of a call (the smaller of
+-- the last two, so that one slow call decides nothing) times the calls reaches the keep's cost plus all the wear,
+-- keeping again lowers the average cost of a call over the keep's cycle (a renewal whose cost per call only grows:
+-- renew when the marginal cost reaches the average).  NULL costs (a state kept before they were measured): not worn.
+CREATE OR REPLACE FUNCTION storetopics._novelty_worn(calls int, wear_ms float8, this_ms float8, last_ms float8,
+                                                     keep_ms float8) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN coalesce(calls * least(this_ms, last_ms) >= keep_ms + wear_ms, false);
+
 -- For a value x known to lie in [lo, hi]: a lower (upper: false) or upper bound of x itself (about_lo NULL), or of
 -- its distance to a value known to lie in [about_lo, about_hi].  Exact in, exact out: both bounds are then x, or
 -- |x - about|.
@@ -105166,6 +105189,7 @@ END;
 CREATE OR REPLACE FUNCTION storetopics._keep_novelty(p_source int, p_store text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off SET work_mem = '256MB' AS $$
 DECLARE
+  v_t0 timestamptz := clock_timestamp();   -- (what the keep cost: novelty_state.keep_ms)
   v_rare int := 50;
   v_bands int[] := storetopics._novelty_bands();
   v_dfs int[] := storetopics._store_dfs(p_source, p_store);
@@ -105213,14 +105237,16 @@ BEGIN
   SELECT p_source, p_store, (u.x >> 32)::int, array_agg(u.n), array_agg((u.x & 4294967295)::int)
     FROM (SELECT k.n, unnest(k.rare) AS x FROM pg_temp.storetopics_keep k) u
    GROUP BY u.x >> 32;
-  INSERT INTO storetopics.novelty_state (source_id, store_key, rare, bands, dfs, numbered, ranked, words, per_word)
+  INSERT INTO storetopics.novelty_state (source_id, store_key, rare, bands, dfs, numbered, ranked, words, per_word,
+                                         keep_ms)
   SELECT p_source, p_store, v_rare, v_bands, v_dfs, count(*), count(*) FILTER (WHERE k.words > 0),
          coalesce(array_agg(k.words::int ORDER BY k.n), '{}'),
          ARRAY[coalesce(max(k.sensitivity[1] / k.words) FILTER (WHERE k.words > 0), 0),
                coalesce(max(k.sensitivity[2] / k.words) FILTER (WHERE k.words > 0), 0),
                coalesce(max(k.sensitivity[3] / k.words) FILTER (WHERE k.words > 0), 0),
                coalesce(max(k.sensitivity[4] / k.words) FILTER (WHERE k.words > 0), 0),
-               coalesce(max(k.sensitivity[5] / k.words) FILTER (WHERE k.words > 0), 0)]
+               coalesce(max(k.sensitivity[5] / k.words) FILTER (WHERE k.words > 0), 0)],
+         1000 * extract(epoch FROM clock_timestamp() - v_t0)
     FROM pg_temp.storetopics_keep k;
   DROP TABLE pg_temp.storetopics_keep;
   PERFORM storetopics._keep_heads(p_source, p_store);
@@ -105544,6 +105570,8 @@ DECLARE
   v_first bigint[] := '{0,0,0}';  -- ... and its number
   v_s_apart boolean;     -- the third file that passes for sure (apart, and its lower bound)
   v_s_lo float8;
+  v_t0 timestamptz := clock_timestamp();   -- what this call cost (after a keep: from then), and whether it kept
+  v_kept boolean := false;
 BEGIN
   SELECT * INTO st FROM storetopics.store_state s WHERE s.source_id = p_source AND s.store_key = p_store;
   IF NOT FOUND THEN
@@ -105563,11 +105591,14 @@ BEGIN
         FROM storetopics._novelty_moves(p_source, p_store, k.dfs, k.rare, k.bands, k.touched, k.touched_files);
     END IF;
     -- computed again when nothing is kept, when the kept rows do not add up to the store's files, when many files
-    -- changed, or (a second attempt) when the bounds leave too many files to compute again: a tenth of them, whose
-    -- exact sums would cost a good part of computing all of them
+    -- changed, when it is worn (below; the worker keeps it between passes first, storetopics._keep_worn), or (a
+    -- second attempt) when the bounds leave too many files to compute again: a tenth of them, whose exact sums would
+    -- cost a good part of computing all of them
     IF k.source_id IS NULL OR attempt = 2 OR v_rows <> st.files OR cardinality(v_new) > greatest(100, st.files / 50)
-       OR k.bands <> storetopics._novelty_bands() THEN
+       OR k.bands <> storetopics._novelty_bands() OR k.worn THEN
       PERFORM storetopics._keep_novelty(p_source, p_store);
+      v_kept := true;
+      v_t0 := clock_timestamp();
       SELECT * INTO k FROM storetopics.novelty_state s WHERE s.source_id = p_source AND s.store_key = p_store;
       v_new := NULL; v_moves := NULL; v_dfs := NULL; v_rare := NULL; v_rare_moves := NULL; v_most := 0;
       v_ratio := '{0,0,0,0,0}';
@@ -105849,6 +105880,24 @@ BEGIN
   END LOOP;
   RAISE DEBUG 'storetopics: the outlier files of store %, pass %, % out of the kept ranking, looked at % of its % '
               'files', p_store, v_passes, v_e, (SELECT count(*) FROM pg_temp.storetopics_nov), v_m;
+  -- The wear: the uploads piled up since the keep widen the bounds, and more files are looked at (at 100k realistic
+  -- chunks, from about the 40th upload on a second pass: bench/README.md).  What this call took beyond the first
+  -- call after the keep is its wear (storetopics._novelty_worn says when the state is worn).  Unless another session
+  -- holds the row.
+  PERFORM FROM storetopics.novelty_state s WHERE s.source_id = p_source AND s.store_key = p_store
+    FOR NO KEY UPDATE SKIP LOCKED;
+  IF FOUND THEN
+    UPDATE storetopics.novelty_state s
+       SET first_ms = CASE WHEN x.first THEN x.ms ELSE s.first_ms END,
+           wear_ms = CASE WHEN x.first THEN 0 ELSE s.wear_ms + x.wear END,
+           wear_calls = CASE WHEN x.first THEN 0 ELSE s.wear_calls + 1 END,
+           last_wear_ms = CASE WHEN x.first THEN 0 ELSE x.wear END,
+           worn = NOT x.first AND storetopics._novelty_worn(s.wear_calls + 1, s.wear_ms + x.wear, x.wear,
+                                                              s.last_wear_ms, s.keep_ms)
+      FROM (SELECT v_kept OR k.first_ms IS NULL AS first, y.ms, greatest(y.ms - k.first_ms, 0) AS wear
+              FROM (SELECT 1000 * extract(epoch FROM clock_timestamp() - v_t0)::float8 AS ms) y) x
+     WHERE s.source_id = p_source AND s.store_key = p_store;
+  END IF;
   -- (the others rank below those three, exact, whatever their bounds)
   -- (after a keep, what it kept; else what it kept then, moved to now by storetopics._novelty_moves)
   v_dfs := coalesce(v_dfs, k.dfs);
@@ -105861,6 +105910,25 @@ BEGIN
      ORDER BY 1;
   DROP TABLE pg_temp.storetopics_nov;
 END $$;
+
+-- Keep a store's novelty again if it is worn (novelty_state.worn, storetopics._outlier_files): the worker calls it
+-- after a pass's render, so that the next render after an upload does not pay for the keep.  The store's row taken as render takes it (a fold of its source
+-- waits, as for a render); held by another session: left to it.  Returns whether it kept.
+CREATE OR REPLACE FUNCTION storetopics._keep_worn(p_source int, p_store text) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  PERFORM FROM storetopics.store_state s WHERE s.source_id = p_source AND s.store_key = p_store
+    FOR UPDATE SKIP LOCKED;
+  IF NOT FOUND OR NOT EXISTS (SELECT FROM storetopics.novelty_state k
+                               WHERE k.source_id = p_source AND k.store_key = p_store AND k.worn) THEN
+    RETURN false;
+  END IF;
+  PERFORM storetopics._keep_novelty(p_source, p_store);
+  RETURN true;
+END $$;
+
+COMMENT ON FUNCTION storetopics._keep_worn(int, text) IS
+  'For the worker: keep a store''s file novelty again once the uploads piled up since make renders dearer than a keep.';
 
 -- idempotent/070-summary.sql
 -- ------------------------------------------------------------------------------------------------------------
@@ -108663,4 +108731,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '929370832') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '3303461210') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

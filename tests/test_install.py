@@ -29,6 +29,8 @@ BOUND_AT_CREATION: set[str] = {"_dehyphenated(text)", "_ln9(bigint)", "_novelty(
                                "_kept_bound(double precision,bigint,bigint,double precision[],bigint,"
                                "double precision[],boolean)", "_novelty_bands()",
                                "_novelty_slack(double precision[],double precision[])",
+                               "_novelty_worn(integer,double precision,double precision,double precision,"
+                               "double precision)",
                                "_noise(text,bigint,bigint,bigint,bigint,bigint,text)",
                                "_page_chrome(bigint,bigint,bigint,bigint,bigint)", "_clause_fragment(text[])", "_glued_re()",
                                "_showable_term(text)", "_terms_digest(integer[],integer[])", "_script(text)",

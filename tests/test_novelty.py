@@ -694,3 +694,80 @@ def test_the_contrast_head_is_kept_again_when_the_other_stores_grow_the_catalog(
             if step % 6 == 5:
                 assert term_lists(conn, src, "big") == lists_from_scratch(conn, src, "big"), step
         assert any(rekept[:12]) and not any(rekept[12:]), rekept
+
+
+def test_a_worn_novelty_is_kept_again_after_the_render_and_the_lists_stay_exact(conn):
+    """Uploads piled up since a store's novelty was kept widen the bounds: each call of _outlier_files looks at more
+    files.  What a call takes beyond the first after the keep is its wear; once a call's wear (the smaller of the last
+    two) times the calls since reaches the keep's cost plus all the wear, the state is worn (keeping it again lowers
+    the average cost of a call over the keep's cycle), and it is kept again: by the pass after its render
+    (refresh.keep_worn: the next upload's render does not pay for it), else by the next render.  Timings cannot be
+    forced here: the rule is checked on numbers, the bookkeeping on a real store, and a worn state is set by hand."""
+    from storetopics import refresh
+
+    def worn(calls, wear, this, last, keep):
+        return conn.execute("SELECT storetopics._novelty_worn(%s, %s, %s, %s, %s)",
+                            (calls, wear, this, last, keep)).fetchone()[0]
+    # wear growing by 1 ms a call, a keep of 100 ms: the 16th call, where n (n - 1) first reaches 100 + n (n + 1) / 2
+    assert [n for n in range(1, 40) if worn(n, n * (n + 1) / 2, n, n - 1, 100)][:1] == [16]
+    # a step (a second pass): worn at the second call past it, not the first; a lone slow call, or a constant
+    # wear (nothing a keep would save), never; nothing measured (a state kept before 0.2's 019), never
+    assert not worn(11, 50, 50, 0, 100) and worn(12, 100, 50, 50, 100)
+    assert not any(worn(n, 500, 500 if n == 11 else 0, 500 if n == 12 else 0, 100) for n in (11, 12, 13))
+    assert not any(worn(n, 10 * n, 10, 10, 100) for n in range(1, 200))
+    assert worn(50, 0, 10, 10, None) is False
+
+    rng = random.Random(62)
+    conn.execute("CREATE TABLE chunks (id serial PRIMARY KEY, store_id text, file_id int, content text, "
+                 "embedding vector(8))")
+    insert(conn, [("s", f, common_words(rng, 40), None) for f in range(1200)]
+           + [("s", 2000 + f, common_words(rng, 8) + " " + FOOTBALL, None) for f in range(3)])
+    src = conn.execute("SELECT storetopics.attach('chunks', 'store_id', 'file_id', 'content', NULL)").fetchone()[0]
+    conn.execute("SELECT * FROM storetopics.backfill()")
+    state = ("SELECT keep_ms, first_ms, wear_calls, worn FROM storetopics.novelty_state "
+             "WHERE source_id = %s AND store_key = 's'")
+    keep_ms, first_ms, calls, is_worn = conn.execute(state, (src,)).fetchone()
+    assert keep_ms > 0 and first_ms is not None and calls == 0 and not is_worn   # the render that kept it: the mark
+    outliers(conn, src, "s")
+    outliers(conn, src, "s")
+    assert conn.execute(state, (src,)).fetchone()[2] == 2
+    before = kept(conn, src, "s")
+    assert not refresh.keep_worn(conn, src, "s") and kept(conn, src, "s") == before   # not worn: nothing kept
+
+    def upload_and_fold(n):
+        nonlocal next_file
+        insert(conn, [("s", next_file + i, common_words(rng, rng.choice([5, 40, 120])), None) for i in range(n)])
+        next_file += n
+        while conn.execute("SELECT storetopics._fold(%s)", (src,)).fetchone()[0]:
+            pass
+    next_file = 5000
+    upload_and_fold(3)
+    set_worn = "UPDATE storetopics.novelty_state SET worn = true WHERE source_id = %s AND store_key = 's'"
+    conn.execute(set_worn, (src,))
+    # a session holding the store (a fold, a render): left to it, without waiting
+    with psycopg.connect(conn.info.dsn) as other:
+        other.execute("SELECT FROM storetopics.store_state WHERE source_id = %s AND store_key = 's' FOR UPDATE",
+                      (src,))
+        conn.execute("SET lock_timeout = '2s'")
+        assert not refresh.keep_worn(conn, src, "s")
+        conn.execute("RESET lock_timeout")
+    assert kept(conn, src, "s") == before
+    # the pass: its render reads what was kept and finds it worn (a keep that cost nothing, and every call since
+    # paid: any call's time is wear), then the pass keeps it
+    conn.execute("UPDATE storetopics.novelty_state SET worn = false, keep_ms = 0, first_ms = 0, wear_calls = 1000, "
+                 "last_wear_ms = 1e6 WHERE source_id = %s AND store_key = 's'", (src,))
+    p = refresh.refresh_store(conn, src, "s")
+    assert p.novelty_kept and kept(conn, src, "s") != before
+    keep_ms, first_ms, calls, is_worn = conn.execute(state, (src,)).fetchone()
+    assert keep_ms > 0 and first_ms is None and calls == 0 and not is_worn
+    seen = {"incremental": 0, "kept": 0}
+    upload_and_fold(2)
+    check(conn, src, ["s"], seen)
+    assert seen["incremental"] == 1
+    # no worker: the next render keeps it, and the lists are those of a computation from scratch
+    upload_and_fold(2)
+    conn.execute(set_worn, (src,))
+    before = kept(conn, src, "s")
+    check(conn, src, ["s"], seen)
+    assert seen["kept"] == 1 and kept(conn, src, "s") != before
+    assert not conn.execute(state, (src,)).fetchone()[3]

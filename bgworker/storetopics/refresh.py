@@ -3,7 +3,9 @@
 
 `refresh_store()` is the pass, read top to bottom: `storetopics backfill` (api.backfill) runs it on every store with
 work due after a fold, and the worker runs it on the store it claimed, under its lease (a Lease: the lease is checked
-in SQL between steps and before each labelling call, and the render is written only while it holds).  Which stores
+in SQL between steps and before each labelling call, and the render is written only while it holds).  After the
+render, the store's file novelty is kept again when the uploads piled up since make renders dearer than a keep
+(keep_worn): the summary is already written, and the next upload's render does not pay for the keep.  Which stores
 have work due is one SQL function, storetopics._stores_due(), which the SQL backfill() uses too; whether a source's
 stores get LLM labels is one SQL function too, storetopics._llm_labeller(), asked once per pass (llm_labeller()).  The
 connection must be in autocommit mode: no transaction is held open while clustering runs or while a labelling call
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 
 import psycopg
@@ -231,6 +234,7 @@ class Pass:
     labels: LabelStats = field(default_factory=LabelStats)
     changed: bool | None = None        # whether the summary changed; None: not rendered (the lease was gone)
     fit_unavailable: Unavailable | None = None   # a fit was due and cannot run here (the extra `cluster` missing)
+    novelty_kept: bool = False         # the store's file novelty was kept again after the render (keep_worn)
 
     @property
     def fitted(self) -> bool:
@@ -299,7 +303,21 @@ def refresh_store(conn: psycopg.Connection, source: int, store: str, *, lease: L
     if lease is not None:
         lease.check(conn, source, store)
     result.changed = _render_counted(conn, source, store, lease)
+    if result.changed is not None and not (lease is not None and lease.stopping.is_set()):
+        result.novelty_kept = keep_worn(conn, source, store)
     return result
+
+
+def keep_worn(conn: psycopg.Connection, source: int, store: str) -> bool:
+    """After a render: keep the store's file novelty again when the uploads piled up since it was kept make renders
+    dearer than a keep (storetopics._keep_worn), so that the next upload's render does not pay for the keep.  Its
+    own transaction; a store another session holds is left to it.  Returns whether it kept."""
+    t0 = time.monotonic()
+    kept = conn.execute("SELECT storetopics._keep_worn(%s, %s)", (source, store)).fetchone()[0]
+    if kept:
+        log.debug("kept the file novelty of %s:%s again (%.2fs)", source, store, time.monotonic() - t0,
+                  extra={"source": source, "store": store})
+    return kept
 
 
 def stores_to_label(conn: psycopg.Connection, source: int, store: str | None = None) -> list[str]:
