@@ -280,7 +280,8 @@ def refresh_store(conn: psycopg.Connection, source: int, store: str, *, lease: L
     (a fit without the extra `cluster`, a labeller without its key, SDK or server) is skipped and reported in
     Pass.unavailable: the store is rendered from what it has (its keywords, its old labels).  Under a worker's
     lease, the lease is checked after the fit, before each labelling call and before the render (Stopping,
-    LeaseLost), and the render is written only while the lease holds (Pass.changed None otherwise)."""
+    LeaseLost), and the render is written only while the lease holds (Pass.changed None otherwise).  A render
+    written, the store's file novelty is kept again when it is worn (keep_worn; Pass.novelty_kept)."""
     result = Pass()
     why = fit_due(conn, source, store)
     if why:

@@ -15,9 +15,10 @@ The loop (one worker process; run as many as you like, on as many machines):
     + a lease with an expiry; a store is due when quiet for its source's `debounce`, or dirty for `max_staleness`),
     fold its source's pending changes, run the refresh pass under the lease (refresh.refresh_store with a
     refresh.Lease, the same pass as `storetopics backfill`: fit when a gate says so, the clusters' words and the
-    keyword gate, the labels due, render; the lease checked in SQL between steps and before each labelling call,
-    the render written only under it), and hand the store back with storetopics._work_done() (compare-and-set on
-    the store's generation: a store changed underneath stays dirty).
+    keyword gate, the labels due, render, then the file novelty kept again if the uploads piled up since make
+    renders dearer than a keep; the lease checked in SQL between steps and before each labelling call, the render
+    written only under it), and hand the store back with storetopics._work_done() (compare-and-set on the store's
+    generation: a store changed underneath stays dirty).
   * No transaction is open while a fit runs or a labelling call waits: every statement commits on its own
     (autocommit).  A heartbeat thread renews the lease; after SIGKILL it just runs out and another worker takes over.
   * A time limit per statement (--statement-timeout): a source's SQL (the attacher's key expressions, run as the
