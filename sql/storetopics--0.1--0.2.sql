@@ -105063,11 +105063,13 @@ RETURN round((ln_n - total::float8 / 1e9 / words)::numeric, 9)::float8;
 -- all beyond that first (this_ms the last of them, last_ms the one before): once the wear of a call (the smaller of
 -- the last two, so that one slow call decides nothing) times the calls reaches the keep's cost plus all the wear,
 -- keeping again lowers the average cost of a call over the keep's cycle (a renewal whose cost per call only grows:
--- renew when the marginal cost reaches the average).  NULL costs (a state kept before they were measured): not worn.
+-- renew when the marginal cost reaches the average).  A keep cheaper than a quarter second is left to the other
+-- rules (the changed files, the files to make exact): there the wear is mostly the noise of timing calls of a few
+-- ms, and a keep in a render costs it little.  NULL costs (a state kept before they were measured): not worn.
 CREATE OR REPLACE FUNCTION storetopics._novelty_worn(calls int, wear_ms float8, this_ms float8, last_ms float8,
                                                      keep_ms float8) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN coalesce(calls * least(this_ms, last_ms) >= keep_ms + wear_ms, false);
+RETURN coalesce(keep_ms >= 250 AND calls * least(this_ms, last_ms) >= keep_ms + wear_ms, false);
 
 -- For a value x known to lie in [lo, hi]: a lower (upper: false) or upper bound of x itself (about_lo NULL), or of
 -- its distance to a value known to lie in [about_lo, about_hi].  Exact in, exact out: both bounds are then x, or
@@ -105553,7 +105555,9 @@ DECLARE
   v_hi1 bigint;
   v_l1 float8;
   v_h1 float8;
-  v_rekeep boolean;      -- the window's bounds leave too many files to make exact
+  v_straddle bigint;     -- the files whose bounds straddle the median's window (the second pass)
+  v_worn boolean;        -- ... are many: the state is worn (novelty_state.worn)
+  v_rekeep boolean;      -- ... too many to make exact
   v_exact boolean;       -- the median and the MAD made exact (the last pass)
   v_med_lo float8;       -- the median lies in [v_med_lo, v_med_hi], the MAD in [v_mad_lo, v_mad_hi]
   v_med_hi float8;
@@ -105592,7 +105596,7 @@ BEGIN
     END IF;
     -- computed again when nothing is kept, when the kept rows do not add up to the store's files, when many files
     -- changed, when it is worn (below; the worker keeps it between passes first, storetopics._keep_worn), or (a
-    -- second attempt) when the bounds leave too many files to compute again: a tenth of them, whose exact sums would
+    -- second attempt) when the bounds leave too many files to compute again: a fifth of them, whose exact sums would
     -- cost a good part of computing all of them
     IF k.source_id IS NULL OR attempt = 2 OR v_rows <> st.files OR cardinality(v_new) > greatest(100, st.files / 50)
        OR k.bands <> storetopics._novelty_bands() OR k.worn THEN
@@ -105704,6 +105708,7 @@ BEGIN
     -- (Uploads piled up since a keep widen the bounds, and with them the files the median and the MAD would make
     -- exact; the first three are seldom near the bar.)
     v_rekeep := false;
+    v_worn := false;
     FOR pass IN 1..3 LOOP
       v_passes := pass;
       v_exact := pass = 3;
@@ -105728,10 +105733,13 @@ BEGIN
                  (SELECT v.hi FROM pg_temp.storetopics_nov v WHERE v.rk IS NULL OR v.rk BETWEEN v_lo AND v_hi
                    ORDER BY 1 OFFSET r2 - v_lo LIMIT 1)
             INTO v_l1, v_h1;
-          -- (the bounds leave too many files to make exact: kept again, once)
-          v_rekeep := attempt = 1 AND (SELECT count(*) FROM pg_temp.storetopics_nov v
-                                        WHERE (v.rk IS NULL OR v.rk BETWEEN v_lo AND v_hi) AND v.lo < v.hi
-                                          AND v.hi >= v_l1 AND v.lo <= v_h1) > greatest(100, v_m / 10);
+          -- (the bounds leave many files to make exact, a tenth of them: made exact here, and the state is worn,
+          -- kept again after the render by the pass, else by the next render; twice as many: kept again now, once)
+          v_straddle := (SELECT count(*) FROM pg_temp.storetopics_nov v
+                          WHERE (v.rk IS NULL OR v.rk BETWEEN v_lo AND v_hi) AND v.lo < v.hi
+                            AND v.hi >= v_l1 AND v.lo <= v_h1);
+          v_worn := v_straddle > greatest(100, v_m / 10);
+          v_rekeep := attempt = 1 AND v_straddle > 2 * greatest(100, v_m / 10);
           EXIT WHEN v_rekeep;
         END IF;
         v_lo := v_lo1; v_hi := v_hi1; v_l := v_l1; v_h := v_h1; v_in1 := v_lo1 - 1; v_in2 := v_lo1 - 1;
@@ -105882,8 +105890,8 @@ BEGIN
               'files', p_store, v_passes, v_e, (SELECT count(*) FROM pg_temp.storetopics_nov), v_m;
   -- The wear: the uploads piled up since the keep widen the bounds, and more files are looked at (at 100k realistic
   -- chunks, from about the 40th upload on a second pass: bench/README.md).  What this call took beyond the first
-  -- call after the keep is its wear (storetopics._novelty_worn says when the state is worn).  Unless another session
-  -- holds the row.
+  -- call after the keep is its wear (storetopics._novelty_worn says when the state is worn; so do many files to make
+  -- exact, above).  Unless another session holds the row.
   PERFORM FROM storetopics.novelty_state s WHERE s.source_id = p_source AND s.store_key = p_store
     FOR NO KEY UPDATE SKIP LOCKED;
   IF FOUND THEN
@@ -105892,8 +105900,8 @@ BEGIN
            wear_ms = CASE WHEN x.first THEN 0 ELSE s.wear_ms + x.wear END,
            wear_calls = CASE WHEN x.first THEN 0 ELSE s.wear_calls + 1 END,
            last_wear_ms = CASE WHEN x.first THEN 0 ELSE x.wear END,
-           worn = NOT x.first AND storetopics._novelty_worn(s.wear_calls + 1, s.wear_ms + x.wear, x.wear,
-                                                              s.last_wear_ms, s.keep_ms)
+           worn = v_worn OR NOT x.first AND storetopics._novelty_worn(s.wear_calls + 1, s.wear_ms + x.wear, x.wear,
+                                                                         s.last_wear_ms, s.keep_ms)
       FROM (SELECT v_kept OR k.first_ms IS NULL AS first, y.ms, greatest(y.ms - k.first_ms, 0) AS wear
               FROM (SELECT 1000 * extract(epoch FROM clock_timestamp() - v_t0)::float8 AS ms) y) x
      WHERE s.source_id = p_source AND s.store_key = p_store;
@@ -108731,4 +108739,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '3303461210') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '1439935827') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

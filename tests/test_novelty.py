@@ -708,13 +708,15 @@ def test_a_worn_novelty_is_kept_again_after_the_render_and_the_lists_stay_exact(
     def worn(calls, wear, this, last, keep):
         return conn.execute("SELECT storetopics._novelty_worn(%s, %s, %s, %s, %s)",
                             (calls, wear, this, last, keep)).fetchone()[0]
-    # wear growing by 1 ms a call, a keep of 100 ms: the 16th call, where n (n - 1) first reaches 100 + n (n + 1) / 2
-    assert [n for n in range(1, 40) if worn(n, n * (n + 1) / 2, n, n - 1, 100)][:1] == [16]
+    # wear growing by 1 ms a call, a keep of 1 s: the 47th call, where n (n - 1) first reaches 1000 + n (n + 1) / 2
+    assert [n for n in range(1, 100) if worn(n, n * (n + 1) / 2, n, n - 1, 1000)][:1] == [47]
     # a step (a second pass): worn at the second call past it, not the first; a lone slow call, or a constant
-    # wear (nothing a keep would save), never; nothing measured (a state kept before 0.2's 019), never
-    assert not worn(11, 50, 50, 0, 100) and worn(12, 100, 50, 50, 100)
-    assert not any(worn(n, 500, 500 if n == 11 else 0, 500 if n == 12 else 0, 100) for n in (11, 12, 13))
-    assert not any(worn(n, 10 * n, 10, 10, 100) for n in range(1, 200))
+    # wear (nothing a keep would save), never; a keep under 250 ms (left to the other rules), never; nothing
+    # measured (a state kept before 0.2's 019), never
+    assert not worn(11, 500, 500, 0, 1000) and worn(12, 1000, 500, 500, 1000)
+    assert not any(worn(n, 5000, 5000 if n == 11 else 0, 5000 if n == 12 else 0, 1000) for n in (11, 12, 13))
+    assert not any(worn(n, 10 * n, 10, 10, 1000) for n in range(1, 500))
+    assert worn(2000, 0, 10, 10, 300) and not worn(2000, 0, 10, 10, 200)
     assert worn(50, 0, 10, 10, None) is False
 
     rng = random.Random(62)
@@ -752,10 +754,10 @@ def test_a_worn_novelty_is_kept_again_after_the_render_and_the_lists_stay_exact(
         assert not refresh.keep_worn(conn, src, "s")
         conn.execute("RESET lock_timeout")
     assert kept(conn, src, "s") == before
-    # the pass: its render reads what was kept and finds it worn (a keep that cost nothing, and every call since
-    # paid: any call's time is wear), then the pass keeps it
-    conn.execute("UPDATE storetopics.novelty_state SET worn = false, keep_ms = 0, first_ms = 0, wear_calls = 1000, "
-                 "last_wear_ms = 1e6 WHERE source_id = %s AND store_key = 's'", (src,))
+    # the pass: its render reads what was kept and finds it worn (a keep of 250 ms, and 1,000 calls since that each
+    # took 1 s beyond the first after it, which took nothing: this call's time is wear), then the pass keeps it
+    conn.execute("UPDATE storetopics.novelty_state SET worn = false, keep_ms = 250, first_ms = 0, wear_calls = 1000, "
+                 "last_wear_ms = 1e3 WHERE source_id = %s AND store_key = 's'", (src,))
     p = refresh.refresh_store(conn, src, "s")
     assert p.novelty_kept and kept(conn, src, "s") != before
     keep_ms, first_ms, calls, is_worn = conn.execute(state, (src,)).fetchone()
