@@ -491,7 +491,8 @@ def test_outlier_files_decided_from_probes_from_bounds_or_exact_are_those_of_the
     ranking, from the bounds of the files near the median and the MAD, or with those made exact.  Stores whose
     unusual files lie near the bar (in one of them some are found apart, whose bar is lower): after small changes,
     each pass is the one that decides in some renders, and the outlier files are always those of the formula and of
-    a computation from scratch."""
+    a computation from scratch.  A call whose bounds leave a tenth of the files to make exact goes on and marks the
+    state worn; the next call keeps it again."""
     rng = random.Random(5)
     conn.execute("CREATE TABLE chunks (id serial PRIMARY KEY, store_id text, file_id int, content text, "
                  "embedding vector(8))")
@@ -510,7 +511,8 @@ def test_outlier_files_decided_from_probes_from_bounds_or_exact_are_those_of_the
     src = conn.execute("SELECT storetopics.attach('chunks', 'store_id', 'file_id', 'content', "
                        "'embedding')").fetchone()[0]
     conn.execute("SELECT * FROM storetopics.backfill()")
-    next_file = 5000
+    next_file, marked = 5000, 0
+    worn = "SELECT worn FROM storetopics.novelty_state WHERE source_id = %s AND store_key = %s"
     decided: dict[int, int] = {}
     for step in range(14):
         for i, store in enumerate(odd):
@@ -528,9 +530,13 @@ def test_outlier_files_decided_from_probes_from_bounds_or_exact_are_those_of_the
             pass
         for store in odd:
             before = kept(conn, src, store)
+            was_worn = conn.execute(worn, (src, store)).fetchone()[0]
             inc, seen = outliers_seen(conn, src, store)
             if before is not None and kept(conn, src, store) == before:
                 decided[seen["pass"]] = decided.get(seen["pass"], 0) + 1
+                # a state marked worn (its bounds left a tenth of the files to make exact) is kept by the next call
+                assert not was_worn, (step, store)
+                marked += conn.execute(worn, (src, store)).fetchone()[0]
             # every pass's intervals hold the median and the MAD of the formula
             med, mad = oracle(conn, src, store, stats=True)
             for med_lo, med_hi, mad_lo, mad_hi in seen["intervals"]:
@@ -538,6 +544,7 @@ def test_outlier_files_decided_from_probes_from_bounds_or_exact_are_those_of_the
             assert inc == oracle(conn, src, store), (step, store)
             assert inc == from_scratch(conn, src, store)[0], (step, store)
     assert all(decided.get(p, 0) >= 2 for p in (1, 2, 3)), decided
+    assert marked >= 2, marked
 
 
 def test_files_a_rare_term_moved_much_are_looked_at_and_the_others_stay_ranked(conn):
