@@ -106125,10 +106125,10 @@ BEGIN
   END LOOP;
   RAISE DEBUG 'storetopics: the outlier files of store %, pass %, % out of the kept ranking, looked at % of its % '
               'files', p_store, v_passes, v_e, (SELECT count(*) FROM pg_temp.storetopics_nov), v_m;
-  -- The wear: the uploads piled up since the keep widen the bounds, and more files are looked at (at 100k realistic
-  -- chunks, from about the 40th upload on a second pass: bench/README.md).  What this call took beyond the first
-  -- call after the keep is its wear (storetopics._novelty_worn says when the state is worn; so do many files to make
-  -- exact, above).  Unless another session holds the row.
+  -- The wear: the uploads piled up since the keep widen the bounds, and more files are looked at, then a second pass
+  -- reads the bounds of many (bench/README.md).  What this call took beyond the first call after the keep is its
+  -- wear (storetopics._novelty_worn says when the state is worn; so do many files to make exact, above).  Unless
+  -- another session holds the row.
   PERFORM FROM storetopics.novelty_state s WHERE s.source_id = p_source AND s.store_key = p_store
     FOR NO KEY UPDATE SKIP LOCKED;
   IF FOUND THEN
@@ -106157,8 +106157,9 @@ BEGIN
 END $$;
 
 -- Keep a store's novelty again if it is worn (novelty_state.worn, storetopics._outlier_files): the worker calls it
--- after a pass's render, so that the next render after an upload does not pay for the keep.  The store's row taken as render takes it (a fold of its source
--- waits, as for a render); held by another session: left to it.  Returns whether it kept.
+-- after a pass's render, so that the next render after an upload does not pay for the keep.  The store's row taken
+-- as render takes it (a fold of its source waits, as for a render); held by another session: left to it.  Returns
+-- whether it kept.
 CREATE OR REPLACE FUNCTION storetopics._keep_worn(p_source int, p_store text) RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -108976,4 +108977,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '1439935827') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '3356997443') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
