@@ -405,14 +405,15 @@ class Worker:
             self.stats.regenerated += bool(p.changed)
             self.stats.outcomes[outcome] = self.stats.outcomes.get(outcome, 0) + 1
             line = (f"pass {source}:{store}: folded {folded} files{', fitted' if p.fitted else ''}, {calls} "
-                    f"labelling calls, {'summary changed' if p.changed else 'summary unchanged'}, {outcome} "
+                    f"labelling calls, {'summary changed' if p.changed else 'summary unchanged'}"
+                    f"{', file novelty kept again' if p.novelty_kept else ''}, {outcome} "
                     f"({time.monotonic() - t0:.2f}s)")
             if missing:
                 self.log(f"{line}: {missing}; rendered without it (old labels kept), tried again with backoff",
                          level=logging.WARNING, source=source, store=store, outcome=outcome)
             else:
-                self.log(line, debug=not p.changed and not p.fitted and not calls, source=source, store=store,
-                         outcome=outcome)
+                self.log(line, debug=not p.changed and not p.fitted and not calls and not p.novelty_kept,
+                         source=source, store=store, outcome=outcome)
         except LeaseLost:
             self._releasing(source, store)
             self.log(f"{source}:{store}: lease lost (another worker has it); nothing written")
