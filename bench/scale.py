@@ -38,10 +38,10 @@ For each size, a fresh database in one throwaway cluster:
    follow one another as on a store that gets one every minute, and after each render the pass keeps the store's
    novelty again when the uploads piled up since make renders dearer than a keep (refresh.keep_worn, timed apart:
    the summary is written by then): the median is over all of them, the 1st, 30th, 60th and last, the 90th
-   percentile and the uploads after which the novelty was kept again are shown.  Each uploaded file holds one word no file held before
-   (a made-up name, in its first chunk): a real upload brings some (names, codes, new terms), and the windows of
-   the same manuals seldom do once their vocabulary is in (a term id past the kept document frequencies took a
-   render that never met one from 62 to 171 ms at 10k chunks: bench/README.md).
+   percentile and the uploads after which the novelty was kept again are shown.  Each uploaded file holds one word
+   no file held before (a made-up name, in its first chunk): a real upload brings some (names, codes, new terms),
+   and the windows of the same manuals seldom do once their vocabulary is in (a term id past the kept document
+   frequencies took a render that never met one from 62 to 171 ms at 10k chunks: bench/README.md).
 3c. The same, MIXED_UPLOADS times, each upload to `big` after MIXED_OTHERS to the small stores (folded with it): the
    other stores' files grow the catalog, which moves the bound the kept contrast head vouches for, the more so the
    bigger `big`'s part of it (bench/README.md); the render keeps the head again past a point, and the row counts the
