@@ -780,3 +780,18 @@ def test_a_worn_novelty_is_kept_again_after_the_render_and_the_lists_stay_exact(
     check(conn, src, ["s"], seen)
     assert seen["kept"] == 1 and kept(conn, src, "s") != before
     assert not conn.execute(state, (src,)).fetchone()[3]
+    # a keep that fails after the render does not fail the pass (its summary is written): the next render keeps it
+    upload_and_fold(1)
+    conn.execute("UPDATE storetopics.novelty_state SET worn = false, keep_ms = 250, first_ms = 0, wear_calls = 1000, "
+                 "last_wear_ms = 1e3 WHERE source_id = %s AND store_key = 's'", (src,))
+    conn.execute("ALTER FUNCTION storetopics._keep_worn(int, text) RENAME TO _keep_worn_saved")
+    conn.execute("CREATE FUNCTION storetopics._keep_worn(int, text) RETURNS boolean LANGUAGE plpgsql "
+                 "AS $$ BEGIN RAISE EXCEPTION 'no keep here'; END $$")
+    before = kept(conn, src, "s")
+    p = refresh.refresh_store(conn, src, "s")
+    assert p.changed is not None and not p.novelty_kept and kept(conn, src, "s") == before
+    assert conn.execute(state, (src,)).fetchone()[3]   # worn, not kept
+    conn.execute("DROP FUNCTION storetopics._keep_worn(int, text)")
+    conn.execute("ALTER FUNCTION storetopics._keep_worn_saved(int, text) RENAME TO _keep_worn")
+    outliers(conn, src, "s")
+    assert kept(conn, src, "s") != before

@@ -305,7 +305,13 @@ def refresh_store(conn: psycopg.Connection, source: int, store: str, *, lease: L
         lease.check(conn, source, store)
     result.changed = _render_counted(conn, source, store, lease)
     if result.changed is not None and not (lease is not None and lease.stopping.is_set()):
-        result.novelty_kept = keep_worn(conn, source, store)
+        try:
+            result.novelty_kept = keep_worn(conn, source, store)
+        except psycopg.Error as e:   # the summary is written: a worn state not kept now is kept by the next render
+            if conn.closed or conn.broken or (lease is not None and lease.stopping.is_set()):
+                raise
+            log.warning("could not keep the file novelty of %s:%s again (the next render will): %s", source, store,
+                        " ".join(str(e).split()), extra={"source": source, "store": store})
     return result
 
 
