@@ -763,8 +763,9 @@ def test_a_worn_novelty_is_kept_again_after_the_render_and_the_lists_stay_exact(
     assert kept(conn, src, "s") == before
     # the pass: its render reads what was kept and finds it worn (a keep of 250 ms, and 1,000 calls since that each
     # took 1 s beyond the first after it, which took nothing: this call's time is wear), then the pass keeps it
-    conn.execute("UPDATE storetopics.novelty_state SET worn = false, keep_ms = 250, first_ms = 0, wear_calls = 1000, "
-                 "last_wear_ms = 1e3 WHERE source_id = %s AND store_key = 's'", (src,))
+    wearing = ("UPDATE storetopics.novelty_state SET worn = false, keep_ms = 250, first_ms = 0, wear_calls = 1000, "
+               "last_wear_ms = 1e3 WHERE source_id = %s AND store_key = 's'")
+    conn.execute(wearing, (src,))
     p = refresh.refresh_store(conn, src, "s")
     assert p.novelty_kept and kept(conn, src, "s") != before
     keep_ms, first_ms, calls, is_worn = conn.execute(state, (src,)).fetchone()
@@ -782,8 +783,7 @@ def test_a_worn_novelty_is_kept_again_after_the_render_and_the_lists_stay_exact(
     assert not conn.execute(state, (src,)).fetchone()[3]
     # a keep that fails after the render does not fail the pass (its summary is written): the next render keeps it
     upload_and_fold(1)
-    conn.execute("UPDATE storetopics.novelty_state SET worn = false, keep_ms = 250, first_ms = 0, wear_calls = 1000, "
-                 "last_wear_ms = 1e3 WHERE source_id = %s AND store_key = 's'", (src,))
+    conn.execute(wearing, (src,))
     conn.execute("ALTER FUNCTION storetopics._keep_worn(int, text) RENAME TO _keep_worn_saved")
     conn.execute("CREATE FUNCTION storetopics._keep_worn(int, text) RETURNS boolean LANGUAGE plpgsql "
                  "AS $$ BEGIN RAISE EXCEPTION 'no keep here'; END $$")
