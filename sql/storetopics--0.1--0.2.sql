@@ -105135,7 +105135,9 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN coalesce(distance_ratio >= 1.5, false);
 
 -- The sums of some files of a store at the current document frequencies (p_dfs: those of their terms, by term id),
--- and whether each is apart (far apart).
+-- and whether each is apart (far apart).  (The files joined to their keys, each found by its key's digest: a filter
+-- `file_key = ANY (p_files)` compares every row with the whole array, and the files a render makes exact can be a
+-- fifth of a large store's, bench/README.md.)
 CREATE OR REPLACE FUNCTION storetopics._novelty_sums(p_source int, p_store text, p_files text[], p_dfs int[])
 RETURNS TABLE (file_key text, total bigint, words bigint, apart boolean, far boolean)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
@@ -105149,17 +105151,18 @@ BEGIN
                      FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u), 0)::bigint,
          f.words, coalesce(storetopics._file_apart(c.cluster_chunks, c.cluster_outliers), false),
          storetopics._file_far(c.distance_ratio)
-    FROM storetopics.file_terms f
+    FROM (SELECT DISTINCT x FROM unnest(p_files) x) k(file_key)
+    JOIN storetopics.file_terms f ON md5(f.file_key)::uuid = md5(k.file_key)::uuid AND f.file_key = k.file_key
     LEFT JOIN LATERAL (SELECT c.cluster_chunks, c.cluster_outliers, c.distance_ratio FROM storetopics.file_clusters c
                         WHERE c.source_id = f.source_id AND md5(c.file_key)::uuid = md5(f.file_key)::uuid
                           AND c.file_key = f.file_key AND c.store_key = f.store_key OFFSET 0) c
            ON true   -- (as in _keep_novelty)
-   WHERE f.source_id = p_source AND f.store_key = p_store
-     AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x)) AND f.file_key = ANY (p_files);
+   WHERE f.source_id = p_source AND f.store_key = p_store;
 END $$;
 
 -- How far the sums of some files of a store moved through their terms whose ln(files) moved (p_moves, by term id,
--- in units of 1e-9): a kept file's sum (storetopics.file_novelty) plus this is its sum now.  Exact: integers.
+-- in units of 1e-9): a kept file's sum (storetopics.file_novelty) plus this is its sum now.  Exact: integers.  (The
+-- files found as in _novelty_sums.)
 CREATE OR REPLACE FUNCTION storetopics._novelty_moved(p_source int, p_store text, p_files text[], p_moves bigint[])
 RETURNS TABLE (file_key text, moved bigint)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
@@ -105167,9 +105170,9 @@ BEGIN ATOMIC
   SELECT f.file_key,
          coalesce((SELECT sum(u.c::bigint * p_moves[u.t])
                      FROM (SELECT unnest(f.term_ids) AS t, unnest(f.counts) AS c) u), 0)::bigint
-    FROM storetopics.file_terms f
-   WHERE f.source_id = p_source AND f.store_key = p_store
-     AND md5(f.file_key)::uuid = ANY (ARRAY(SELECT md5(x)::uuid FROM unnest(p_files) x)) AND f.file_key = ANY (p_files);
+    FROM (SELECT DISTINCT x FROM unnest(p_files) x) k(file_key)
+    JOIN storetopics.file_terms f ON md5(f.file_key)::uuid = md5(k.file_key)::uuid AND f.file_key = k.file_key
+   WHERE f.source_id = p_source AND f.store_key = p_store;
 END;
 
 -- Forget what render kept of a source's (or one store's) novelty.
@@ -108740,4 +108743,4 @@ $f$, v_dir, v_dir);
 END $$;
 
 UPDATE storetopics.meta SET value = '0.2' WHERE key = 'version';
-INSERT INTO storetopics.meta VALUES ('build', '3356997443') ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+INSERT INTO storetopics.meta VALUES ('build', '3641323002') ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -795,3 +795,35 @@ def test_a_worn_novelty_is_kept_again_after_the_render_and_the_lists_stay_exact(
     conn.execute("ALTER FUNCTION storetopics._keep_worn_saved(int, text) RENAME TO _keep_worn")
     outliers(conn, src, "s")
     assert kept(conn, src, "s") != before
+
+
+def test_the_files_asked_for_by_key_are_found_once_each_whatever_the_array_holds(conn):
+    """_novelty_sums and _novelty_moved find each file by its key (joined to the keys, not filtered by `= ANY` of
+    them, which is quadratic in the files a render makes exact): a key twice gives its file once, a key of another
+    store or of no file gives nothing, and each file's numbers are those it has when asked for alone."""
+    conn.execute("CREATE TABLE chunks (id serial PRIMARY KEY, store_id text, file_id int, content text, "
+                 "embedding vector(8))")
+    rng = random.Random(12)
+    insert(conn, [(s, f, words(rng, 40), None) for s, fs in (("s", range(40)), ("t", range(40, 50))) for f in fs])
+    src = conn.execute("SELECT storetopics.attach('chunks', 'store_id', 'file_id', 'content', NULL)").fetchone()[0]
+    conn.execute("SELECT * FROM storetopics.backfill()")
+    dfs = "ARRAY(SELECT coalesce((SELECT t.files FROM storetopics.store_terms t WHERE t.source_id = %s AND " \
+          "t.store_key = 's' AND t.term_id = i), 0) FROM generate_series(1, (SELECT max(id) FROM " \
+          "storetopics.lexemes)) i)"
+    moves = "ARRAY(SELECT (i %% 7)::bigint FROM generate_series(1, (SELECT max(id) FROM storetopics.lexemes)) i)"
+
+    def sums(keys):
+        return sorted(conn.execute(f"SELECT * FROM storetopics._novelty_sums(%s, 's', %s, {dfs})",
+                                   (src, keys, src)).fetchall())
+
+    def moved(keys):
+        return sorted(conn.execute(f"SELECT * FROM storetopics._novelty_moved(%s, 's', %s, {moves})",
+                                   (src, keys)).fetchall())
+
+    asked = ["3", "7", "3", "45", "no such file", "7", "12"]
+    for f in (sums, moved):
+        got = f(asked)
+        assert [r[0] for r in got] == ["12", "3", "7"], got
+        assert got == sorted(r for k in ("3", "7", "12") for r in f([k])), got
+        assert len(f([str(i) for i in range(50)])) == 40
+        assert f([]) == []
