@@ -53,17 +53,22 @@ CREATE OR REPLACE FUNCTION storetopics._novelty(ln_n float8, total bigint, words
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN round((ln_n - total::float8 / 1e9 / words)::numeric, 9)::float8;
 
--- Whether a store's kept novelty is worn, after `calls` calls since the first after the keep, which took wear_ms in
--- all beyond that first (this_ms the last of them, last_ms the one before): once the wear of a call (the smaller of
--- the last two, so that one slow call decides nothing) times the calls reaches the keep's cost plus all the wear,
--- keeping again lowers the average cost of a call over the keep's cycle (a renewal whose cost per call only grows:
--- renew when the marginal cost reaches the average).  A keep cheaper than a quarter second is left to the other
--- rules (the changed files, the files to make exact): there the wear is mostly the noise of timing calls of a few
--- ms, and a keep in a render costs it little.  NULL costs (a state kept before they were measured): not worn.
+-- Whether a store's kept novelty is worn, after `calls` calls since the first after the keep.  A call's wear is what
+-- it took beyond that first; this_ms the last call's, last_ms the one's before; wear_ms the sum over the calls of the
+-- smaller of each one's and its predecessor's (so that one slow call counts for nothing).  Worn once the wear of a
+-- call (the smaller of the last two) times the calls reaches the keep's cost plus all the wear: keeping again then
+-- lowers the average cost of a call over the keep's cycle, if the wear grows back from nothing after a keep (renew
+-- when the marginal cost reaches the average); or once the wear reaches the keep's cost (rent or buy): one upload
+-- that moved much (a new theme's files after a fit) makes every later call as slow, and the first rule, for which
+-- that wear would come back after a keep, would never keep again (bench/README.md).  A keep cheaper than a quarter
+-- second is left to the other rules (the changed files, the files to make exact): there the wear is mostly the noise
+-- of timing calls of a few ms, and a keep in a render costs it little.  NULL costs (a state kept before they were
+-- measured): not worn.
 CREATE OR REPLACE FUNCTION storetopics._novelty_worn(calls int, wear_ms float8, this_ms float8, last_ms float8,
                                                      keep_ms float8) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN coalesce(keep_ms >= 250 AND calls * least(this_ms, last_ms) >= keep_ms + wear_ms, false);
+RETURN coalesce(keep_ms >= 250 AND (calls * least(this_ms, last_ms) >= keep_ms + wear_ms OR wear_ms >= keep_ms),
+                false);
 
 -- For a value x known to lie in [lo, hi]: a lower (upper: false) or upper bound of x itself (about_lo NULL), or of
 -- its distance to a value known to lie in [about_lo, about_hi].  Exact in, exact out: both bounds are then x, or
@@ -894,11 +899,12 @@ BEGIN
   IF FOUND THEN
     UPDATE storetopics.novelty_state s
        SET first_ms = CASE WHEN x.first THEN x.ms ELSE s.first_ms END,
-           wear_ms = CASE WHEN x.first THEN 0 ELSE s.wear_ms + x.wear END,
+           wear_ms = CASE WHEN x.first THEN 0 ELSE s.wear_ms + least(x.wear, s.last_wear_ms) END,
            wear_calls = CASE WHEN x.first THEN 0 ELSE s.wear_calls + 1 END,
            last_wear_ms = CASE WHEN x.first THEN 0 ELSE x.wear END,
-           worn = v_worn OR NOT x.first AND storetopics._novelty_worn(s.wear_calls + 1, s.wear_ms + x.wear, x.wear,
-                                                                         s.last_wear_ms, s.keep_ms)
+           worn = v_worn OR NOT x.first AND storetopics._novelty_worn(s.wear_calls + 1,
+                                                                         s.wear_ms + least(x.wear, s.last_wear_ms),
+                                                                         x.wear, s.last_wear_ms, s.keep_ms)
       FROM (SELECT v_kept OR k.first_ms IS NULL AS first, y.ms, greatest(y.ms - k.first_ms, 0) AS wear
               FROM (SELECT 1000 * extract(epoch FROM clock_timestamp() - v_t0)::float8 AS ms) y) x
      WHERE s.source_id = p_source AND s.store_key = p_store;
