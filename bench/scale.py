@@ -28,7 +28,8 @@ For each size, a fresh database in one throwaway cluster:
 3. State size: after a VACUUM ANALYZE (what autovacuum does to storetopics' tables), pg_total_relation_size of
    STATE_TABLES (the term counts, the files' chunks per cluster, the catalog's, the vocabulary, the clusters and the
    kept novelty; every storetopics table in the JSON) vs. the chunk table's (heap, TOAST, primary key and file
-   index; no vector index).
+   index; no vector index); and of it STATE_FLOOR_TABLES, what any exact keyword state holds (each file's term counts,
+   the store-wide term table, the terms' names), so that a share the rest could never reach shows as such.
 3b. One upload's pass by hand, UPLOADS_BY_HAND times, step by step (fold, refresh_words, render; when new words need
    counting, tiktoken and render again, in the same transaction as refresh.render does it).  The render of `big`
    after a 1-file upload (render + count + render again) is compared with its render from scratch: the backfill's
@@ -120,9 +121,14 @@ STATE_TABLES = ("file_terms", "file_clusters", "store_terms", "store_state", "cl
                 "file_novelty", "novelty_postings")
 
 
-def state_bytes(state: dict) -> int:
+# the least an exact keyword state holds, whatever else it keeps: each file's term counts (what a deletion subtracts),
+# the store-wide term table (each term's files and counts: its IDF) and the names of the terms those two number
+STATE_FLOOR_TABLES = ("file_terms", "store_terms", "lexemes")
+
+
+def state_bytes(state: dict, tables: tuple[str, ...] = STATE_TABLES) -> int:
     """The state's bytes from a result's sizes by table (STATE_TABLES, also for results of an older list)."""
-    return sum(state["by_table_bytes"].get(t, 0) for t in STATE_TABLES)
+    return sum(state["by_table_bytes"].get(t, 0) for t in tables)
 
 
 # -- the data ------------------------------------------------------------------------------------------------------
@@ -684,6 +690,9 @@ def markdown(res: dict) -> str:
              row("chunk table (MB)", lambda r: f"{r['state']['table_bytes'] / 2**20:,.0f}"),
              row("state (MB; % of table)", lambda r: f"{state_bytes(r['state']) / 2**20:,.1f} "
                                                     f"({state_bytes(r['state']) / r['state']['table_bytes']:.1%})"),
+             row("… of which per-file counts, store terms, lexemes (MB; % of table)",
+                 lambda r: f"{state_bytes(r['state'], STATE_FLOOR_TABLES) / 2**20:,.1f} "
+                           f"({state_bytes(r['state'], STATE_FLOOR_TABLES) / r['state']['table_bytes']:.1%})"),
              row("state per chunk (bytes)", lambda r: f"{state_bytes(r['state']) / r['chunks']:.1f}"),
              row("file_terms rows (one per file) / store_terms rows",
                  lambda r: f"{r['state']['rows']['file_terms']:,} / {r['state']['rows']['store_terms']:,}"),
