@@ -114,6 +114,10 @@ def test_harness_end_to_end(make_db, tmp_path, monkeypatch):
     # (restored byte for byte is measured, not asserted: in a 30-file store one needle can pass the re-fit gate)
     assert nd["subject_rate"]["n"] == 1 and nd["restored_exactly"] in (0, 1) and nd["trials"][0]["store_topics"]
     assert set(nd["flood"]) == {"names", "tokens"} and nd["flood"]["names"]["files"] == 15
+    # where the needle's subject words rank among its words (the report's misses say it)
+    t = nd["trials"][0]
+    assert set(t["subject_ranks"]) == set(t["subject_reachable"])
+    assert all(r is None or r >= 1 for r in t["subject_ranks"].values())
 
     # the Anthropic labeller via the local Messages API server, on one store (the drifting one)
     co = cost.run(dsn, cfg, emb, log=lambda *a: None, stores=("games",))
@@ -157,6 +161,17 @@ def test_needle_found_is_a_new_subject_word():
     assert needle.subject_words_new(before, before, {"font"}) == []
     page = data.Package("units/units.info#Precision", "units", "14.4 Precision", "", ["a", "b"])
     assert needle.doc_subject(page) == "14.4 Precision units"
+
+
+def test_a_missed_needle_says_where_its_subject_words_rank():
+    t = {"subject_reachable": ["dot", "maxima"], "subject_ranks": {"dot": 11, "maxima": None}}
+    assert report._reach_note(t) == (" (subject words it holds, not shown before: dot, its 11th word; "
+                                     "maxima, not a word a summary may show there)")
+    assert report._reach_note({"subject_reachable": ["hord", "http"]}) == \
+        " (subject words it holds, not shown before: hord, http)"       # results from before the ranks
+    assert report._reach_note({"subject_reachable": []}) == " (it holds no word of its subject a summary could add)"
+    assert [report._ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111)] == \
+        ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th"]
 
 
 def test_needle_tfidf_words():

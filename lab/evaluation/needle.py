@@ -101,6 +101,30 @@ SELECT z, r, n, apart, passes, (SELECT count(*) FROM gated WHERE passes AND file
 """
 
 
+# A file's words as an outlier file's are ranked (storetopics._outlier_terms): count x IDF in the store, ties by
+# lexeme, of those a summary may show (showable, no noise class in the store, in fewer than all its files).
+WORD_RANKS_SQL = """
+WITH st AS (SELECT greatest(files, 1)::float8 AS n, words, storetopics._store_script(%(src)s, %(store)s) AS script
+              FROM storetopics.store_state WHERE source_id = %(src)s AND store_key = %(store)s)
+SELECT l.lexeme, row_number() OVER (ORDER BY u.n * ln(st.n / s.files) DESC, l.lexeme)
+  FROM storetopics.file_terms f CROSS JOIN LATERAL unnest(f.term_ids, f.counts) AS u(term_id, n)
+  JOIN storetopics.store_terms s ON s.source_id = f.source_id AND s.store_key = f.store_key AND s.term_id = u.term_id
+  JOIN storetopics.lexemes l ON l.id = u.term_id
+  CROSS JOIN st
+ WHERE f.source_id = %(src)s AND f.store_key = %(store)s AND f.file_key = %(file)s AND s.files < st.n
+   AND storetopics._showable_term(l.lexeme)
+   AND storetopics._noise(l.lexeme, s.files, s.total, s.total_sq, st.n::bigint, st.words, st.script) IS NULL
+"""
+
+
+def word_ranks(conn, source_id: int, store: str, file: str, words) -> dict[str, int | None]:
+    """Diagnostic: where each of `words` (lexemes) ranks among the planted file's words as its outlier-file words
+    are ranked (a summary shows up to 3 of its 10 best); None for a word it is not ranked by (not held, or not one
+    a summary may show)."""
+    ranks = dict(conn.execute(WORD_RANKS_SQL, {"src": source_id, "store": store, "file": file}).fetchall())
+    return {w: ranks.get(w) for w in sorted(words)}
+
+
 def subject_words_new(before: set[str], after: set[str], subject: set[str]) -> list[str]:
     """What makes a needle trial a hit: the lexemes of the needle's subject that store_topics shows after the needle
     was planted and did not show before (sorted; a hit when not empty).  before/after: the lexemes of store_topics
@@ -234,14 +258,15 @@ def run(dsn: str, cfg: NeedleConfig, embedder, log=print) -> dict:
                 attributed = [d["term"] for d in (after["topics"] or {}).get("distinctive", [])
                               if d.get("file") == fname]
                 nov = novelty(conn, source_id, s, fname)
+                reach = reachable(subject, lex_before, pg.lexemes(conn, " ".join(c for c, _ in nvec[p.name])))
+                ranks = word_ranks(conn, source_id, s, fname, reach)
                 conn.execute(f"DELETE FROM {TABLE} WHERE file = %s", (fname,))
                 pg.refresh(conn)
                 restored = pg.stores(conn, TABLE)[s]
                 trials.append({
                     "store": s, "needle": p.name, "needle_section": p.section, "synopsis": p.short,
                     "subject_hit": bool(found), "any_word_hit": bool(new & words),
-                    "subject_reachable": reachable(subject, lex_before,
-                                                   pg.lexemes(conn, " ".join(c for c, _ in nvec[p.name]))),
+                    "subject_reachable": reach, "subject_ranks": ranks,
                     "subject_words_new": found, "needle_words_new": sorted(new & words),
                     "attributed_terms": attributed, "store_topics": after["store_topics"],
                     "restored_exactly": restored["store_topics"] == before["store_topics"]
@@ -435,6 +460,8 @@ def run_docs(dsn: str, cfg: DocNeedleConfig, embedder, log=print) -> dict:
                 attributed = [d["term"] for d in (after["topics"] or {}).get("distinctive", [])
                               if d.get("file") == fname]
                 nov = novelty(conn, source_id, h, fname)
+                reach = reachable(subject, lex_before, pg.lexeme_counts(conn, [" ".join(p.chunks)])[0])
+                ranks = word_ranks(conn, source_id, h, fname, reach)
                 conn.execute(f"DELETE FROM {DOC_TABLE} WHERE file = %s", (fname,))
                 pg.refresh(conn)
                 restored = pg.stores(conn, DOC_TABLE)[h]
@@ -442,8 +469,7 @@ def run_docs(dsn: str, cfg: DocNeedleConfig, embedder, log=print) -> dict:
                     "store": h, "needle": p.name, "needle_store": p.section, "title": p.short,
                     "chunks": len(p.chunks), "subject": sorted(subject), "tfidf_words": tfidf,
                     "subject_hit": bool(found), "tfidf_hit": bool(found_tfidf), "any_word_hit": bool(new & words),
-                    "subject_reachable": reachable(subject, lex_before,
-                                                   pg.lexeme_counts(conn, [" ".join(p.chunks)])[0]),
+                    "subject_reachable": reach, "subject_ranks": ranks,
                     "subject_words_new": found, "tfidf_words_new": found_tfidf,
                     "needle_words_new": sorted(new & words), "attributed_terms": attributed,
                     "store_topics": after["store_topics"],

@@ -452,7 +452,18 @@ def _reach_note(trial: dict) -> str:
         return ""
     if not trial["subject_reachable"]:
         return " (it holds no word of its subject a summary could add)"
-    return f" (subject words it holds, not shown before: {', '.join(trial['subject_reachable'])})"
+    ranks = trial.get("subject_ranks") or {}
+
+    def ranked(w: str) -> str:
+        if w not in ranks:
+            return w
+        return f"{w}, its {_ordinal(ranks[w])} word" if ranks[w] else f"{w}, not a word a summary may show there"
+    words = ("; " if ranks else ", ").join(ranked(w) for w in trial["subject_reachable"])
+    return f" (subject words it holds, not shown before: {words})"
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def needle_docs_section(res: dict) -> list[str]:
@@ -492,7 +503,9 @@ def needle_docs_section(res: dict) -> list[str]:
                  f"among the 3 most isolated in {iso['top3']}/{iso['trials']}" if iso else "") + ".", ""]
     misses = [t for t in dd["trials"] if not t["subject_hit"]]
     if misses:
-        L += ["Misses (host + page: title → new words of the page in `store_topics`):", ""]
+        L += ["Misses (host + page: title → new words of the page in `store_topics`; a subject word's rank among "
+              "the words of the page a summary may show, by count × IDF in the host, as an outlier file's are "
+              "ranked: it shows its best and then up to two of its 10 best, its title's words first):", ""]
         for t in misses[:10]:
             L.append(f"- {t['store']} + {t['needle_store']}: \"{t['title']}\" → "
                      f"{', '.join(t['needle_words_new']) or 'none'}" + _reach_note(t))
@@ -885,7 +898,9 @@ def markdown(res: dict, images: list[str]) -> str:
                   f"{iso['top3']}/{iso['trials']} (median rank {iso['rank_median']:.0f}).", ""]
         misses = [t for t in nd["trials"] if not t["subject_hit"]]
         if misses:
-            L += ["Misses (needle: synopsis → what the summary showed of it):", ""]
+            L += ["Misses (needle: synopsis → what the summary showed of it; a subject word's rank among the "
+                  "needle's words a summary may show, by count × IDF in the store, as an outlier file's are ranked: "
+                  "it shows its best and then up to two of its 10 best, its synopsis' words first):", ""]
             for t in misses[:8]:
                 L.append(f"- {t['store']} + {t['needle']} ({t['needle_section']}): \"{t['synopsis']}\" → new "
                          f"needle words {', '.join(t['needle_words_new']) or 'none'}" + _reach_note(t))
