@@ -28,8 +28,8 @@ For each size, a fresh database in one throwaway cluster:
 3. State size: after a VACUUM ANALYZE (what autovacuum does to storetopics' tables), pg_total_relation_size of
    STATE_TABLES (the term counts, the files' chunks per cluster, the catalog's, the vocabulary, the clusters and the
    kept novelty; every storetopics table in the JSON) vs. the chunk table's (heap, TOAST, primary key and file
-   index; no vector index); and of it STATE_FLOOR_TABLES, what any exact keyword state holds (each file's term counts,
-   the store-wide term table, the terms' names), so that a share the rest could never reach shows as such.
+   index; no vector index); and of it STATE_FLOOR_TABLES, the exact counts as these tables store them (each file's
+   term counts, the store-wide term table, the terms' names: a row each), which no other kept state can undercut.
 3b. One upload's pass by hand, UPLOADS_BY_HAND times, step by step (fold, refresh_words, render; when new words need
    counting, tiktoken and render again, in the same transaction as refresh.render does it).  The render of `big`
    after a 1-file upload (render + count + render again) is compared with its render from scratch: the backfill's
@@ -121,8 +121,9 @@ STATE_TABLES = ("file_terms", "file_clusters", "store_terms", "store_state", "cl
                 "file_novelty", "novelty_postings")
 
 
-# the least an exact keyword state holds, whatever else it keeps: each file's term counts (what a deletion subtracts),
-# the store-wide term table (each term's files and counts: its IDF) and the names of the terms those two number
+# the exact counts, whatever else is kept, as these tables store them (a row per file, per store term, per term name):
+# each file's term counts (what a deletion subtracts), the store-wide term table (each term's files and counts: its
+# IDF) and the names of the terms those two number
 STATE_FLOOR_TABLES = ("file_terms", "store_terms", "lexemes")
 
 
