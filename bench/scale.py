@@ -29,7 +29,7 @@ For each size, a fresh database in one throwaway cluster:
    STATE_TABLES (the term counts, the files' chunks per cluster, the catalog's, the vocabulary, the clusters and the
    kept novelty; every storetopics table in the JSON) vs. the chunk table's (heap, TOAST, primary key and file
    index; no vector index); and of it STATE_FLOOR_TABLES, the exact counts as these tables store them (each file's
-   term counts, the store-wide term table, the terms' names: a row each), which no other kept state can undercut.
+   term counts, the store-wide term table, the terms' names: a row each), the part of the state the rest is added to.
 3b. One upload's pass by hand, UPLOADS_BY_HAND times, step by step (fold, refresh_words, render; when new words need
    counting, tiktoken and render again, in the same transaction as refresh.render does it).  The render of `big`
    after a 1-file upload (render + count + render again) is compared with its render from scratch: the backfill's
